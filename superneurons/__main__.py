@@ -1,0 +1,3 @@
+from superneurons.cli import main
+
+raise SystemExit(main())

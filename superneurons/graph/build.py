@@ -1,0 +1,177 @@
+"""From a NetParameter to a Graph: filtered by phase, splits inserted, layers built, route and shapes known.
+
+The Graph is pure structure: layer objects that have seen their bottom shapes, the route, and
+which blobs need gradients. It allocates nothing, so `summary` and `memory` use it without a
+device; `runtime.Net` allocates and runs it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from superneurons.errors import UserError
+from superneurons.graph.route import build_route
+from superneurons.graph.splits import insert_splits
+from superneurons.graph.state import filter_net, make_state
+from superneurons.layers.base import Layer, Shape, count, layer_class
+from superneurons.proto import superneurons_pb2 as pb
+
+
+@dataclass
+class Node:
+    """One layer in the graph with its wiring."""
+
+    layer: Layer
+    bottoms: list[str]
+    tops: list[str]
+    top_shapes: list[Shape] = field(default_factory=list)
+    loss_weights: list[float] = field(default_factory=list)
+    need_backward: bool = False
+    propagate_down: list[bool] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class Graph:
+    name: str
+    phase: int
+    nodes: list[Node]  # in route order (Alg. 1)
+    blob_shapes: dict[str, Shape]
+    outputs: list[str]  # blobs no layer consumes: what the net reports
+    source: str = ""  # file the net came from, for messages
+    param: pb.NetParameter | None = None
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def loss_blobs(self) -> list[tuple[str, float]]:
+        out = []
+        for n in self.nodes:
+            for t, w in zip(n.tops, n.loss_weights):
+                if w:
+                    out.append((t, w))
+        return out
+
+
+def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, stages: tuple[str, ...] = (),
+                source: str = "") -> Graph:
+    where = source or net.name or "<net>"
+    state = make_state(phase, level, tuple(stages) or tuple(net.state.stage))
+    if not stages and net.state.HasField("level") and not level:
+        state.level = net.state.level
+    filtered = insert_splits(filter_net(net, state), where)
+    params = list(filtered.layer)
+    if not params:
+        raise UserError(f"{where}: the net has no layers in phase {pb.Phase.Name(phase)}")
+    names = set()
+    for p in params:
+        if p.name in names:
+            raise UserError(f"{where}: two layers are named {p.name!r}")
+        names.add(p.name)
+    route = build_route([list(p.bottom) for p in params], [list(p.top) for p in params])
+    nodes: list[Node] = []
+    for i in route:
+        p = params[i]
+        cls = layer_class(p.type, f"{where}: layer {p.name!r}")
+        layer = cls(p, phase)
+        layer.layer_index = i
+        nodes.append(Node(layer, list(p.bottom), list(p.top)))
+    _mark_split_copies(nodes)
+    shapes = _infer_shapes(nodes, where)
+    _set_loss_weights(nodes)
+    _mark_backward(nodes, bool(net.force_backward) and phase == pb.TRAIN)
+    consumed = {b for n in nodes for b in n.bottoms}
+    outputs = []
+    for n in nodes:
+        for t in n.tops:
+            if t not in consumed and t not in outputs:
+                outputs.append(t)
+    return Graph(net.name, phase, nodes, shapes, outputs, source, filtered)
+
+
+def _mark_split_copies(nodes: list[Node]) -> None:
+    """A Split top consumed by an in-place layer must own its data, or the layer would overwrite its siblings."""
+    in_place_bottoms = {n.bottoms[0] for n in nodes if n.layer.in_place}
+    for n in nodes:
+        if n.layer.type_name == "Split":
+            n.layer.copy_data = any(t in in_place_bottoms for t in n.tops)
+
+
+def _infer_shapes(nodes: list[Node], where: str) -> dict[str, Shape]:
+    shapes: dict[str, Shape] = {}
+    for n in nodes:
+        layer = n.layer
+        layer.check_counts(len(n.bottoms), len(n.tops))
+        bottom_shapes = [shapes[b] for b in n.bottoms]
+        try:
+            top_shapes = layer.setup(bottom_shapes)
+        except UserError as e:
+            msg = str(e)
+            if not msg.startswith(where):
+                msg = f"{where}: {msg}"
+            raise UserError(f"{msg} (bottom shapes: {', '.join(_fmt(s) for s in bottom_shapes) or 'none'})") from None
+        top_shapes = [tuple(int(d) for d in s) for s in top_shapes]
+        if len(top_shapes) != len(n.tops):
+            raise RuntimeError(f"{layer!r}.setup returned {len(top_shapes)} shapes for {len(n.tops)} tops")
+        for t, s, in_place_of in zip(n.tops, top_shapes, n.bottoms + [None] * len(n.tops)):
+            if t == in_place_of and shapes[t] != s:
+                raise UserError(f"{where}: layer {layer.name!r} works in place on {t!r} but changes its shape "
+                                f"from {_fmt(shapes[t])} to {_fmt(s)}")
+            if any(d < 0 for d in s) or (count(s) == 0 and len(s) > 0):
+                raise UserError(f"{where}: layer {layer.name!r}: top {t!r} has an empty shape {_fmt(s)}")
+            shapes[t] = s
+        n.top_shapes = top_shapes
+    return shapes
+
+
+def _set_loss_weights(nodes: list[Node]) -> None:
+    for n in nodes:
+        given = list(n.layer.param.loss_weight)
+        if given and len(given) != len(n.tops):
+            raise UserError(f"layer {n.name!r}: {len(given)} loss_weight values for {len(n.tops)} tops")
+        if not given:
+            given = [1.0 if (n.layer.is_loss and j == 0) else 0.0 for j in range(len(n.tops))]
+        n.loss_weights = [float(w) for w in given]
+
+
+def _mark_backward(nodes: list[Node], force: bool) -> None:
+    """Caffe's rule: a layer runs backward if it leads to a loss and has learnable params or gradient-needing bottoms."""
+    blob_needs: dict[str, bool] = {}
+    for n in nodes:
+        pd = list(n.layer.param.propagate_down)
+        if pd and len(pd) != len(n.bottoms):
+            raise UserError(f"layer {n.name!r}: {len(pd)} propagate_down values for {len(n.bottoms)} bottoms")
+        n.propagate_down = [
+            (pd[j] if pd else True) and j not in n.layer.label_bottoms and blob_needs.get(b, False)
+            for j, b in enumerate(n.bottoms)
+        ]
+        if force and not n.layer.is_data:
+            n.propagate_down = [j not in n.layer.label_bottoms and (not pd or pd[j]) for j in range(len(n.bottoms))]
+        learnable = any(_lr_mult(n.layer, k) != 0 for k in range(len(n.layer.params)))
+        n.need_backward = n.layer.has_backward and not n.layer.is_data and (learnable or any(n.propagate_down))
+        for t in n.tops:
+            blob_needs[t] = n.need_backward
+    # Only layers upstream of a loss do backward.
+    under_loss: set[str] = set()
+    for n in reversed(nodes):
+        contributes = any(w for w in n.loss_weights) or any(t in under_loss for t in n.tops)
+        if not contributes:
+            n.need_backward = False
+        else:
+            under_loss.update(n.bottoms)
+        n.propagate_down = [p and n.need_backward for p in n.propagate_down]
+
+
+def _lr_mult(layer: Layer, k: int) -> float:
+    specs = layer.param.param
+    return specs[k].lr_mult if k < len(specs) else 1.0
+
+
+def _fmt(shape: Shape) -> str:
+    return "(" + " ".join(str(d) for d in shape) + ")"

@@ -1,0 +1,44 @@
+"""Caffe's include/exclude rules: which layers a net has in a given phase, level and stages."""
+from __future__ import annotations
+
+from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
+
+
+def make_state(phase: int, level: int = 0, stages: tuple[str, ...] = ()) -> pb.NetState:
+    state = pb.NetState(phase=phase, level=level)
+    state.stage.extend(stages)
+    return state
+
+
+def meets_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(s not in stages for s in rule.stage):
+        return False
+    if any(s in stages for s in rule.not_stage):
+        return False
+    return True
+
+
+def filter_net(net: pb.NetParameter, state: pb.NetState) -> pb.NetParameter:
+    """A copy of `net` holding only the layers included in `state`."""
+    out = pb.NetParameter()
+    out.CopyFrom(net)
+    del out.layer[:]
+    for layer in net.layer:
+        if len(layer.include) and len(layer.exclude):
+            raise UserError(f"layer {layer.name!r}: specify either include or exclude rules, not both")
+        if len(layer.include):
+            included = any(meets_rule(state, r) for r in layer.include)
+        else:
+            included = not any(meets_rule(state, r) for r in layer.exclude)
+        if included:
+            out.layer.add().CopyFrom(layer)
+    out.state.CopyFrom(state)
+    return out

@@ -1,0 +1,105 @@
+"""Reading and writing Caffe's text and binary protobuf files, with errors that name the file and line."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import TypeVar
+
+from google.protobuf import message, text_format
+
+from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
+
+M = TypeVar("M", bound=message.Message)
+
+
+def parse_text(text: str, msg: M, filename: str = "<string>") -> M:
+    """Parse prototxt `text` into `msg`; a syntax error becomes `file:line:col: message`."""
+    try:
+        text_format.Merge(text, msg, allow_unknown_field=False)
+    except text_format.ParseError as e:
+        line, col = e.GetLine(), e.GetColumn()
+        # ParseError's str() already starts with "line:col : "; keep only the message part.
+        detail = str(e).split(" : ", 1)[-1]
+        where = f"{filename}:{line}:{col}" if line else filename
+        raise UserError(f"{where}: {detail}") from None
+    return msg
+
+
+def read_text(path: str, msg: M) -> M:
+    """Read a prototxt file into `msg`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a prototxt file") from None
+    return parse_text(text, msg, path)
+
+
+def read_binary(path: str, msg: M) -> M:
+    """Read a binary protobuf file (.caffemodel, .solverstate, .binaryproto) into `msg`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    try:
+        msg.ParseFromString(data)
+    except message.DecodeError as e:
+        raise UserError(f"{path}: not a valid {msg.DESCRIPTOR.name} binary protobuf ({e})") from None
+    return msg
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: a temporary file in the same folder, fsync, rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_binary(path: str, msg: message.Message) -> None:
+    write_atomic(path, msg.SerializeToString())
+
+
+def write_text(path: str, msg: message.Message) -> None:
+    write_atomic(path, text_format.MessageToString(msg).encode())
+
+
+def read_net(path: str) -> pb.NetParameter:
+    """Read a net prototxt, upgrading V0/V1 layers to the current format."""
+    net = read_text(path, pb.NetParameter())
+    from superneurons.io.upgrade import upgrade_net  # local: upgrade imports layer tables
+
+    return upgrade_net(net, path)
+
+
+def read_solver(path: str) -> pb.SolverParameter:
+    solver = read_text(path, pb.SolverParameter())
+    from superneurons.io.upgrade import upgrade_solver
+
+    return upgrade_solver(solver, path)
+
+
+def layer_line(path: str, layer_name: str) -> int | None:
+    """The 1-based line of `name: "layer_name"` in a prototxt, for error messages; None if not found."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                stripped = line.strip()
+                if stripped.startswith("name") and (f'"{layer_name}"' in stripped or f"'{layer_name}'" in stripped):
+                    return i
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,167 @@
+"""The layer contract every layer module implements, and the registry that maps a prototxt `type` to a class.
+
+A layer is told its bottom shapes once (`setup`), declares its top shapes, its learnable
+parameters and any scratch buffers it keeps from forward to backward, and states which tensors
+its backward reads (`backward_needs`). The runtime owns every array: it allocates them from the
+memory pool and hands them to `forward`/`backward`, which only compute, through `self.ops`
+(the backend's operations), never through NumPy or cuDNN directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
+
+Shape = tuple[int, ...]
+
+# What a layer's backward reads besides the top diffs. Liveness keeps exactly these alive.
+NEEDS_BOTTOM = "bottom"
+NEEDS_TOP = "top"
+
+_REGISTRY: dict[str, type["Layer"]] = {}
+
+
+def register(*type_names: str):
+    """Class decorator: `@register("ReLU")` makes `type: "ReLU"` build this class."""
+
+    def wrap(cls):
+        for name in type_names:
+            if name in _REGISTRY and _REGISTRY[name] is not cls:
+                raise RuntimeError(f"layer type {name!r} registered twice")
+            _REGISTRY[name] = cls
+        cls.type_name = type_names[0]
+        return cls
+
+    return wrap
+
+
+def known_types() -> list[str]:
+    from superneurons import layers  # noqa: F401  (importing the package registers every layer)
+
+    return sorted(_REGISTRY)
+
+
+def layer_class(type_name: str, where: str = "") -> type["Layer"]:
+    from superneurons import layers  # noqa: F401
+
+    cls = _REGISTRY.get(type_name)
+    if cls is None:
+        prefix = f"{where}: " if where else ""
+        raise UserError(f"{prefix}unknown layer type {type_name!r}; known types: {', '.join(known_types())}")
+    return cls
+
+
+@dataclass
+class ParamDecl:
+    """A learnable blob a layer declares in `setup`: shape and how to fill it."""
+
+    shape: Shape
+    filler: pb.FillerParameter
+    # Filled by the runtime:
+    data: Any = None
+    diff: Any = None
+    lr_mult: float = 1.0
+    decay_mult: float = 1.0
+    name: str = ""
+    # False for statistics a layer updates itself (BatchNorm's running mean): the solver never touches them.
+    learnable: bool = True
+
+
+@dataclass
+class BufferDecl:
+    """Scratch state a layer keeps between its forward and backward (e.g. a max-pooling argmax)."""
+
+    shape: Shape
+    dtype: Any = np.float32
+    array: Any = None
+    # True when backward reads it: liveness keeps it alive until this layer's backward.
+    for_backward: bool = True
+
+
+class Layer:
+    """Base class. Subclasses set `type_name` through `@register` and override what they need."""
+
+    type_name: ClassVar[str] = ""
+    # Layers with no bottoms that produce data (they run first and never backpropagate).
+    is_data: ClassVar[bool] = False
+    # Loss layers get loss_weight 1 on their first top unless the prototxt says otherwise.
+    is_loss: ClassVar[bool] = False
+    # Bottom indexes that never receive a gradient (labels).
+    label_bottoms: ClassVar[tuple[int, ...]] = ()
+    # Tops are views of bottom 0's data (Flatten, Reshape, Split) / its diff (Flatten, Reshape).
+    shares_data: ClassVar[bool] = False
+    shares_diff: ClassVar[bool] = False
+    # Layer computes nothing backward (Accuracy, Silence-like sinks).
+    has_backward: ClassVar[bool] = True
+    # Top counts allowed: (min, max); None means unbounded.
+    n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
+    n_tops: ClassVar[tuple[int, int | None]] = (1, 1)
+
+    def __init__(self, param: pb.LayerParameter, phase: int):
+        self.param = param
+        self.name = param.name
+        self.phase = phase  # pb.TRAIN or pb.TEST
+        self.params: list[ParamDecl] = []
+        self.buffers: dict[str, BufferDecl] = {}
+        self.ops: Any = None  # set by the runtime: the backend's operation namespace
+        self.in_place = len(param.top) > 0 and len(param.bottom) > 0 and param.top[0] == param.bottom[0]
+        self.ctx: Any = None  # set by the runtime: RunContext (iteration, seed, recomputing flag)
+        self.layer_index = 0  # position in the prototxt; part of Dropout's mask hash
+
+    # ---- declared by subclasses -------------------------------------------------------------
+    def setup(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        """Check bottoms, declare params and buffers, return the top shapes."""
+        raise NotImplementedError
+
+    def backward_needs(self) -> frozenset[str]:
+        """Which of NEEDS_BOTTOM / NEEDS_TOP the backward reads. Default: both (always safe)."""
+        return frozenset({NEEDS_BOTTOM, NEEDS_TOP})
+
+    def forward(self, bottom: list, top: list) -> None:
+        raise NotImplementedError
+
+    def backward(self, top: list, top_diff: list, propagate_down: list[bool], bottom: list, bottom_diff: list) -> None:
+        """Write bottom diffs (overwrite) and accumulate into param diffs (+=), as Caffe does."""
+        raise NotImplementedError
+
+    # ---- helpers for subclasses ---------------------------------------------------------------
+    def add_param(self, shape: Shape, filler: pb.FillerParameter | None, learnable: bool = True) -> ParamDecl:
+        decl = ParamDecl(tuple(int(d) for d in shape), filler if filler is not None else pb.FillerParameter(),
+                         learnable=learnable)
+        self.params.append(decl)
+        return decl
+
+    def add_buffer(self, name: str, shape: Shape, dtype=np.float32, for_backward: bool = True) -> BufferDecl:
+        decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward)
+        self.buffers[name] = decl
+        return decl
+
+    def fail(self, msg: str) -> UserError:
+        """An error naming this layer; `raise self.fail(...)`."""
+        return UserError(f"layer {self.name!r} ({self.type_name}): {msg}")
+
+    def check_counts(self, n_bottom: int, n_top: int) -> None:
+        for what, n, (lo, hi) in (("bottom", n_bottom, self.n_bottoms), ("top", n_top, self.n_tops)):
+            if n < lo or (hi is not None and n > hi):
+                want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
+                raise self.fail(f"takes {want} {what} blob(s), got {n}")
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} {self.name!r}>"
+
+
+def canonical_axis(axis: int, ndim: int, layer: Layer) -> int:
+    if not -ndim <= axis < ndim:
+        raise layer.fail(f"axis {axis} out of range for a {ndim}-D blob")
+    return axis % ndim
+
+
+def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
+    n = 1
+    for d in shape[start:end]:
+        n *= int(d)
+    return n

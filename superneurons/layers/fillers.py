@@ -1,0 +1,63 @@
+"""Caffe's weight fillers, computed on the host with a seeded generator (then copied to the device)."""
+from __future__ import annotations
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    # Caffe: fan_in = count / num, fan_out = count / channels (blob axes 0 and 1).
+    total = int(np.prod(shape)) if shape else 1
+    fan_in = total // shape[0] if len(shape) >= 1 and shape[0] else total
+    fan_out = total // shape[1] if len(shape) >= 2 and shape[1] else total
+    return fan_in, fan_out
+
+
+def _variance_n(f: pb.FillerParameter, shape) -> float:
+    fan_in, fan_out = _fans(shape)
+    if f.variance_norm == pb.FillerParameter.FAN_OUT:
+        return fan_out
+    if f.variance_norm == pb.FillerParameter.AVERAGE:
+        return (fan_in + fan_out) / 2.0
+    return fan_in
+
+
+def fill(f: pb.FillerParameter, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A float32 array of `shape` filled as FillerParameter `f` says."""
+    kind = f.type or "constant"
+    if kind == "constant":
+        return np.full(shape, f.value, dtype=np.float32)
+    if kind == "uniform":
+        return rng.uniform(f.min, f.max, size=shape).astype(np.float32)
+    if kind == "gaussian":
+        out = rng.normal(f.mean, f.std, size=shape).astype(np.float32)
+        if f.sparse >= 0 and len(shape) >= 2:
+            # Keep each weight with probability sparse / num_outputs, as Caffe does.
+            num_outputs = shape[0]
+            keep = rng.random(size=shape) < (f.sparse / num_outputs)
+            out *= keep
+        return out
+    if kind == "xavier":
+        scale = np.sqrt(3.0 / _variance_n(f, shape))
+        return rng.uniform(-scale, scale, size=shape).astype(np.float32)
+    if kind == "msra":
+        std = np.sqrt(2.0 / _variance_n(f, shape))
+        return rng.normal(0.0, std, size=shape).astype(np.float32)
+    if kind == "positive_unitball":
+        out = rng.uniform(0.0, 1.0, size=shape).astype(np.float32)
+        flat = out.reshape(shape[0], -1)
+        flat /= flat.sum(axis=1, keepdims=True)
+        return out
+    if kind == "bilinear":
+        if len(shape) != 4 or shape[2] != shape[3]:
+            raise UserError(f"bilinear filler needs a 4-D square kernel, got shape {shape}")
+        k = shape[3]
+        f_ = np.ceil(k / 2.0)
+        c = (2 * f_ - 1 - f_ % 2) / (2.0 * f_)
+        w1d = 1 - np.abs(np.arange(k) / f_ - c)
+        kernel = np.outer(w1d, w1d).astype(np.float32)
+        return np.broadcast_to(kernel, shape).copy()
+    raise UserError(f"unknown filler type {kind!r}; known: constant, uniform, gaussian, xavier, msra, "
+                    "positive_unitball, bilinear")

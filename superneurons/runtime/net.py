@@ -1,0 +1,259 @@
+"""The Net: runs a Graph's route as explicit forward and backward steps over tensors from one pool.
+
+Every array a layer touches (activations, their gradients, parameters, parameter gradients,
+layer scratch buffers) is a `Tensor` whose memory comes from the Net's `HeapPool` through one
+place, `_materialize`. The memory manager (`superneurons.memory`) is consulted before and after
+each step; under `baseline` it has nothing to do because every tensor stays allocated for the
+whole iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.graph.build import Graph, Node
+from superneurons.layers.base import ParamDecl
+from superneurons.layers.fillers import fill as fill_host
+from superneurons.memory.pool import HeapPool, round_up
+
+
+@dataclass
+class RunContext:
+    """Per-run state layers may read: Dropout hashes (seed, iteration, layer, index) into its mask."""
+
+    seed: int = 0
+    iteration: int = 0
+    recomputing: bool = False  # True while the recompute manager replays a forward step
+
+
+class Tensor:
+    """A named array slot. `array` is the backend view while resident; `base` makes this a reshaped view."""
+
+    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init")
+
+    def __init__(self, key: str, shape: tuple[int, ...], dtype=np.float32, kind: str = "data",
+                 base: "Tensor | None" = None):
+        self.key = key
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        n = 1
+        for d in self.shape:
+            n *= d
+        self.nbytes = n * self.dtype.itemsize
+        self.array: Any = None
+        self.base = base
+        self.kind = kind
+        self.zero_init = kind in ("diff", "param_diff")
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
+
+
+@dataclass
+class Step:
+    """One forward or backward step of the route, with the tensors it reads and writes."""
+
+    node: Node
+    bottoms: list[Tensor]
+    tops: list[Tensor]
+    bottom_diffs: list[Tensor | None]
+    top_diffs: list[Tensor | None]
+
+
+class Net:
+    def __init__(self, graph: Graph, backend: Any, *, train: bool = True, seed: int = 0,
+                 pool_bytes: int | None = None, share_params_with: "Net | None" = None, memory: str = "baseline"):
+        self.graph = graph
+        self.name = graph.name
+        self.backend = backend
+        self.ops = backend.ops
+        self.train = train
+        self.ctx = RunContext(seed=seed)
+        self.tensors: list[Tensor] = []
+        self.data: dict[str, Tensor] = {}
+        self.diff: dict[str, Tensor] = {}
+        self.learnable: list[ParamDecl] = []  # owned, learnable params in prototxt order (the solver's list)
+        self._param_tensors: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self._declare_tensors(share_params_with)
+        self.pool = HeapPool(pool_bytes if pool_bytes is not None else self.baseline_bytes() + 4096, backend)
+        from superneurons.memory import make_manager  # the modes live there; baseline is the default
+
+        self.memory = make_manager(memory, self)
+        self.memory.setup()
+        self._fill_params(seed, share_params_with)
+        self._build_steps()
+
+    # -- construction -------------------------------------------------------------------------
+    def _new(self, key: str, shape, kind: str, dtype=np.float32, base: Tensor | None = None) -> Tensor:
+        t = Tensor(key, shape, dtype, kind, base)
+        self.tensors.append(t)
+        return t
+
+    def _declare_tensors(self, share: "Net | None") -> None:
+        by_name = {n.name: n for n in self.graph.nodes}
+        shared_owner: dict[str, ParamDecl] = {}
+        for node in self.graph.nodes:
+            layer = node.layer
+            layer.ops = self.ops
+            layer.ctx = self.ctx
+            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
+            for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
+                if t in self.data and node.bottoms and t == node.bottoms[0]:
+                    continue  # in place: same tensor
+                if view_data:
+                    self.data[t] = self._new(t, shape, "data", base=self.data[node.bottoms[0]])
+                else:
+                    self.data[t] = self._new(t, shape, "data")
+            if self.train and node.need_backward:
+                for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
+                    if t not in self.diff:
+                        base = self.diff.get(node.bottoms[0]) if layer.shares_diff else None
+                        self.diff[t] = self._new(t + "@diff", shape, "diff", base=base)
+            if self.train:
+                for b, pd in zip(node.bottoms, node.propagate_down):
+                    if pd and b not in self.diff:
+                        self.diff[b] = self._new(b + "@diff", self.data[b].shape, "diff")
+            for name, buf in layer.buffers.items():
+                buf.tensor = self._new(f"{node.name}#{name}", buf.shape, "buffer", dtype=buf.dtype)
+            specs = layer.param.param
+            other = share.graph.node(node.name) if share is not None and node.name in _names(share) else None
+            for k, decl in enumerate(layer.params):
+                spec = specs[k] if k < len(specs) else None
+                decl.lr_mult = spec.lr_mult if spec is not None and decl.learnable else (1.0 if decl.learnable else 0.0)
+                decl.decay_mult = spec.decay_mult if spec is not None and decl.learnable else (
+                    1.0 if decl.learnable else 0.0)
+                decl.name = spec.name if spec is not None and spec.name else ""
+                if other is not None and k < len(other.layer.params) and other.layer.params[k].shape == decl.shape:
+                    decl.owner = other.layer.params[k]  # the test net reads the train net's weights
+                    continue
+                if decl.name and decl.name in shared_owner:
+                    owner = shared_owner[decl.name]
+                    if owner.shape != decl.shape:
+                        raise UserError(f"layer {node.name!r}: shared param {decl.name!r} has shape {decl.shape}, "
+                                        f"its owner has {owner.shape}")
+                    decl.owner = owner
+                    continue
+                decl.owner = None
+                if decl.name:
+                    shared_owner[decl.name] = decl
+                data = self._new(f"{node.name}.{k}", decl.shape, "param")
+                diff = self._new(f"{node.name}.{k}@diff", decl.shape, "param_diff") if self.train else None
+                decl.data_tensor, decl.diff_tensor = data, diff
+                if decl.learnable and self.train:
+                    self.learnable.append(decl)
+        self._by_name = by_name
+
+    def baseline_bytes(self) -> int:
+        return sum(round_up(t.nbytes) for t in self.tensors if t.base is None)
+
+    def _materialize(self, t: Tensor) -> None:
+        """Give `t` memory from the pool (the one place tensors get memory)."""
+        if t.base is not None:
+            t.array = self.ops.reshape(t.base.array, t.shape)
+            return
+        self.pool.alloc(t.key, t.nbytes)
+        t.array = self.pool.view(t.key, t.shape, t.dtype)
+        if t.zero_init:
+            self.ops.fill(t.array, 0.0)
+
+    def _release(self, t: Tensor) -> None:
+        if t.base is None and self.pool.owns(t.key):
+            self.pool.free(t.key)
+        t.array = None
+
+    def bind_params(self) -> None:
+        """Point every layer's ParamDecl/BufferDecl at its tensors' current arrays."""
+        for node in self.graph.nodes:
+            for decl in node.layer.params:
+                src = decl
+                while getattr(src, "owner", None) is not None:
+                    src = src.owner
+                decl.data = src.data_tensor.array
+                decl.diff = src.diff_tensor.array if getattr(src, "diff_tensor", None) is not None else None
+            for buf in node.layer.buffers.values():
+                buf.array = buf.tensor.array
+
+    def _fill_params(self, seed: int, share: "Net | None") -> None:
+        rng = np.random.default_rng(seed)
+        for node in sorted(self.graph.nodes, key=lambda n: n.layer.layer_index):
+            for decl in node.layer.params:
+                if decl.owner is None:
+                    self.backend.from_host(decl.data_tensor.array, fill_host(decl.filler, decl.shape, rng))
+        self.bind_params()
+
+    def _build_steps(self) -> None:
+        self.forward_steps: list[Step] = []
+        for node in self.graph.nodes:
+            self.forward_steps.append(Step(
+                node,
+                [self.data[b] for b in node.bottoms],
+                [self.data[t] for t in node.tops],
+                [self.diff.get(b) if pd else None for b, pd in zip(node.bottoms, node.propagate_down)],
+                [self.diff.get(t) for t in node.tops],
+            ))
+        self.backward_steps = [s for s in reversed(self.forward_steps) if self.train and s.node.need_backward]
+        self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in self.graph.loss_blobs]
+
+    # -- running ------------------------------------------------------------------------------
+    def forward(self) -> float:
+        """Run every forward step; returns the weighted sum of the losses."""
+        mm = self.memory
+        for i, step in enumerate(self.forward_steps):
+            mm.before_forward(i, step)
+            step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
+            mm.after_forward(i, step)
+        return self.loss_value()
+
+    def loss_value(self) -> float:
+        loss = 0.0
+        for data, _diff, w in self.loss_blobs:
+            loss += w * float(self.backend.to_host(data.array).sum())
+        return loss
+
+    def backward(self) -> None:
+        mm = self.memory
+        for _data, diff, w in self.loss_blobs:
+            if diff is not None:
+                mm.ensure(diff)
+                self.ops.fill(diff.array, w)
+        for i, step in enumerate(self.backward_steps):
+            mm.before_backward(i, step)
+            node = step.node
+            node.layer.backward(
+                [t.array for t in step.tops],
+                [t.array if t is not None else None for t in step.top_diffs],
+                node.propagate_down,
+                [t.array for t in step.bottoms],
+                [t.array if t is not None else None for t in step.bottom_diffs],
+            )
+            mm.after_backward(i, step)
+
+    def forward_backward(self) -> float:
+        loss = self.forward()
+        self.backward()
+        return loss
+
+    def clear_param_diffs(self) -> None:
+        for decl in self.learnable:
+            self.ops.fill(decl.diff, 0.0)
+
+    # -- access -------------------------------------------------------------------------------
+    def layer(self, name: str):
+        return self._by_name[name].layer
+
+    def blob(self, name: str) -> np.ndarray:
+        """A host copy of blob `name`'s data."""
+        return self.backend.to_host(self.data[name].array)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: self.blob(name) for name in self.graph.outputs}
+
+    def layers_in_prototxt_order(self) -> Iterable[Node]:
+        return sorted(self.graph.nodes, key=lambda n: n.layer.layer_index)
+
+
+def _names(net: Net) -> set[str]:
+    return {n.name for n in net.graph.nodes}
