@@ -1,0 +1,68 @@
+"""`superneurons summary`: the net's layers, wiring, shapes and parameter counts as a table."""
+from __future__ import annotations
+
+import argparse
+
+from superneurons.graph.batch import set_batch
+from superneurons.graph.build import build_graph
+from superneurons.io.prototxt import read_net
+from superneurons.layers.base import count
+from superneurons.memory.pool import format_bytes
+from superneurons.proto import superneurons_pb2 as pb
+
+EXAMPLES = """examples:
+  superneurons summary --model models/lenet/lenet_train_test.prototxt
+  superneurons summary --model ResNet-50-deploy.prototxt --batch 32 --phase TEST
+"""
+
+
+def register(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("summary", help="print a net's layers, top shapes and parameter counts",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN")
+    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--stage", action="append", default=[])
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    net = read_net(args.model)
+    if args.batch:
+        set_batch(net, args.batch)
+    graph = build_graph(net, pb.Phase.Value(args.phase), args.level, tuple(args.stage), source=args.model)
+    print(format_summary(graph))
+    return 0
+
+
+def _shape(s) -> str:
+    return " ".join(str(d) for d in s) if s else "scalar"
+
+
+def format_summary(graph) -> str:
+    rows = [("layer", "type", "bottoms", "tops", "top shapes", "params")]
+    n_params = 0
+    act_bytes = 0
+    seen = set()
+    for node in graph.nodes:
+        layer = node.layer
+        params = ", ".join(_shape(d.shape) for d in layer.params) or "-"
+        n_params += sum(count(d.shape) for d in layer.params)
+        for t, s in zip(node.tops, node.top_shapes):
+            if t not in seen:
+                seen.add(t)
+                act_bytes += 4 * count(s)
+        rows.append((layer.name, layer.type_name, ",".join(node.bottoms) or "-", ",".join(node.tops),
+                     "; ".join(_shape(s) for s in node.top_shapes), params))
+    widths = [min(40, max(len(r[i]) for r in rows)) for i in range(len(rows[0]))]
+    lines = [f"Net {graph.name!r} ({pb.Phase.Name(graph.phase)}), {len(graph.nodes)} layers"]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append(f"Parameters: {n_params:,} ({format_bytes(4 * n_params)})")
+    lines.append(f"Activations (one copy of every top, float32): {format_bytes(act_bytes)}")
+    lines.append(f"Outputs: {', '.join(graph.outputs)}")
+    return "\n".join(lines)

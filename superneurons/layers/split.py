@@ -1,0 +1,34 @@
+"""Split: one blob to several consumers (inserted automatically). Tops share the bottom's data; diffs are summed."""
+from __future__ import annotations
+
+from superneurons.layers.base import Layer, register
+
+
+@register("Split")
+class Split(Layer):
+    shares_data = True
+    n_tops = (1, None)
+
+    def __init__(self, param, phase):
+        super().__init__(param, phase)
+        # Set by the graph builder when a consumer works in place on a top: then tops need their own copy.
+        self.copy_data = False
+
+    def setup(self, bottom_shapes):
+        return [bottom_shapes[0]] * len(self.param.top)
+
+    def backward_needs(self):
+        return frozenset()
+
+    def forward(self, bottom, top):
+        if self.copy_data:
+            for t in top:
+                self.ops.copy(bottom[0], t)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        if not propagate_down[0]:
+            return
+        ops = self.ops
+        ops.copy(top_diff[0], bottom_diff[0])
+        for d in top_diff[1:]:
+            ops.axpy(1.0, d, bottom_diff[0])
