@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"superneurons {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue  # shared helpers, not commands
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         p = module.register(sub)
         p.add_argument("--debug", action="store_true", help="show a Python traceback on errors")

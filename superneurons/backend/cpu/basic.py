@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
-           "sumsq", "dot"]
+           "sumsq", "dot", "upload", "download"]
 
 
 def fill(dst: np.ndarray, value: float) -> None:
@@ -75,3 +75,13 @@ def sumsq(x: np.ndarray) -> float:
 
 def dot(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.dot(x.ravel().astype(np.float64), y.ravel().astype(np.float64)))
+
+
+def upload(dst: np.ndarray, host: np.ndarray) -> None:
+    """Copy a host array into a device array (here both live in host memory), casting to dst's dtype."""
+    np.copyto(dst, np.asarray(host).reshape(dst.shape), casting="unsafe")
+
+
+def download(src: np.ndarray) -> np.ndarray:
+    """A host copy of a device array, safe to keep after the device memory is reused."""
+    return np.array(src, copy=True)

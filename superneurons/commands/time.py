@@ -1,0 +1,83 @@
+"""`superneurons time`: Caffe's built-in profiler, plus memory per step and the runtime's share of the time."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from superneurons.commands._options import add_device_options, make_backend, parse_size
+from superneurons.graph.batch import set_batch
+from superneurons.graph.build import build_graph
+from superneurons.io.prototxt import read_net
+from superneurons.memory.pool import format_bytes
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
+from superneurons.runtime.profiler import Profiler
+
+EXAMPLES = """examples:
+  superneurons time --model models/lenet/lenet_train_test.prototxt --iterations 20
+  superneurons time --model resnet50_dummy.prototxt --gpu 0 --memory recompute --gpu-memory 12G --json
+"""
+
+
+def register(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("time", help="time each layer's forward and backward pass, with memory per step",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="net prototxt (its TRAIN phase is timed, as in Caffe)")
+    p.add_argument("--iterations", type=int, default=50, help="timed iterations after one warm-up (default 50)")
+    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    p.add_argument("--json", action="store_true", help="print the measurements as JSON instead of a table")
+    p.add_argument("--weights", help="initialise from a .caffemodel")
+    add_device_options(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    net_param = read_net(args.model)
+    if args.batch:
+        set_batch(net_param, args.batch)
+    graph = build_graph(net_param, pb.TRAIN, source=args.model)
+    backend = make_backend(args)
+    net = Net(graph, backend, train=True, seed=1, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
+    if args.weights:
+        from superneurons.io.caffemodel import load_weights
+
+        load_weights(net, args.weights)
+    profile = Profiler(net).run(args.iterations)
+    if args.json:
+        print(json.dumps(to_json(profile, graph.name, args), indent=1))
+    else:
+        print(format_table(profile, args.iterations))
+    return 0
+
+
+def to_json(profile, name: str, args) -> dict:
+    return {
+        "net": name, "iterations": args.iterations, "memory": args.memory,
+        "layers": [{"name": t.name, "type": t.type, "forward_ms": t.forward_avg, "backward_ms": t.backward_avg,
+                    "forward_live_bytes": t.forward_live_bytes, "backward_live_bytes": t.backward_live_bytes,
+                    "algo": t.algo} for t in profile.layers],
+        "summary": profile.summary(), "peak_bytes": profile.peak_bytes, "pool_bytes": profile.pool_bytes,
+    }
+
+
+def format_table(profile, iterations: int) -> str:
+    s = profile.summary()
+    width = max([5] + [len(t.name) for t in profile.layers])
+    lines = [f"{'layer':<{width}}  {'type':<16} {'forward ms':>11} {'backward ms':>12} "
+             f"{'live fwd':>11} {'live bwd':>11}  algo"]
+    for t in profile.layers:
+        bwd = f"{t.backward_avg:12.4f}" if t.backward_ms else f"{'-':>12}"
+        live_b = format_bytes(t.backward_live_bytes) if t.backward_ms else "-"
+        lines.append(f"{t.name:<{width}}  {t.type:<16} {t.forward_avg:11.4f} {bwd} "
+                     f"{format_bytes(t.forward_live_bytes):>11} {live_b:>11}  {t.algo or '-'}")
+    lines += [
+        f"Average Forward pass: {s['forward_ms']:.4f} ms.",
+        f"Average Backward pass: {s['backward_ms']:.4f} ms.",
+        f"Average Forward-Backward: {s['forward_backward_ms']:.4f} ms.",
+        f"Total Time: {s['total_ms']:.4f} ms ({iterations} iterations).",
+        f"Sum of layer times: {s['layer_sum_ms']:.4f} ms; runtime bookkeeping outside layers: "
+        f"{100 * s['bookkeeping_share']:.1f}% of the iteration.",
+        f"Peak memory in use: {format_bytes(profile.peak_bytes)} of a {format_bytes(profile.pool_bytes)} pool.",
+    ]
+    return "\n".join(lines)
