@@ -169,6 +169,8 @@ def _mark_backward(nodes: list[Node], force: bool) -> None:
 
 
 def _lr_mult(layer: Layer, k: int) -> float:
+    if not layer.params[k].learnable:
+        return 0.0  # running statistics (BatchNorm) never make a layer need backward
     specs = layer.param.param
     return specs[k].lr_mult if k < len(specs) else 1.0
 

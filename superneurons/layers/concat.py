@@ -21,7 +21,7 @@ class Concat(Layer):
         for j, shape in enumerate(bottom_shapes[1:], start=1):
             same_rank = len(shape) == len(first)
             if not same_rank or any(a != b for k, (a, b) in enumerate(zip(shape, first)) if k != self.axis):
-                raise self.fail(f"bottom {j} has shape {_fmt(shape)} but bottom 0 has {_fmt(first)}; "
+                raise self.fail(f"bottom {j} has shape {shape} but bottom 0 has {first}; "
                                 f"all dimensions except axis {self.axis} must match")
         # Where each bottom starts along the axis in the top.
         self.offsets = []
@@ -41,7 +41,3 @@ class Concat(Layer):
         for pd, diff, offset in zip(propagate_down, bottom_diff, self.offsets):
             if pd:
                 self.ops.concat_backward(top_diff[0], diff, self.axis, offset)
-
-
-def _fmt(shape) -> str:
-    return "(" + " ".join(str(d) for d in shape) + ")"

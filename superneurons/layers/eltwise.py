@@ -26,7 +26,7 @@ class Eltwise(Layer):
         self.coeffs = [float(c) for c in p.coeff] if p.coeff else [1.0] * n
         for j, shape in enumerate(bottom_shapes[1:], start=1):
             if shape != bottom_shapes[0]:
-                raise self.fail(f"bottom {j} has shape {_fmt(shape)} but bottom 0 has {_fmt(bottom_shapes[0])}; "
+                raise self.fail(f"bottom {j} has shape {shape} but bottom 0 has {bottom_shapes[0]}; "
                                 f"all bottoms must have the same shape")
         if self.op == _OP.PROD and self.in_place and self.phase == pb.TRAIN:
             raise self.fail(f"PROD cannot work in place on {self.param.bottom[0]!r}: its backward reads "
@@ -64,7 +64,3 @@ class Eltwise(Layer):
                                           self.stable)
             else:
                 ops.eltwise_max_backward(dy, self.argmax.array, i, bottom_diff[i])
-
-
-def _fmt(shape) -> str:
-    return "(" + " ".join(str(d) for d in shape) + ")"

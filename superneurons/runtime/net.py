@@ -107,15 +107,17 @@ class Net:
                     self.data[t] = self._new(t, shape, "data", base=self.data[node.bottoms[0]])
                 else:
                     self.data[t] = self._new(t, shape, "data")
+            # Bottom diffs first: a top diff that is a view (Flatten) needs its bottom's diff to exist,
+            # which it does not yet when the bottom comes from a data layer under force_backward.
+            if self.train:
+                for b, pd in zip(node.bottoms, node.propagate_down):
+                    if pd and b not in self.diff:
+                        self.diff[b] = self._new(b + "@diff", self.data[b].shape, "diff")
             if self.train and node.need_backward:
                 for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
                     if t not in self.diff:
                         base = self.diff.get(node.bottoms[0]) if layer.shares_diff else None
                         self.diff[t] = self._new(t + "@diff", shape, "diff", base=base)
-            if self.train:
-                for b, pd in zip(node.bottoms, node.propagate_down):
-                    if pd and b not in self.diff:
-                        self.diff[b] = self._new(b + "@diff", self.data[b].shape, "diff")
             for name, buf in layer.buffers.items():
                 buf.tensor = self._new(f"{node.name}#{name}", buf.shape, "buffer", dtype=buf.dtype)
             specs = layer.param.param

@@ -20,17 +20,17 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
     if alpha == 1.0:
         y += x.reshape(y.shape)
     else:
-        y += np.float32(alpha) * x.reshape(y.shape)
+        y += y.dtype.type(alpha) * x.reshape(y.shape)
 
 
 def axpby(alpha: float, x: np.ndarray, beta: float, y: np.ndarray) -> None:
     """y = alpha * x + beta * y"""
-    y *= np.float32(beta)
+    y *= y.dtype.type(beta)
     axpy(alpha, x, y)
 
 
 def scal(alpha: float, x: np.ndarray) -> None:
-    x *= np.float32(alpha)
+    x *= x.dtype.type(alpha)
 
 
 def gemm(trans_a: bool, trans_b: bool, alpha: float, a: np.ndarray, b: np.ndarray, beta: float, c: np.ndarray) -> None:
@@ -40,13 +40,13 @@ def gemm(trans_a: bool, trans_b: bool, alpha: float, a: np.ndarray, b: np.ndarra
     if beta == 0.0:
         np.matmul(a2, b2, out=c)
         if alpha != 1.0:
-            c *= np.float32(alpha)
+            c *= c.dtype.type(alpha)
     else:
         prod = a2 @ b2
         if alpha != 1.0:
-            prod *= np.float32(alpha)
+            prod *= c.dtype.type(alpha)
         if beta != 1.0:
-            c *= np.float32(beta)
+            c *= c.dtype.type(beta)
         c += prod
 
 
@@ -57,7 +57,7 @@ def add_bias(y: np.ndarray, b: np.ndarray, outer: int, dim: int, inner: int) -> 
 
 def bias_backward(dy: np.ndarray, db: np.ndarray, outer: int, dim: int, inner: int) -> None:
     """db[dim] += sum of dy viewed as (outer, dim, inner) over outer and inner."""
-    db += dy.reshape(outer, dim, inner).sum(axis=(0, 2), dtype=np.float32).reshape(db.shape)
+    db += dy.reshape(outer, dim, inner).sum(axis=(0, 2), dtype=db.dtype).reshape(db.shape)
 
 
 def reshape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

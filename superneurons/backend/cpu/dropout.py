@@ -78,8 +78,12 @@ def keep_mask(n: int, ratio: float, seed: int, iteration: int, layer_index: int)
     return (h >> np.uint32(8)) >= np.uint32(keep_threshold(ratio))
 
 
-def dropout_apply(src: np.ndarray, dst: np.ndarray, ratio: float, seed: int, iteration: int, layer_index: int) -> None:
-    """dst = src * mask / (1 - ratio). Forward (x -> y) and backward (dy -> dx) are this same map; `dst` may be `src`."""
+def dropout_apply(src: np.ndarray, dst: np.ndarray, ratio: float, seed: int, iteration: int,
+                  layer_index: int) -> None:
+    """dst = src * mask / (1 - ratio); `dst` may be `src`.
+
+    Forward (x -> y) and backward (dy -> dx) are this same map with the same mask.
+    """
     keep = keep_mask(src.size, ratio, seed, iteration, layer_index).reshape(src.shape)
     np.multiply(src, keep, out=dst)
     dst *= dst.dtype.type(1.0 / (1.0 - ratio))

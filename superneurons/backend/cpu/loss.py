@@ -53,7 +53,10 @@ def softmax_loss_forward(prob: np.ndarray, label: np.ndarray, loss: np.ndarray, 
 
 def softmax_loss_backward(prob: np.ndarray, label: np.ndarray, loss_diff, dx: np.ndarray,
                           ignore_label: int | None, normalization: str) -> None:
-    """dx = (prob - onehot(label)) * loss_diff / normalizer, zero at ignored positions. `loss_diff` is the 0-d top diff."""
+    """dx = (prob - onehot(label)) * loss_diff / normalizer, zero at ignored positions.
+
+    `loss_diff` is the 0-d top diff: the Net writes the loss weight there.
+    """
     outer, channels, inner = prob.shape
     lab, valid = _labels(label, channels, ignore_label)
     np.copyto(dx, prob)

@@ -11,7 +11,10 @@ __all__ = ["softmax_forward", "softmax_backward"]
 
 
 def softmax_forward(x: np.ndarray, y: np.ndarray) -> None:
-    """y = exp(x - max) / sum(exp(x - max)) along axis 1; subtracting the max keeps exp from overflowing. `y` may be `x`."""
+    """y = exp(x - max) / sum(exp(x - max)) along axis 1; `y` may be `x`.
+
+    Subtracting the max keeps exp from overflowing.
+    """
     peak = x.max(axis=1, keepdims=True)
     np.subtract(x, peak, out=y)
     np.exp(y, out=y)

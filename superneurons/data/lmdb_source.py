@@ -1,0 +1,135 @@
+"""Reading and writing LMDB databases of serialized records, the way Caffe's Data layer sees them.
+
+Records are read in key order (LMDB keeps keys sorted bytewise) and reading past the last record
+wraps to the first, as Caffe's cursor does.
+
+Readers open the environment read-only with `lock=False`: training never writes to its database,
+and without LMDB's lock file two layers (or a train and a test net) may open the same database in
+one process without LMDB's "never open an environment twice" rule biting.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Iterable, Iterator
+
+import lmdb
+
+from superneurons.errors import UserError
+
+_WRITE_CHUNK = 1000  # records per write transaction
+_INITIAL_MAP = 64 << 20  # bytes; doubled whenever a chunk does not fit
+
+
+def check_lmdb_path(path: str, where: str) -> None:
+    """Raise a UserError saying what is wrong when `path` is not an LMDB folder."""
+    shown = f"{path!r}" if os.path.isabs(path) else f"{path!r} (resolved to {os.path.abspath(path)!r})"
+    if not os.path.exists(path):
+        raise UserError(f"{where}: database {shown} does not exist")
+    if not os.path.isdir(path):
+        raise UserError(f"{where}: database {shown} is a file; an LMDB database is a folder holding data.mdb")
+    if os.path.exists(os.path.join(path, "data.mdb")):
+        return
+    if os.path.exists(os.path.join(path, "CURRENT")):
+        raise UserError(f"{where}: database {shown} is a LevelDB database; LEVELDB is not supported, "
+                        f"convert it to LMDB (tools/convert_imageset.py writes LMDB)")
+    raise UserError(f"{where}: {shown} is not an LMDB database (no data.mdb in the folder)")
+
+
+class LmdbReader:
+    """A read-only LMDB database: its record count, its first record, and a wrapping stream of values."""
+
+    def __init__(self, path: str, where: str):
+        check_lmdb_path(path, where)
+        self.path = path
+        self.where = where
+        try:
+            self.env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=512)
+        except lmdb.Error as e:
+            raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
+        self.count = int(self.env.stat()["entries"])
+        if self.count == 0:
+            self.env.close()
+            raise UserError(f"{where}: LMDB database {path!r} has no records")
+
+    def first(self) -> tuple[bytes, bytes]:
+        with self.env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            cursor.first()
+            return cursor.key(), cursor.value()
+
+    def values_from(self, start: int) -> Iterator[bytes]:
+        """Values from record number `start` (mod count) on, forever, wrapping at the end.
+
+        LMDB has no positional access, so reaching `start` walks the cursor once; that is paid only
+        when a run begins or resumes.
+        """
+        with self.env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            cursor.first()
+            for _ in range(start % self.count):
+                cursor.next()
+            while True:
+                yield cursor.value()
+                if not cursor.next():
+                    cursor.first()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def write_lmdb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:
+    """Write (key, value) records into a new LMDB folder at `path`, whole or not at all.
+
+    The database is built in a sibling folder and renamed into place, so an interrupted run never
+    leaves a half-written database that looks complete. An existing `path` is replaced.
+    Returns the number of records written.
+    """
+    path = os.path.normpath(path)
+    tmp = f"{path}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    env = lmdb.open(tmp, map_size=_INITIAL_MAP, subdir=True, lock=True)
+    n = 0
+    try:
+        chunk: list[tuple[bytes, bytes]] = []
+        for key, value in records:
+            chunk.append((key, value))
+            if len(chunk) == _WRITE_CHUNK:
+                n += _put_chunk(env, chunk)
+                chunk = []
+        n += _put_chunk(env, chunk)
+        env.sync(True)
+    except BaseException:
+        env.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    env.close()
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return n
+
+
+def _put_chunk(env: lmdb.Environment, chunk: list[tuple[bytes, bytes]]) -> int:
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for key, value in chunk:
+                    txn.put(key, value)
+            return len(chunk)
+        except lmdb.MapFullError:  # the transaction was aborted; grow the map and write the chunk again
+            env.set_mapsize(env.info()["map_size"] * 2)
+
+
+def count_records(path: str) -> int:
+    """Number of records in an LMDB folder, or -1 when it is missing or unreadable."""
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        return -1
+    try:
+        env = lmdb.open(path, readonly=True, lock=False)
+    except lmdb.Error:
+        return -1
+    try:
+        return int(env.stat()["entries"])
+    finally:
+        env.close()

@@ -1,0 +1,100 @@
+"""Convolution (Caffe semantics): 2-D, grouped, dilated, over the axes after `axis`.
+
+Also home of `spatial_pair`, the reading of Caffe's "one value for every spatial axis or one per
+axis, or the _h/_w fields" convention that Pooling shares.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from superneurons.backend.geometry import ConvGeometry, Pair
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
+
+
+def spatial_pair(layer: Layer, msg, what: str, values: Sequence[int], default: int | None, minimum: int) -> Pair:
+    """(h, w) for a window setting of `msg` given as `values` (1 or 2 of them) or as `what`_h / `what`_w.
+
+    A side the _h/_w form leaves out takes `default`; with no default (the kernel) both are
+    required, as Caffe requires.
+    """
+    h, w = (_optional(msg, f"{what}_{side}") for side in "hw")
+    if h is not None or w is not None:
+        if len(values):
+            raise layer.fail(f"give either {what} or {what}_h/{what}_w, not both")
+        if default is None and (h is None or w is None):
+            raise layer.fail(f"{what}_h and {what}_w must both be given")
+        pair = (default if h is None else h, default if w is None else w)
+    elif not len(values):
+        if default is None:
+            raise layer.fail(f"{what} is required ({what}_size, or {what}_h and {what}_w)")
+        pair = (default, default)
+    elif len(values) <= 2:
+        pair = (values[0], values[-1])
+    else:
+        raise layer.fail(f"{what} has {len(values)} values; only 2-D (1 or 2 values) is supported")
+    if min(pair) < minimum:
+        raise layer.fail(f"{what} must be >= {minimum}, got {pair[0]} x {pair[1]}")
+    return int(pair[0]), int(pair[1])
+
+
+def _optional(msg, field: str) -> int | None:
+    """The value of an optional proto2 field; None when the prototxt leaves it out or the message lacks it."""
+    if field not in msg.DESCRIPTOR.fields_by_name or not msg.HasField(field):
+        return None
+    return getattr(msg, field)
+
+
+@register("Convolution")
+class Convolution(Layer):
+    def setup(self, bottom_shapes):
+        p = self.param.convolution_param
+        if self.in_place:
+            raise self.fail("cannot work in place (its top must differ from its bottom)")
+        if not p.HasField("num_output") or p.num_output == 0:
+            raise self.fail("convolution_param.num_output is required and must be > 0")
+        shape = bottom_shapes[0]
+        axis = canonical_axis(p.axis, len(shape), self)
+        if len(shape) - axis - 1 != 2:
+            raise self.fail(f"needs 2 spatial axes after channel axis {axis}, bottom has {len(shape)} axes "
+                            f"{shape}; only 2-D convolution is supported")
+        self.n = count(shape, 0, axis)
+        self.c, self.h, self.w = (int(d) for d in shape[axis:])
+        m, group = int(p.num_output), int(p.group)
+        if group < 1:
+            raise self.fail(f"group must be >= 1, got {group}")
+        if self.c % group:
+            raise self.fail(f"{self.c} input channels are not divisible by group {group}")
+        if m % group:
+            raise self.fail(f"num_output {m} is not divisible by group {group}")
+        kernel = spatial_pair(self, p, "kernel", p.kernel_size, None, 1)
+        stride = spatial_pair(self, p, "stride", p.stride, 1, 1)
+        pad = spatial_pair(self, p, "pad", p.pad, 0, 0)
+        dilation = spatial_pair(self, p, "dilation", p.dilation, 1, 1)
+        self.geom = ConvGeometry(kernel, stride, pad, dilation, group)
+        for n_in, pd, ext, side in zip((self.h, self.w), pad, self.geom.extent(), ("height", "width")):
+            if ext > n_in + 2 * pd:
+                raise self.fail(f"kernel extent {ext} (kernel {kernel}, dilation {dilation}) is larger than the "
+                                f"padded input {side} {n_in} + 2*{pd} = {n_in + 2 * pd}")
+        self.m = m
+        self.oh, self.ow = self.geom.out_size((self.h, self.w))
+        self.weight = self.add_param((m, self.c // group) + kernel, p.weight_filler)
+        self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
+        return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
+
+    def backward_needs(self):
+        # dW needs the input; dx needs only dy and W (a parameter, always resident).
+        return frozenset({NEEDS_BOTTOM})
+
+    def forward(self, bottom, top):
+        ops = self.ops
+        ops.conv_forward(ops.reshape(bottom[0], (self.n, self.c, self.h, self.w)), self.weight.data,
+                         self.bias.data if self.bias is not None else None,
+                         ops.reshape(top[0], (self.n, self.m, self.oh, self.ow)), self.geom)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        ops = self.ops
+        x_shape = (self.n, self.c, self.h, self.w)
+        ops.conv_backward(ops.reshape(bottom[0], x_shape), self.weight.data,
+                          ops.reshape(top_diff[0], (self.n, self.m, self.oh, self.ow)),
+                          ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
+                          self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom)

@@ -1,0 +1,232 @@
+"""Liveness analysis (paper section 3.2): which tensors each step touches, when each is first and last used.
+
+`Program` is the device-free picture of one training iteration: every activation tensor the Net
+declares (same keys as `runtime.net.Tensor.key`, so the plan and the runtime talk about the same
+objects), reduced to *root* tensors (views such as Split/Flatten tops follow their base), and for
+every forward and backward step the roots it reads or writes. Parameters and their gradients are
+not part of it: they stay resident and are reported separately.
+
+`Liveness` turns the program into first/last use per root and from that into per-step action
+lists (allocate before the first use, free after the last), which both `plan.py` (bytes per step)
+and the runtime managers (real pool traffic) execute. Building it is the O(N^2) pass of the paper;
+running it is O(actions) per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from superneurons.graph.build import Graph, Node
+from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, count
+from superneurons.memory.pool import round_up
+
+FORWARD, BACKWARD = "forward", "backward"
+
+# Actions of a schedule, executed in order before or after a step.
+ALLOC = "alloc"        # give the tensor device memory
+FREE = "free"          # give its device memory back (it is dead, or dropped for recomputation)
+OFFLOAD = "offload"    # copy to the host pool, then free the device copy
+PREFETCH = "prefetch"  # bring an offloaded tensor back to the device
+RUN = "run"            # replay forward step `arg` (recomputation)
+
+
+@dataclass
+class TensorInfo:
+    key: str
+    shape: tuple[int, ...]
+    nbytes: int  # pool bytes: rounded up to whole 1 KiB blocks, exactly what HeapPool reserves
+    kind: str  # "data" | "diff" | "buffer"
+
+
+@dataclass
+class StepInfo:
+    index: int  # global: forward steps 0..F-1, then backward steps
+    phase: str
+    node: Node
+    forward_index: int  # the node's position in the route
+    uses: tuple[str, ...]  # roots read or written by this step
+    writes: tuple[str, ...] = ()  # forward only: roots whose contents this step (re)writes
+
+
+@dataclass
+class Schedule:
+    """Per global step, the actions to run before and after it (and the frees carried to the next iteration)."""
+
+    before: list[list[tuple[str, Any]]]
+    after: list[list[tuple[str, Any]]]
+    carry: list[str] = field(default_factory=list)  # freed when the next iteration starts (outputs)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Program:
+    """The tensors and per-step uses of one iteration of `graph`.
+
+    `plan_backward=True` plans a deploy net (no loss) as if its outputs fed one: every layer that can
+    run backward does, and every bottom produced by such a layer gets a gradient.
+    """
+
+    def __init__(self, graph: Graph, train: bool = True, plan_backward: bool = False):
+        self.graph = graph
+        self.tensors: dict[str, TensorInfo] = {}  # roots only
+        self.root: dict[str, str] = {}  # every key (views included) -> its root key
+        self.data_key: dict[str, str] = {}  # blob name -> data tensor key
+        self.diff_key: dict[str, str] = {}  # blob name -> diff tensor key
+        self.buffer_keys: dict[str, list[tuple[str, bool]]] = {}  # node name -> [(key, for_backward)]
+        self.need_backward, self.propagate_down = self._backward_flags(graph, plan_backward)
+        self._declare(train)
+        self.steps: list[StepInfo] = []
+        self.seeds: list[str] = []
+        self._build_steps(train, plan_backward)
+        self.n_forward = len(graph.nodes)
+        # Inputs written by data layers (or by the caller, for Input) live in the pool for the whole run.
+        self.resident = {self.root[self.data_key[t]] for n in graph.nodes if n.layer.is_data for t in n.tops}
+        # What the caller reads after forward (losses, outputs) stays until the next iteration starts.
+        out_blobs = list(graph.outputs) + [t for t, _w in graph.loss_blobs]
+        self.pinned = {self.root[self.data_key[b]] for b in out_blobs if b in self.data_key} - self.resident
+        self.writers: dict[str, list[int]] = {}  # root -> forward steps that write it, in order
+        for s in self.steps[:self.n_forward]:
+            for k in s.writes:
+                self.writers.setdefault(k, []).append(s.index)
+
+    # -- declaration: mirrors runtime.net.Net._declare_tensors, so keys and views agree --------------
+    @staticmethod
+    def _backward_flags(graph: Graph, plan_backward: bool):
+        if not plan_backward:
+            return ({n.name: n.need_backward for n in graph.nodes},
+                    {n.name: list(n.propagate_down) for n in graph.nodes})
+        needs: dict[str, bool] = {}
+        need_bw, pdown = {}, {}
+        for n in graph.nodes:
+            layer = n.layer
+            nb = layer.has_backward and not layer.is_data
+            pdown[n.name] = [nb and j not in layer.label_bottoms and needs.get(b, False)
+                             for j, b in enumerate(n.bottoms)]
+            need_bw[n.name] = nb
+            for t in n.tops:
+                needs[t] = nb
+        return need_bw, pdown
+
+    def _add(self, key: str, shape, kind: str, dtype=np.float32) -> None:
+        self.tensors[key] = TensorInfo(key, tuple(shape), round_up(count(shape) * np.dtype(dtype).itemsize), kind)
+        self.root[key] = key
+
+    def _declare(self, train: bool) -> None:
+        data, diff = self.data_key, self.diff_key
+        for node in self.graph.nodes:
+            layer = node.layer
+            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
+            for t, shape in zip(node.tops, node.top_shapes):
+                if t in data and node.bottoms and t == node.bottoms[0]:
+                    continue  # in place
+                if view_data:
+                    self.root[t] = self.root[data[node.bottoms[0]]]
+                else:
+                    self._add(t, shape, "data")
+                data[t] = t
+            if train and self.need_backward[node.name]:
+                for t, shape in zip(node.tops, node.top_shapes):
+                    if t not in diff:
+                        base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
+                        key = t + "@diff"
+                        if base is not None:
+                            self.root[key] = self.root[base]
+                        else:
+                            self._add(key, shape, "diff")
+                        diff[t] = key
+            if train:
+                for b, pd in zip(node.bottoms, self.propagate_down[node.name]):
+                    if pd and b not in diff:
+                        self._add(b + "@diff", self.graph.blob_shapes[b], "diff")
+                        diff[b] = b + "@diff"
+            bufs = []
+            for name, buf in layer.buffers.items():
+                key = f"{node.name}#{name}"
+                self._add(key, buf.shape, "buffer", buf.dtype)
+                bufs.append((key, bool(buf.for_backward)))
+            self.buffer_keys[node.name] = bufs
+
+    # -- per-step uses ---------------------------------------------------------------------------
+    def _build_steps(self, train: bool, plan_backward: bool) -> None:
+        r, data, diff = self.root, self.data_key, self.diff_key
+        nodes = self.graph.nodes
+        for i, node in enumerate(nodes):
+            uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
+            uses += [k for k, _fb in self.buffer_keys[node.name]]
+            view = node.layer.shares_data and not getattr(node.layer, "copy_data", False)
+            writes = () if view else tuple(dict.fromkeys(r[data[t]] for t in node.tops))
+            self.steps.append(StepInfo(i, FORWARD, node, i, tuple(dict.fromkeys(uses)), writes))
+        if not train:
+            return
+        # Gradients the loss seeds (Net.backward fills them before the first backward step).
+        seed_blobs = [t for t, _w in self.graph.loss_blobs] or (list(self.graph.outputs) if plan_backward else [])
+        self.seeds = [r[diff[b]] for b in seed_blobs if b in diff]
+        first = True
+        for i in reversed(range(len(nodes))):
+            node = nodes[i]
+            if not self.need_backward[node.name]:
+                continue
+            needs = node.layer.backward_needs()
+            uses = list(self.seeds) if first else []
+            first = False
+            if NEEDS_BOTTOM in needs:
+                uses += [r[data[b]] for b in node.bottoms]
+            if NEEDS_TOP in needs:
+                uses += [r[data[t]] for t in node.tops]
+            uses += [k for k, fb in self.buffer_keys[node.name] if fb]
+            uses += [r[diff[t]] for t in node.tops if t in diff]
+            uses += [r[diff[b]] for b, pd in zip(node.bottoms, self.propagate_down[node.name]) if pd and b in diff]
+            self.steps.append(StepInfo(len(self.steps), BACKWARD, node, i, tuple(dict.fromkeys(uses))))
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def step_bytes(self, s: int) -> int:
+        """l_i: the bytes step `s` needs on the device at once."""
+        return sum(self.tensors[k].nbytes for k in self.steps[s].uses)
+
+    def backward_step_of(self) -> dict[int, int]:
+        """forward index -> global index of that layer's backward step."""
+        return {s.forward_index: s.index for s in self.steps[self.n_forward:]}
+
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+class Liveness:
+    """First and last use of every root tensor, and the allocate/free schedule that follows from them."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.first: dict[str, int] = {}
+        self.last: dict[str, int] = {}
+        self.forward_last: dict[str, int] = {}  # last use among forward steps
+        self.backward_first: dict[str, int] = {}
+        self.backward_last: dict[str, int] = {}
+        nf = program.n_forward
+        for s in program.steps:
+            for k in s.uses:
+                self.first.setdefault(k, s.index)
+                self.last[k] = s.index
+                if s.index < nf:
+                    self.forward_last[k] = s.index
+                else:
+                    self.backward_first.setdefault(k, s.index)
+                    self.backward_last[k] = s.index
+
+    def schedule(self, last: dict[str, int] | None = None) -> Schedule:
+        """Allocate before first use, free after `last` use (default: the real last use)."""
+        p = self.program
+        n = len(p.steps)
+        last = self.last if last is None else last
+        before: list[list] = [[] for _ in range(n)]
+        after: list[list] = [[] for _ in range(n)]
+        carry = []
+        for k, f in self.first.items():
+            if k in p.resident:
+                continue  # allocated at setup, never freed
+            before[f].append((ALLOC, k))
+            if k in p.pinned:
+                carry.append(k)
+            else:
+                after[last[k]].append((FREE, k))
+        return Schedule(before, after, carry)

@@ -1,0 +1,142 @@
+"""Snapshots: PREFIX_iter_N.caffemodel + PREFIX_iter_N.solverstate (+ .solverstate.extra), and resuming from them.
+
+Write order makes a crash at any point harmless: the model first, then the sidecar, then the
+solverstate, each written whole-or-nothing (temporary file + rename). A .solverstate therefore
+always points at a complete model.
+
+The .solverstate is Caffe's SolverState (iter, learned_net, history, current_step) so Caffe can
+resume from it too. What Caffe does not save but an exact resume needs goes into the sidecar, a
+small JSON file: the random seed actually used (random_seed -1 picks one from the clock), the
+forward-pass counters of the test nets, and the state of every layer that offers
+`state() -> JSON-able` / `restore(state)` (the LMDB Data layer's cursor, for instance). Layers
+without it (DummyData) derive their data from (seed, iteration) and need nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.io.caffemodel import array_to_blob, blob_shape, blob_to_array, load_weights, save_weights
+from superneurons.io.prototxt import read_binary, write_atomic, write_binary
+from superneurons.proto import superneurons_pb2 as pb
+
+if TYPE_CHECKING:
+    from superneurons.solver.solver import Solver
+
+EXTRA_SUFFIX = ".extra"
+EXTRA_VERSION = 1
+
+
+def resolve_prefix(param: pb.SolverParameter, solver_path: str) -> str:
+    """Caffe's rule: no prefix -> the solver file's name without extension; a folder -> folder/solver-name."""
+    stem = os.path.splitext(os.path.basename(solver_path))[0] if solver_path else "snapshot"
+    prefix = param.snapshot_prefix
+    if not prefix:
+        return os.path.splitext(solver_path)[0] if solver_path else stem
+    if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        return os.path.join(prefix, stem)
+    return prefix
+
+
+def snapshot_paths(prefix: str, iteration: int) -> tuple[str, str]:
+    base = f"{prefix}_iter_{iteration}"
+    return base + ".caffemodel", base + ".solverstate"
+
+
+def _stateful_layers(solver: "Solver") -> Iterable[tuple[str, Any]]:
+    """(key, layer) for every layer of every net that can save and restore its own state."""
+    for tag, net in solver.all_nets():
+        for node in net.layers_in_prototxt_order():
+            layer = node.layer
+            if callable(getattr(layer, "state", None)) and callable(getattr(layer, "restore", None)):
+                yield f"{tag}/{node.name}", layer
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, bytes):
+        return obj.decode("latin-1")
+    raise TypeError(f"layer state value {obj!r} is not JSON-serializable")
+
+
+def write_snapshot(solver: "Solver") -> tuple[str, str]:
+    """Write the model, the sidecar and the solver state for the solver's current iteration."""
+    model_path, state_path = snapshot_paths(solver.prefix, solver.iter)
+    solver.log.info(f"Snapshotting to binary proto file {model_path}")
+    save_weights(solver.net, model_path)
+    extra = {
+        "version": EXTRA_VERSION,
+        "seed": solver.seed,
+        "test_passes": solver.test_passes,
+        "layers": {key: layer.state() for key, layer in _stateful_layers(solver)},
+    }
+    state = pb.SolverState(iter=solver.iter, learned_net=model_path, current_step=solver.lr_policy.current_step)
+    for hist in solver.history_blobs():
+        array_to_blob(solver.backend.to_host(hist), state.history.add())
+    solver.log.info(f"Snapshotting solver state to binary proto file {state_path}")
+    try:
+        write_atomic(state_path + EXTRA_SUFFIX, json.dumps(extra, default=_json_default).encode())
+        write_binary(state_path, state)
+    except OSError as e:
+        raise UserError(f"{state_path}: cannot write the solver state ({e.strerror or e})") from None
+    return model_path, state_path
+
+
+def _find_learned_net(learned: str, state_path: str) -> str:
+    """Caffe stores the model path as written (relative to the training's working folder)."""
+    if os.path.exists(learned):
+        return learned
+    beside = os.path.join(os.path.dirname(state_path), os.path.basename(learned))
+    if os.path.exists(beside):
+        return beside
+    raise UserError(f"{state_path}: its model {learned!r} does not exist (looked in the working folder and "
+                    f"beside the solverstate)")
+
+
+def restore_snapshot(solver: "Solver", state_path: str) -> None:
+    """Load weights, history, iteration and the sidecar's extra state into `solver`."""
+    if state_path.endswith(".h5"):
+        raise UserError(f"{state_path}: HDF5 solver states are not supported yet; use a binary .solverstate")
+    state = read_binary(state_path, pb.SolverState())
+    solver.iter = int(state.iter)
+    if state.HasField("learned_net"):
+        load_weights(solver.net, _find_learned_net(state.learned_net, state_path))
+    solver.lr_policy.current_step = int(state.current_step)
+    hists = solver.history_blobs()
+    if len(state.history) != len(hists):
+        raise UserError(f"{state_path}: {len(state.history)} history blobs, but a {solver.rule.name} solver for "
+                        f"this net keeps {len(hists)}; was it written by another solver type or net?")
+    for k, (blob, hist) in enumerate(zip(state.history, hists)):
+        if blob_shape(blob) != tuple(hist.shape):
+            raise UserError(f"{state_path}: history blob {k} has shape {blob_shape(blob)}, the parameter has "
+                            f"{tuple(hist.shape)}")
+        solver.backend.from_host(hist, blob_to_array(blob, f"{state_path}: history blob {k}"))
+    _restore_extra(solver, state_path + EXTRA_SUFFIX)
+
+
+def _restore_extra(solver: "Solver", path: str) -> None:
+    if not os.path.exists(path):
+        if any(True for _ in _stateful_layers(solver)):
+            solver.log.info(f"No {os.path.basename(path)} beside the solver state: data layers start from the "
+                            "beginning (the run will not repeat an uninterrupted one exactly)")
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            extra = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: unreadable snapshot sidecar ({e})") from None
+    solver.set_seed(int(extra.get("seed", solver.seed)))
+    passes = extra.get("test_passes", [])
+    for i in range(min(len(passes), len(solver.test_passes))):
+        solver.test_passes[i] = int(passes[i])
+    saved = extra.get("layers", {})
+    for key, layer in _stateful_layers(solver):
+        if key in saved:
+            layer.restore(saved[key])

@@ -1,0 +1,288 @@
+"""The training loop: Caffe's Solver::Solve/Step/ApplyUpdate/TestAll, with its log lines.
+
+One iteration: clear the parameter diffs; run forward+backward `iter_size` times (diffs add
+up); then update: clip by the global L2 norm, divide by iter_size, add weight decay, apply the
+solver type's rule with local rate lr * lr_mult. `iter` counts completed updates, so a snapshot
+taken at iteration N holds the weights after N updates.
+
+`net.ctx.iteration` is the forward-pass index, `iter * iter_size + k` for the k-th pass of an
+iteration: the accumulated passes of one iteration see different batches (DummyData, Dropout
+masks), and with iter_size 1 it equals the iteration.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+from superneurons.backend import get_backend
+from superneurons.graph.build import build_graph
+from superneurons.io.caffemodel import load_weights_files
+from superneurons.layers.base import count
+from superneurons.memory.pool import round_up
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.logging import TrainLog, num, output_line
+from superneurons.runtime.net import Net
+from superneurons.solver.evaluate import evaluate, output_values
+from superneurons.solver.lr_policy import LrPolicy
+from superneurons.solver.nets import NetSource, test_net_sources, train_net_source
+from superneurons.solver.snapshot import resolve_prefix, restore_snapshot, write_snapshot
+from superneurons.solver.updates import get_rule
+
+# Called after every iteration with (solver, iteration just completed, its loss): the progress-bar hook.
+IterationCallback = Callable[["Solver", int, float], None]
+
+
+def clock_seed() -> int:
+    return time.time_ns() % (1 << 31)
+
+
+class Solver:
+    def __init__(self, param: pb.SolverParameter, solver_path: str = "", *, backend: Any = None,
+                 memory: str = "baseline", log: TrainLog | None = None):
+        self.param = param
+        self.where = solver_path or "<solver>"
+        self.rule = get_rule(param, self.where)
+        self.lr_policy = LrPolicy(param, self.where)
+        self.log = log if log is not None else TrainLog()
+        self.backend = backend if backend is not None else get_backend("cpu")
+        self.ops = self.backend.ops
+        self.seed = int(param.random_seed) if param.random_seed >= 0 else clock_seed()
+        self.prefix = resolve_prefix(param, solver_path)
+        self.iter = 0
+        self.iter_size = max(1, int(param.iter_size))
+        self.callbacks: list[IterationCallback] = []
+        self.net = self._build(train_net_source(param, self.where), pb.TRAIN, memory)
+        self.test_nets = [self._build(src, pb.TEST, memory, share=self.net)
+                          for src in test_net_sources(param, self.where)]
+        self.test_passes = [0] * len(self.test_nets)  # forward passes each test net has run (its data position)
+        self._history = self._allocate_history()
+        self._losses: list[float] = []
+        self.smoothed_loss = 0.0
+        self._stop_requested = False
+
+    # -- construction -------------------------------------------------------------------------
+    def _build(self, src: NetSource, phase: int, memory: str, share: Net | None = None) -> Net:
+        graph = build_graph(src.param, phase, src.level, src.stages, source=src.where)
+        return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
+                   memory=memory)
+
+    def _allocate_history(self) -> list[list[Any]]:
+        """Zeroed history arrays, `n_history` sets of one per learnable param, carved from one arena.
+
+        They live outside the net's pool because they outlive every iteration; one arena means one
+        device allocation however many parameters there are.
+        """
+        shapes = [decl.shape for _ in range(self.rule.n_history) for decl in self.net.learnable]
+        sizes = [round_up(4 * count(shape)) for shape in shapes]
+        arena = self.backend.arena(max(1, sum(sizes)))
+        arrays, offset = [], 0
+        for shape, size in zip(shapes, sizes):
+            arr = self.backend.view(arena, offset, shape)
+            self.ops.fill(arr, 0.0)
+            arrays.append(arr)
+            offset += size
+        n = len(self.net.learnable)
+        return [arrays[k * n:(k + 1) * n] for k in range(self.rule.n_history)]
+
+    def all_nets(self) -> list[tuple[str, Net]]:
+        return [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
+
+    def history_blobs(self) -> list[Any]:
+        """Caffe's .solverstate order: the first history set for every parameter, then the second set."""
+        return [h for hist_set in self._history for h in hist_set]
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+        for _, net in self.all_nets():
+            net.ctx.seed = seed
+
+    def load_weights(self, paths: str) -> None:
+        """`--weights a,b`: fine-tune from these models (train net, and test-only layers of test nets)."""
+        for line in load_weights_files(self.net, paths):
+            self.log.info(line)
+        for net in self.test_nets:
+            load_weights_files(net, paths)
+
+    def restore(self, state_path: str) -> None:
+        self.log.info(f"Restoring previous solver status from {state_path}")
+        restore_snapshot(self, state_path)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def solve(self, resume: str | None = None) -> None:
+        p = self.param
+        self.log.info(f"Solving {self.net.name}")
+        self.log.info(f"Learning Rate Policy: {self.lr_policy.name}")
+        if resume:
+            self.restore(resume)
+        start_iter = self.iter
+        previous = self._catch_sigint()
+        try:
+            self.step(p.max_iter - self.iter)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self._stop_requested:
+            self.snapshot()
+            self.log.info(f"Optimization stopped early at iteration {self.iter}.")
+            return
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if p.display and self.iter % p.display == 0:
+            self.net.ctx.iteration = self.iter * self.iter_size
+            loss = self.net.forward()
+            self._update_smoothed_loss(loss, start_iter)
+            self.log.info(f"Iteration {self.iter}, loss = {num(self.smoothed_loss)}")
+            self.log.record(event="train", iter=self.iter, loss=self.smoothed_loss)
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        self.log.info("Optimization Done.")
+
+    def step(self, iters: int) -> None:
+        p = self.param
+        start_iter = self.iter
+        stop_iter = self.iter + iters
+        self._losses = []
+        self.smoothed_loss = 0.0
+        timer, iters_last = time.perf_counter(), self.iter
+        while self.iter < stop_iter and not self._stop_requested:
+            net = self.net
+            net.clear_param_diffs()
+            if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
+                self.test_all()
+            display = bool(p.display) and self.iter % p.display == 0
+            loss = 0.0
+            for k in range(self.iter_size):
+                net.ctx.iteration = self.iter * self.iter_size + k
+                loss += net.forward_backward()
+            loss /= self.iter_size
+            self._update_smoothed_loss(loss, start_iter)
+            if display:
+                lapse = time.perf_counter() - timer
+                per_s = (self.iter - iters_last) / lapse if lapse > 0 else 0.0
+                self._display(lapse, per_s)
+                timer, iters_last = time.perf_counter(), self.iter
+            self.apply_update(display)
+            self.iter += 1
+            for callback in self.callbacks:
+                callback(self, self.iter, loss)
+            if p.snapshot and self.iter % p.snapshot == 0 and not self._stop_requested:
+                self.snapshot()
+
+    def _display(self, lapse: float, per_s: float) -> None:
+        self.log.info(f"Iteration {self.iter} ({num(per_s)} iter/s, {num(lapse)}s/{self.param.display} iters), "
+                      f"loss = {num(self.smoothed_loss)}")
+        values = [(name, float(v), weight) for name, vs, weight in output_values(self.net) for v in vs]
+        for index, (name, value, weight) in enumerate(values):
+            self.log.info(output_line("Train", index, name, value, weight))
+        self.log.record(event="train", iter=self.iter, loss=self.smoothed_loss, iter_per_s=per_s,
+                        outputs=_named([(name, value) for name, value, _ in values]))
+
+    def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+        """Caffe's running mean over the last `average_loss` iterations."""
+        window = max(1, int(self.param.average_loss))
+        if len(self._losses) < window:
+            self._losses.append(loss)
+            n = len(self._losses)
+            self.smoothed_loss = (self.smoothed_loss * (n - 1) + loss) / n
+        else:
+            idx = (self.iter - start_iter) % window
+            self.smoothed_loss += (loss - self._losses[idx]) / window
+            self._losses[idx] = loss
+
+    # -- the update ---------------------------------------------------------------------------
+    def apply_update(self, display: bool = False) -> float:
+        p, ops = self.param, self.ops
+        rate = self.lr_policy.rate(self.iter)
+        if display:
+            self.log.info(f"Iteration {self.iter}, lr = {num(rate)}")
+        self.clip_gradients()
+        l1 = p.regularization_type == "L1"
+        for i, decl in enumerate(self.net.learnable):
+            if self.iter_size > 1:
+                ops.scal(1.0 / self.iter_size, decl.diff)
+            decay = float(p.weight_decay) * decl.decay_mult
+            if decay:
+                ops.regularize(decl.data, decl.diff, decay, l1)
+            hists = [hist_set[i] for hist_set in self._history]
+            self.rule.apply(ops, decl.data, decl.diff, hists, rate * decl.lr_mult, p, self.iter)
+        if display and p.debug_info:
+            self._update_debug_info()
+        return rate
+
+    def _update_debug_info(self) -> None:
+        """Caffe's [Update] lines: mean |w| and mean |update| of every learnable blob."""
+        owners = {id(decl): (node.name, k) for node in self.net.layers_in_prototxt_order()
+                  for k, decl in enumerate(node.layer.params)}
+        for decl in self.net.learnable:
+            layer, k = owners[id(decl)]
+            n = max(1, count(decl.shape))
+            self.log.info(f"    [Update] Layer {layer}, param {k} data: {num(self.ops.asum(decl.data) / n)}; "
+                          f"diff: {num(self.ops.asum(decl.diff) / n)}")
+
+    def clip_gradients(self) -> None:
+        """Scale every diff by clip / ||all diffs||_2 when that norm exceeds clip_gradients (Caffe: before iter_size)."""
+        clip = float(self.param.clip_gradients)
+        if clip < 0:
+            return
+        norm = math.sqrt(sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable))
+        if norm > clip:
+            scale = clip / norm
+            self.log.info(f"Gradient clipping: scaling down gradients (L2 norm {num(norm)} > {num(clip)}) "
+                          f"by scale factor {num(scale)}")
+            for decl in self.net.learnable:
+                self.ops.scal(scale, decl.diff)
+
+    # -- testing and snapshots ----------------------------------------------------------------
+    def test_all(self) -> None:
+        for i in range(len(self.test_nets)):
+            self.test(i)
+
+    def test(self, i: int) -> None:
+        self.log.info(f"Iteration {self.iter}, Testing net (#{i})")
+        passes = int(self.param.test_iter[i])
+        scores, loss = evaluate(self.test_nets[i], passes, self.test_passes[i])
+        self.test_passes[i] += passes
+        if self.param.test_compute_loss:
+            self.log.info(f"Test loss: {num(loss)}")
+        for k, s in enumerate(scores):
+            self.log.info(output_line("Test", k, s.name, s.value, s.loss_weight))
+        self.log.record(event="test", iter=self.iter, net=i, outputs=_named([(s.name, s.value) for s in scores]),
+                        **({"loss": loss} if self.param.test_compute_loss else {}))
+
+    def snapshot(self) -> tuple[str, str]:
+        return write_snapshot(self)
+
+    def request_stop(self) -> None:
+        """Finish the current iteration, snapshot and return from `solve` (what Ctrl-C does)."""
+        self._stop_requested = True
+
+    def _catch_sigint(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigint(signum, frame):
+            if self._stop_requested:  # a second Ctrl-C: stop now, without a snapshot
+                raise KeyboardInterrupt
+            self.log.info("Interrupted: finishing this iteration, then writing a snapshot (Ctrl-C again to abort)")
+            self.request_stop()
+
+        return signal.signal(signal.SIGINT, on_sigint)
+
+
+def _named(values: list[tuple[str, float]]) -> dict[str, float]:
+    """Outputs keyed by blob name; a blob with several values gets `name[k]` keys."""
+    counts: dict[str, int] = {}
+    for name, _ in values:
+        counts[name] = counts.get(name, 0) + 1
+    out: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for name, value in values:
+        if counts[name] == 1:
+            out[name] = value
+        else:
+            out[f"{name}[{seen.get(name, 0)}]"] = value
+            seen[name] = seen.get(name, 0) + 1
+    return out
