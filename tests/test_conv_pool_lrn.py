@@ -208,29 +208,44 @@ def test_conv_bad_configs_name_the_layer(body, shape, words):
         assert word in msg
 
 
-def test_lenet_convolutions_are_fast():
-    """LeNet's two convolutions, forward and backward, on a 64-image batch in float32 (the brief asks well
-    under 50 ms on 2 cores; the bound here is loose so a loaded CI machine does not flake)."""
+def test_lenet_convolutions_cost_little_beyond_their_matrix_products():
+    """LeNet's two convolutions, forward and backward, on a 64-image batch in float32 (about 20 ms on 2 idle
+    cores). Wall time depends on the machine and its load, so this compares with the bare matrix products
+    the convolutions cannot avoid, timed alongside: im2col/col2im and the layout changes must stay a small
+    multiple of them (a per-pixel Python loop would be hundreds of times slower)."""
     rng = _rng(8)
-    conv1, s1 = make_layer(_conv_proto("num_output: 20 kernel_size: 5"), [(64, 1, 28, 28)], dtype=np.float32)
-    conv2, s2 = make_layer(_conv_proto("num_output: 50 kernel_size: 5"), [(64, 20, 12, 12)], dtype=np.float32)
-    x1 = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
-    x2 = rng.standard_normal((64, 20, 12, 12)).astype(np.float32)
-    y1, y2, dx2 = np.empty(s1[0], np.float32), np.empty(s2[0], np.float32), np.empty_like(x2)
+    f32 = np.float32
+    conv1, s1 = make_layer(_conv_proto("num_output: 20 kernel_size: 5"), [(64, 1, 28, 28)], dtype=f32)
+    conv2, s2 = make_layer(_conv_proto("num_output: 50 kernel_size: 5"), [(64, 20, 12, 12)], dtype=f32)
+    x1 = rng.standard_normal((64, 1, 28, 28)).astype(f32)
+    x2 = rng.standard_normal((64, 20, 12, 12)).astype(f32)
+    y1, y2, dx2 = np.empty(s1[0], f32), np.empty(s2[0], f32), np.empty_like(x2)
+    col1 = rng.standard_normal((25, 64 * 24 * 24)).astype(f32)
+    col2 = rng.standard_normal((500, 64 * 8 * 8)).astype(f32)
+    w1, w2 = conv1.params[0].data.reshape(20, 25), conv2.params[0].data.reshape(50, 500)
 
-    def step():
+    def convolutions():
         conv1.forward([x1], [y1])
         conv2.forward([x2], [y2])
         conv2.backward([y2], [y2], [True], [x2], [dx2])
         conv1.backward([y1], [y1], [False], [x1], [None])
 
-    step()
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t)
-    assert best < 0.15, f"LeNet convolutions took {best * 1e3:.1f} ms"
+    def products():  # forward of both, dW of both, dcol of conv2
+        dy1, dy2 = y1.reshape(20, -1), y2.reshape(50, -1)
+        return w1 @ col1, w2 @ col2, dy1 @ col1.T, dy2 @ col2.T, w2.T @ dy2
+
+    def best_of(fn, n=5):
+        best = float("inf")
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    convolutions()
+    products()
+    conv_s, gemm_s = best_of(convolutions), best_of(products)
+    assert conv_s < 10 * gemm_s + 0.005, f"convolutions {conv_s * 1e3:.1f} ms, their GEMMs {gemm_s * 1e3:.1f} ms"
 
 
 # ---- pooling ----------------------------------------------------------------------------------------
@@ -297,10 +312,11 @@ def test_max_pool_ties_pick_the_first_pixel_and_route_all_overlaps():
 
 def test_max_pool_mask_top():
     x = _rng(12).standard_normal((2, 2, 5, 5))
-    proto = "name: 'p' type: 'Pooling' bottom: 'x' top: 'y' top: 'm' pooling_param { pool: MAX kernel_size: 3 stride: 2 }"
+    proto = ("name: 'p' type: 'Pooling' bottom: 'x' top: 'y' top: 'm' "
+             "pooling_param { pool: MAX kernel_size: 3 stride: 2 }")
     layer, shapes = make_layer(proto, [x.shape])
     assert shapes == [(2, 2, 2, 2)] * 2
-    y, m = forward(layer, [x], shapes)
+    _, m = forward(layer, [x], shapes)
     _, mask = ref_pool(x, (3, 3), (2, 2), (0, 0), (2, 2), "max")
     np.testing.assert_array_equal(m, mask.astype(np.float64))
 

@@ -284,6 +284,19 @@ def test_state_and_restore_resume_the_same_sequence(tmp_path, closing):
         resumed.restore({"batch": -1})
 
 
+def test_seed_set_after_the_thread_started_takes_effect(tmp_path, closing):
+    source, _, _ = random_db(tmp_path, n=8, shape=(1, 6, 6))
+    late, shapes = data_layer(source, 2, "crop_size: 3 mirror: true", seed=1)
+    closing(late)
+    take(late, shapes, 2)
+    late.ctx.seed = 2  # as a resumed solver does when the snapshot's seed differs
+    fresh, _ = data_layer(source, 2, "crop_size: 3 mirror: true", seed=2)
+    closing(fresh)
+    expected = take(fresh, shapes, 4)[2:]
+    for (d, _), (ed, _) in zip(take(late, shapes, 2), expected):
+        np.testing.assert_array_equal(d, ed)
+
+
 def test_recomputed_forward_serves_the_same_batch(tmp_path, closing):
     source, images, _ = random_db(tmp_path, n=6)
     layer, shapes = data_layer(source, 2)

@@ -322,7 +322,8 @@ def test_sigint_finishes_the_iteration_and_snapshots(tmp_path, monkeypatch):
     solver.solve()
     assert solver.iter == 4
     assert (tmp_path / "snap/x_iter_4.solverstate").exists() and (tmp_path / "snap/x_iter_4.caffemodel").exists()
-    assert "Optimization stopped early at iteration 4." in solver.log.lines
+    assert "Optimization stopped early at iteration 4; resume with --snapshot snap/x_iter_4.solverstate" in \
+        solver.log.lines
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -384,3 +385,50 @@ def test_dummy_data_rejects_bad_filler_count():
                            'data_filler { type: "constant" } data_filler { type: "constant" }')
     with pytest.raises(UserError, match="'data'.*3 data_filler.*2 top"):
         _net(0, bad)
+
+
+def test_hdf5_snapshot_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    pytest.importorskip("h5py")
+    monkeypatch.chdir(tmp_path)
+    text = _snapshot_solver_text("Adam", 12).replace("max_iter", 'snapshot_format: HDF5 max_iter')
+    full = make_solver(text)
+    full.solve()
+    expected = net_to_proto(full.net)
+    assert (tmp_path / "snap/tiny_iter_10.solverstate.h5").exists()
+    resumed = make_solver(text)
+    resumed.solve(resume="snap/tiny_iter_10.solverstate.h5")
+    assert net_to_proto(resumed.net) == expected
+    fresh = _net(0)
+    assert load_weights(fresh, "snap/tiny_iter_12.caffemodel.h5").copied == ["ip1", "ip2"]
+    np.testing.assert_array_equal(fresh.learnable[0].data, resumed.net.learnable[0].data)
+
+
+def test_average_loss_and_test_compute_loss():
+    solver = make_solver('base_lr: 0.1 max_iter: 7 average_loss: 3 display: 1 test_iter: 2 test_interval: 5 '
+                         'test_compute_loss: true snapshot_after_train: false')
+    losses = []
+    solver.callbacks.append(lambda s, it, loss: losses.append(loss))
+    solver.step(7)
+    assert solver.smoothed_loss == pytest.approx(np.mean(losses[-3:]), rel=1e-6)
+    lines = solver.log.lines
+    assert lines.count("Iteration 5, Testing net (#0)") == 1
+    test_loss = float(lines[lines.index("Iteration 5, Testing net (#0)") + 1].split("Test loss: ")[1])
+    reported = [l for l in lines if l.startswith("    Test net output #1: loss = ")]
+    assert float(reported[-1].split(" = ")[1].split()[0]) == pytest.approx(test_loss, rel=1e-5)
+
+
+def test_load_weights_accepts_legacy_4d_and_double_blobs():
+    """Old model-zoo .caffemodels store (num, channels, height, width) instead of `shape`."""
+    rng = np.random.default_rng()
+    w, b = rng.standard_normal((10, 6)), rng.standard_normal(10)
+    model = pb.NetParameter()
+    layer = model.layer.add(name="ip1")
+    layer.blobs.add(num=1, channels=1, height=10, width=6).data.extend(w.ravel().tolist())
+    layer.blobs.add(num=1, channels=1, height=1, width=10).double_data.extend(b.tolist())
+    net = _net(0)
+    assert load_weights(net, model).copied == ["ip1"]
+    np.testing.assert_array_equal(net.learnable[0].data, w.astype(np.float32))
+    np.testing.assert_array_equal(net.learnable[1].data, b.astype(np.float32))
+    layer.blobs[0].height = 12
+    with pytest.raises(UserError, match=r"'ip1'.*\(1 1 12 6\).*\(10 6\)"):
+        load_weights(net, model)

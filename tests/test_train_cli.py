@@ -27,7 +27,7 @@ solver_mode: CPU
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-    """A solver in conf/ naming its net relative to the solver's folder's parent layout, run from tmp_path."""
+    """A solver in conf/ naming its net relative to its own folder, run from tmp_path (the folder fallback)."""
     (tmp_path / "conf/nets").mkdir(parents=True)
     (tmp_path / "conf/nets/tiny.prototxt").write_text(TINY_NET)
     (tmp_path / "conf/solver.prototxt").write_text(SOLVER)

@@ -193,7 +193,8 @@ def test_input_shape_with_two_inputs():
 @pytest.mark.parametrize("header, message", [
     ('input: "a" input_dim: 1 input_dim: 2', r"need 4 input_dim values"),
     ('input: "a" input: "b" input_shape { dim: 1 }', r"2 input name\(s\) but 1 input_shape"),
-    ('input: "a" input_shape { dim: 1 } input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1', r"both input_shape and input_dim"),
+    ('input: "a" input_shape { dim: 1 } input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1',
+     r"both input_shape and input_dim"),
 ])
 def test_bad_input_declarations(header, message):
     with pytest.raises(UserError, match=message):
@@ -235,7 +236,8 @@ def test_v0_net_upgrades_to_current():
     # The padding layer is gone: the conv reads the input directly and pads by itself.
     assert list(conv.bottom) == ["data"]
     cp = conv.convolution_param
-    assert (cp.num_output, list(cp.kernel_size), list(cp.stride), list(cp.pad), cp.bias_term) == (16, [5], [1], [2], False)
+    assert (cp.num_output, list(cp.kernel_size), list(cp.stride), list(cp.pad)) == (16, [5], [1], [2])
+    assert cp.bias_term is False
     assert cp.weight_filler.type == "xavier"
     assert [(p.lr_mult, p.decay_mult) for p in conv.param] == [(1, 1)]
     pool = net.layer[2].pooling_param
@@ -467,3 +469,28 @@ def test_convert_help_has_examples(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and "superneurons convert" in out and ".caffemodel" in out
+
+
+def test_v1_caffemodel_loads_into_a_net(tmp_path):
+    # A V1 file keeps weights in `layers` with legacy 4-D dims (an InnerProduct weight is 1 x 1 x out x in).
+    import numpy as np
+
+    from superneurons.backend.cpu import CpuBackend
+    from superneurons.graph.build import build_graph
+    from superneurons.io.caffemodel import load_weights
+    from superneurons.runtime.net import Net
+
+    prototxt = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } } '
+                'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 2 } }')
+    net = Net(build_graph(parse_text(prototxt, pb.NetParameter()), pb.TEST), CpuBackend(), train=False, seed=0)
+    old = pb.NetParameter()
+    ip = old.layers.add(name="ip", type=pb.V1LayerParameter.INNER_PRODUCT)
+    ip.blobs.add(num=1, channels=1, height=2, width=3).data.extend([1, 2, 3, 4, 5, 6])
+    ip.blobs.add(num=1, channels=1, height=1, width=2).data.extend([-1, -2])
+    path = tmp_path / "v1.caffemodel"
+    path.write_bytes(old.SerializeToString())
+    report = load_weights(net, str(path))
+    assert report.copied == ["ip"] and report.missing == []
+    weight, bias = (np.asarray(d.data) for d in net.graph.node("ip").layer.params)
+    np.testing.assert_array_equal(weight, [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(bias, [-1, -2])

@@ -43,6 +43,8 @@ def run(args) -> int:
     if args.weights:
         for line in load_weights_files(net, args.weights):
             print(line)
+    else:  # Caffe refuses; scoring initial weights is still useful to smoke-test a net
+        print("No --weights given: scoring the fillers' initial weights")
     print(f"Running for {args.iterations} iterations.")
 
     def on_batch(i, outputs):

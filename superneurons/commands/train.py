@@ -59,9 +59,11 @@ def run(args) -> int:
     backend = pick_backend(args.gpu, mode, param.device_id)
     with TrainLog(args.log, args.log_json) as log:
         solver = Solver(param, args.solver, backend=backend, memory=args.memory, log=log)
-        if args.weights:
-            log.info(f"Finetuning from {args.weights}")
-            solver.load_weights(args.weights)
+        # The solver's own `weights:` entries (Caffe >= 1.0) apply unless the flag or a resume says otherwise.
+        weights = args.weights or ("" if args.snapshot else ",".join(param.weights))
+        if weights:
+            log.info(f"Finetuning from {weights}")
+            solver.load_weights(weights)
         if args.snapshot:
             log.info(f"Resuming from {args.snapshot}")
         solver.solve(resume=args.snapshot)

@@ -3,14 +3,16 @@
 Records are read in key order (LMDB keeps keys sorted bytewise) and reading past the last record
 wraps to the first, as Caffe's cursor does.
 
-Readers open the environment read-only with `lock=False`: training never writes to its database,
-and without LMDB's lock file two layers (or a train and a test net) may open the same database in
-one process without LMDB's "never open an environment twice" rule biting.
+LMDB allows one open environment per database and process, yet a train and a test net (or two
+layers) may read the same database: readers share one read-only environment per path, counted,
+closed when the last reader closes. Each reader's transaction is its own, so prefetch threads
+read concurrently. `lock=False`: training never writes to its database.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 from typing import Iterable, Iterator
 
 import lmdb
@@ -36,6 +38,31 @@ def check_lmdb_path(path: str, where: str) -> None:
     raise UserError(f"{where}: {shown} is not an LMDB database (no data.mdb in the folder)")
 
 
+_shared: dict[str, list] = {}  # real path -> [environment, number of readers]
+_shared_lock = threading.Lock()
+
+
+def _acquire(path: str) -> lmdb.Environment:
+    key = os.path.realpath(path)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=512)
+            entry = _shared[key] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release(path: str) -> None:
+    key = os.path.realpath(path)
+    with _shared_lock:
+        entry = _shared[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _shared[key]
+            entry[0].close()
+
+
 class LmdbReader:
     """A read-only LMDB database: its record count, its first record, and a wrapping stream of values."""
 
@@ -44,12 +71,13 @@ class LmdbReader:
         self.path = path
         self.where = where
         try:
-            self.env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=512)
+            self.env = _acquire(path)
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
+        self._open = True
         self.count = int(self.env.stat()["entries"])
         if self.count == 0:
-            self.env.close()
+            self.close()
             raise UserError(f"{where}: LMDB database {path!r} has no records")
 
     def first(self) -> tuple[bytes, bytes]:
@@ -75,7 +103,9 @@ class LmdbReader:
                     cursor.first()
 
     def close(self) -> None:
-        self.env.close()
+        if self._open:
+            self._open = False
+            _release(self.path)
 
 
 def write_lmdb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:
@@ -126,10 +156,10 @@ def count_records(path: str) -> int:
     if not os.path.exists(os.path.join(path, "data.mdb")):
         return -1
     try:
-        env = lmdb.open(path, readonly=True, lock=False)
+        env = _acquire(path)
     except lmdb.Error:
         return -1
     try:
         return int(env.stat()["entries"])
     finally:
-        env.close()
+        _release(path)

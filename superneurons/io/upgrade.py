@@ -9,7 +9,10 @@ Caffe's net files went through three layouts, and a Caffe user may bring any of 
 
 Besides the layer layout, two net-level conventions changed: deploy nets declared their inputs
 with `input:` + `input_dim:`/`input_shape:` (now an `Input` layer), and data layers carried
-`scale`/`mean_file`/`crop_size`/`mirror` in their own params (now `transform_param`).
+`scale`/`mean_file`/`crop_size`/`mirror` in their own params (now `transform_param`). One fork
+convention is accepted too: pooling `ceil_mode: false` (DenseNet/ResNet-18 files) is `round_mode: FLOOR`.
+BatchNorm layers' `param { lr_mult: 0 }` blocks, which Caffe strips, are left alone: our BatchNorm's
+statistics are not learnable, so no solver reads them.
 
 Everything here is pure: `upgrade_net` and `upgrade_solver` return a new message and leave their
 argument alone (or return it unchanged when nothing needs upgrading). A caller that wants to know
@@ -176,7 +179,7 @@ def net_needs_upgrade(net: pb.NetParameter) -> bool:
 
 
 def upgrade_net(net: pb.NetParameter, path: str = "<net>", notes: list[str] | None = None) -> pb.NetParameter:
-    """`net` in the current format: V0/V1 layers converted, inputs made an Input layer, old data fields moved.
+    """`net` in the current format: V0/V1 layers converted, inputs made an Input layer, old fields moved.
 
     Returns `net` itself when it is already current, else an upgraded copy. Appends one line per kind
     of change to `notes` when given.

@@ -33,6 +33,7 @@ class _Pipeline:
     def __init__(self, source: RecordSource):
         self.source = source
         self.prefetcher: Prefetcher[Batch] | None = None
+        self.seeds: Seeds | None = None  # what the running prefetcher was started with
 
     def stop(self) -> None:
         if self.prefetcher is not None:
@@ -101,8 +102,11 @@ class PrefetchingDataLayer(Layer):
 
     def _take(self) -> Batch:
         pipe = self._pipe
+        seeds = Seeds.for_layer(self.ctx.seed, self.phase, self.layer_index)
+        if pipe.seeds != seeds:  # the run's seed was set (or changed on resume) after the thread started
+            pipe.stop()
         if pipe.prefetcher is None:
-            seeds = Seeds.for_layer(self.ctx.seed, self.phase, self.layer_index)
+            pipe.seeds = seeds
             # Caffe skips a random number of records in [0, rand_skip) so parallel solvers see different data.
             skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
             items = batches(pipe.source, self.transformer, self.batch_size, self.item_shape, seeds, skip, self._next)

@@ -38,10 +38,12 @@ class MemoryData(Layer):
         data = np.asarray(data, dtype=np.float32)
         labels = np.asarray(labels, dtype=np.float32).reshape(-1)
         if data.ndim != 4 or data.shape[1:] != self.item_shape:
-            raise self.fail(f"reset() got data of shape {data.shape}, expected (n, {', '.join(map(str, self.item_shape))})")
+            want = ", ".join(str(d) for d in self.item_shape)
+            raise self.fail(f"reset() got data of shape {data.shape}, expected (n, {want})")
         n = data.shape[0]
         if n == 0 or n % self.batch_size:
-            raise self.fail(f"reset() got {n} samples, which is not a positive multiple of batch_size {self.batch_size}")
+            raise self.fail(f"reset() got {n} samples, which is not a positive multiple of batch_size "
+                            f"{self.batch_size}")
         if labels.shape[0] != n:
             raise self.fail(f"reset() got {n} samples but {labels.shape[0]} labels")
         self._data, self._labels = data, labels

@@ -1,11 +1,12 @@
 """Memory managers: what the Net consults before and after every step.
 
-`baseline` allocates every tensor once for the whole run. The other modes (liveness, offload,
-recompute, auto) are built on the same hooks.
+`baseline` allocates every tensor once for the whole run. `liveness`, `offload` and `recompute`
+(cumulative, as in the paper) execute the per-step plan of `plan.py` (see `managers.py`); `auto`
+picks the cheapest of them whose planned peak fits the pool. docs/MEMORY.md explains the model.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from superneurons.errors import UserError
 
@@ -46,7 +47,35 @@ class BaselineManager:
         pass
 
 
-def make_manager(mode: str, net: Any):
+def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None) -> str:
+    """`auto`: the cheapest mode whose planned peak, plus the resident parameters, fits the Net's pool."""
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+    from superneurons.memory.plan import make_plan
+
+    plan = make_plan(net.graph, train=net.train, plan_backward=False,
+                     checkpoint_types=checkpoint_types or DEFAULT_CHECKPOINTS)
+    plan.param_bytes = sum(t.nbytes and _blocks(t.nbytes) for t in net.tensors
+                           if t.base is None and t.kind in ("param", "param_diff"))
+    return plan.pick(net.pool.capacity)
+
+
+def _blocks(n: int) -> int:
+    from superneurons.memory.pool import round_up
+
+    return round_up(n)
+
+
+def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = None):
+    """The manager for `mode`; `checkpoint_types` (default: Convolution) are the layers whose outputs
+    offload may move and recomputation keeps."""
+    from superneurons.memory.managers import MANAGERS
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+
+    types = tuple(checkpoint_types or DEFAULT_CHECKPOINTS)
+    if mode == "auto":
+        mode = pick_mode(net, types)
     if mode == "baseline":
         return BaselineManager(net)
-    raise UserError(f"memory mode {mode!r} is not available; choose one of: baseline")
+    if mode in MANAGERS:
+        return MANAGERS[mode](net, types)
+    raise UserError(f"memory mode {mode!r} is not available; choose one of: {', '.join(MODES)}")

@@ -230,3 +230,37 @@ class Liveness:
             else:
                 after[last[k]].append((FREE, k))
         return Schedule(before, after, carry)
+
+
+@dataclass
+class Trace:
+    """Device bytes and live-tensor count per step, as a schedule leaves them."""
+
+    bytes: list[int]  # peak during the step (transient replay tensors included)
+    count: list[int]  # live roots while the step computes
+
+
+def simulate(program: Program, schedule: Schedule) -> Trace:
+    """Run a schedule on paper: the bytes a pool executing it would hold at every step."""
+    sizes = {k: t.nbytes for k, t in program.tensors.items()}
+    live = set(program.resident)
+    cur = sum(sizes[k] for k in live)
+    out_b, out_c = [], []
+    for s in range(len(program.steps)):
+        peak = cur
+        for op, arg in schedule.before[s]:
+            if op in (ALLOC, PREFETCH):
+                if arg not in live:
+                    live.add(arg)
+                    cur += sizes[arg]
+                    peak = max(peak, cur)
+            elif op in (FREE, OFFLOAD) and arg in live:
+                live.discard(arg)
+                cur -= sizes[arg]
+        out_b.append(max(peak, cur))
+        out_c.append(len(live))
+        for op, arg in schedule.after[s]:
+            if op in (FREE, OFFLOAD) and arg in live:
+                live.discard(arg)
+                cur -= sizes[arg]
+    return Trace(out_b, out_c)

@@ -248,7 +248,11 @@ class Net:
 
     def blob(self, name: str) -> np.ndarray:
         """A host copy of blob `name`'s data."""
-        return self.backend.to_host(self.data[name].array)
+        t = self.data[name]
+        if t.array is None:
+            raise UserError(f"blob {name!r} is not resident under --memory {self.memory.name}: it was freed after "
+                            f"its last use (net outputs and losses stay readable; use --memory baseline to keep all)")
+        return self.backend.to_host(t.array)
 
     def outputs(self) -> dict[str, np.ndarray]:
         return {name: self.blob(name) for name in self.graph.outputs}

@@ -2,7 +2,8 @@
 
 Write order makes a crash at any point harmless: the model first, then the sidecar, then the
 solverstate, each written whole-or-nothing (temporary file + rename). A .solverstate therefore
-always points at a complete model.
+always points at a complete model. `snapshot_format: HDF5` writes Caffe's .caffemodel.h5 /
+.solverstate.h5 layout instead (needs h5py).
 
 The .solverstate is Caffe's SolverState (iter, learned_net, history, current_step) so Caffe can
 resume from it too. What Caffe does not save but an exact resume needs goes into the sidecar, a
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.io.caffemodel import array_to_blob, blob_shape, blob_to_array, load_weights, save_weights
+from superneurons.io.caffemodel import (array_to_blob, blob_shape, blob_to_array, is_hdf5, load_weights,
+                                        require_h5py, save_weights, write_hdf5_atomic)
 from superneurons.io.prototxt import read_binary, write_atomic, write_binary
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -42,9 +44,10 @@ def resolve_prefix(param: pb.SolverParameter, solver_path: str) -> str:
     return prefix
 
 
-def snapshot_paths(prefix: str, iteration: int) -> tuple[str, str]:
+def snapshot_paths(prefix: str, iteration: int, hdf5: bool = False) -> tuple[str, str]:
     base = f"{prefix}_iter_{iteration}"
-    return base + ".caffemodel", base + ".solverstate"
+    ext = ".h5" if hdf5 else ""
+    return base + ".caffemodel" + ext, base + ".solverstate" + ext
 
 
 def _stateful_layers(solver: "Solver") -> Iterable[tuple[str, Any]]:
@@ -68,8 +71,9 @@ def _json_default(obj: Any) -> Any:
 
 def write_snapshot(solver: "Solver") -> tuple[str, str]:
     """Write the model, the sidecar and the solver state for the solver's current iteration."""
-    model_path, state_path = snapshot_paths(solver.prefix, solver.iter)
-    solver.log.info(f"Snapshotting to binary proto file {model_path}")
+    hdf5 = solver.param.snapshot_format == pb.SolverParameter.HDF5
+    model_path, state_path = snapshot_paths(solver.prefix, solver.iter, hdf5)
+    solver.log.info(f"Snapshotting to {'HDF5' if hdf5 else 'binary proto'} file {model_path}")
     save_weights(solver.net, model_path)
     extra = {
         "version": EXTRA_VERSION,
@@ -80,10 +84,13 @@ def write_snapshot(solver: "Solver") -> tuple[str, str]:
     state = pb.SolverState(iter=solver.iter, learned_net=model_path, current_step=solver.lr_policy.current_step)
     for hist in solver.history_blobs():
         array_to_blob(solver.backend.to_host(hist), state.history.add())
-    solver.log.info(f"Snapshotting solver state to binary proto file {state_path}")
+    solver.log.info(f"Snapshotting solver state to {'HDF5' if hdf5 else 'binary proto'} file {state_path}")
     try:
         write_atomic(state_path + EXTRA_SUFFIX, json.dumps(extra, default=_json_default).encode())
-        write_binary(state_path, state)
+        if hdf5:
+            write_hdf5_atomic(state_path, lambda f: _state_to_hdf5(state, f))
+        else:
+            write_binary(state_path, state)
     except OSError as e:
         raise UserError(f"{state_path}: cannot write the solver state ({e.strerror or e})") from None
     return model_path, state_path
@@ -102,9 +109,7 @@ def _find_learned_net(learned: str, state_path: str) -> str:
 
 def restore_snapshot(solver: "Solver", state_path: str) -> None:
     """Load weights, history, iteration and the sidecar's extra state into `solver`."""
-    if state_path.endswith(".h5"):
-        raise UserError(f"{state_path}: HDF5 solver states are not supported yet; use a binary .solverstate")
-    state = read_binary(state_path, pb.SolverState())
+    state = _read_hdf5_state(state_path) if is_hdf5(state_path) else read_binary(state_path, pb.SolverState())
     solver.iter = int(state.iter)
     if state.HasField("learned_net"):
         load_weights(solver.net, _find_learned_net(state.learned_net, state_path))
@@ -119,6 +124,36 @@ def restore_snapshot(solver: "Solver", state_path: str) -> None:
                             f"{tuple(hist.shape)}")
         solver.backend.from_host(hist, blob_to_array(blob, f"{state_path}: history blob {k}"))
     _restore_extra(solver, state_path + EXTRA_SUFFIX)
+
+
+def _state_to_hdf5(state: pb.SolverState, f: Any) -> None:
+    """Caffe's SnapshotSolverStateToHDF5 layout: iter, learned_net, current_step, /history/<k>."""
+    f.create_dataset("iter", data=np.array([state.iter], dtype=np.int32))
+    f.create_dataset("learned_net", data=np.bytes_(state.learned_net))
+    f.create_dataset("current_step", data=np.array([state.current_step], dtype=np.int32))
+    history = f.create_group("history")
+    for k, blob in enumerate(state.history):
+        history.create_dataset(str(k), data=blob_to_array(blob, f"history {k}"))
+
+
+def _read_hdf5_state(path: str) -> pb.SolverState:
+    h5py = require_h5py()
+    state = pb.SolverState()
+    try:
+        with h5py.File(path, "r") as f:
+            state.iter = int(np.asarray(f["iter"]).ravel()[0])
+            learned = np.asarray(f["learned_net"]).item()
+            state.learned_net = learned.decode() if isinstance(learned, bytes) else str(learned)
+            if "current_step" in f:
+                state.current_step = int(np.asarray(f["current_step"]).ravel()[0])
+            history = f["history"]
+            for k in range(len(history)):
+                array_to_blob(np.asarray(history[str(k)], dtype=np.float32), state.history.add())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, KeyError) as e:
+        raise UserError(f"{path}: not a Caffe HDF5 solver state ({e})") from None
+    return state
 
 
 def _restore_extra(solver: "Solver", path: str) -> None:

@@ -117,16 +117,17 @@ class Solver:
         self.log.info(f"Learning Rate Policy: {self.lr_policy.name}")
         if resume:
             self.restore(resume)
+        if p.random_seed < 0:
+            self.log.info(f"Random seed: {self.seed} (from the clock; set random_seed to repeat this run)")
         start_iter = self.iter
-        previous = self._catch_sigint()
+        release = self._catch_sigint()
         try:
             self.step(p.max_iter - self.iter)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            release()
         if self._stop_requested:
-            self.snapshot()
-            self.log.info(f"Optimization stopped early at iteration {self.iter}.")
+            _, state_path = self.snapshot()
+            self.log.info(f"Optimization stopped early at iteration {self.iter}; resume with --snapshot {state_path}")
             return
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
@@ -259,9 +260,10 @@ class Solver:
         """Finish the current iteration, snapshot and return from `solve` (what Ctrl-C does)."""
         self._stop_requested = True
 
-    def _catch_sigint(self):
+    def _catch_sigint(self) -> Callable[[], None]:
+        """Make Ctrl-C request a stop (Caffe's default sigint_effect); returns what puts the old handler back."""
         if threading.current_thread() is not threading.main_thread():
-            return None
+            return lambda: None  # only the main thread may set signal handlers
 
         def on_sigint(signum, frame):
             if self._stop_requested:  # a second Ctrl-C: stop now, without a snapshot
@@ -269,7 +271,8 @@ class Solver:
             self.log.info("Interrupted: finishing this iteration, then writing a snapshot (Ctrl-C again to abort)")
             self.request_stop()
 
-        return signal.signal(signal.SIGINT, on_sigint)
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        return lambda: signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _named(values: list[tuple[str, float]]) -> dict[str, float]:

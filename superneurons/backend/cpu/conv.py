@@ -44,12 +44,11 @@ def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray |
     if db is not None:
         db += dy.sum(axis=(0, 2, 3))
     for lo, hi in _chunks(x, dy, geom):
-        n = hi - lo
         # dy as (G, M/G, n * P): the same layout the forward product produced.
         dyg = dy[lo:hi].transpose(1, 0, 2, 3).reshape(G, M // G, -1)
         if dw is not None:
             col = _im2col(x[lo:hi], dy.shape[2:], geom)
-            dw.reshape(G, M // G, -1)[...] += np.matmul(dyg, col.transpose(0, 2, 1))
+            dw += np.matmul(dyg, col.transpose(0, 2, 1)).reshape(dw.shape)
         if dx is not None:
             dcol = np.matmul(wg.transpose(0, 2, 1), dyg)  # (G, Kg, n * P)
             _col2im(dcol, dx[lo:hi], dy.shape[2:], geom)

@@ -1,15 +1,84 @@
-"""The CUDA backend: cuDNN and cuBLAS through ctypes, numba-cuda kernels, cuda-python for memory.
+"""The CUDA backend: cuDNN and cuBLAS through ctypes, numba-cuda kernels, numba device arrays for memory.
 
-Not complete yet: importing CudaBackend raises a clear error until every CPU op has a GPU twin.
+`CudaBackend(device)` mirrors CpuBackend: `ops` holds a GPU twin of every op in backend/cpu (same
+names and signatures, collected from the modules of `ops/`), `arena` is ONE device allocation, and
+`view` is a zero-copy array over arena bytes. All work runs on the default stream, in order.
+
+cuDNN may use TF32 tensor cores for float32 convolutions (its default math, as PyTorch allows);
+pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the CPU to ~1e-5.
 """
 from __future__ import annotations
 
+import importlib
+import os
+import pkgutil
+from types import SimpleNamespace
+
+import numpy as np
+
 from superneurons.errors import UserError
 
+DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may ask for
 
-class CudaBackend:  # pragma: no cover - replaced by the GPU backend implementation
+
+def _collect_ops() -> SimpleNamespace:
+    from superneurons.backend.cuda import ops as package
+
+    ns = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for fn_name in getattr(module, "__all__", ()):
+            if fn_name in ns:
+                raise RuntimeError(f"cuda op {fn_name} defined twice ({info.name})")
+            ns[fn_name] = getattr(module, fn_name)
+    return SimpleNamespace(**ns)
+
+
+def _env_tf32() -> bool:
+    return os.environ.get("SUPERNEURONS_TF32", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class CudaBackend:
     name = "cuda"
 
-    def __init__(self, device: int = 0):
-        raise UserError("the GPU backend is not available in this build yet; run on the CPU (drop --gpu, "
-                        "or set solver_mode: CPU)")
+    def __init__(self, device: int = 0, tf32: bool | None = None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT):
+        try:
+            from numba import cuda
+        except ImportError as e:
+            raise UserError(f"the GPU backend needs numba-cuda ({e}); install it with "
+                            f"`pip install 'superneurons[gpu]'`, or drop --gpu to train on the CPU") from None
+        from superneurons.backend.cuda import device as dev, libs
+        from superneurons.backend.cuda.probe import device_count
+
+        count = device_count()
+        if count == 0 or not cuda.is_available():
+            raise UserError("no usable NVIDIA GPU (driver or device missing); drop --gpu to train on the CPU")
+        if not 0 <= device < count:
+            raise UserError(f"--gpu {device}: this machine has {count} GPU(s), numbered 0..{count - 1}")
+        libs.load("cudnn")
+        libs.load("cublas")
+        self.device = dev.Device(device, _env_tf32() if tf32 is None else tf32, workspace_limit)
+        dev.activate(self.device)
+        self._dev = dev
+        self._cuda = cuda
+        self.ops = _collect_ops()
+
+    def arena(self, nbytes: int):
+        """One device allocation of `nbytes` (uint8); the pool carves every tensor out of it."""
+        return self._cuda.device_array(max(int(nbytes), 1), np.uint8)
+
+    def view(self, arena, offset: int, shape: tuple[int, ...], dtype=np.float32):
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if offset < 0 or offset + n > arena.size:
+            raise ValueError(f"view [{offset}, {offset + n}) outside the {arena.size}-byte arena")
+        return self._dev.make(arena.gpu_data.view(offset, offset + n), shape, dtype)
+
+    def from_host(self, dst, src: np.ndarray) -> None:
+        self.ops.upload(dst, src)
+
+    def to_host(self, src) -> np.ndarray:
+        return self.ops.download(src)
+
+    def synchronize(self) -> None:
+        self._cuda.synchronize()

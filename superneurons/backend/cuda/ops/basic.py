@@ -1,0 +1,103 @@
+"""Elementwise and BLAS-like operations (cuBLAS for gemm, numba kernels for the rest)."""
+from __future__ import annotations
+
+import numpy as np
+
+from superneurons.backend.cuda import kernels as K
+from superneurons.backend.cuda.device import current, flat, reshape, scalar
+from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
+
+__all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
+           "sumsq", "dot", "upload", "download"]
+
+
+def fill(dst, value: float) -> None:
+    if dst.size:
+        K.launch(ek.fill, dst.size)(flat(dst), scalar(dst, value))
+
+
+def copy(src, dst) -> None:
+    if src.size != dst.size:
+        raise ValueError(f"copy of {src.shape} into {dst.shape}: sizes differ")
+    if not dst.size:
+        return
+    if src.dtype == dst.dtype:
+        flat(dst).copy_to_device(flat(src))
+    else:
+        K.launch(ek.scale_copy, dst.size)(scalar(dst, 1.0), flat(src), flat(dst))
+
+
+def axpy(alpha: float, x, y) -> None:
+    """y += alpha * x"""
+    if y.size:
+        K.launch(ek.axpy, y.size)(scalar(y, alpha), flat(x), flat(y))
+
+
+def axpby(alpha: float, x, beta: float, y) -> None:
+    """y = alpha * x + beta * y"""
+    if y.size:
+        K.launch(ek.axpby, y.size)(scalar(y, alpha), flat(x), scalar(y, beta), flat(y))
+
+
+def scal(alpha: float, x) -> None:
+    if x.size:
+        K.launch(ek.scale_copy, x.size)(scalar(x, alpha), flat(x), flat(x))
+
+
+def gemm(trans_a: bool, trans_b: bool, alpha: float, a, b, beta: float, c) -> None:
+    """c = alpha * op(a) @ op(b) + beta * c on 2-D row-major arrays (cuBLAS)."""
+    m, n = c.shape
+    k = a.shape[0] if trans_a else a.shape[1]
+    if (a.shape[1] if trans_a else a.shape[0]) != m or (b.shape[0] if trans_b else b.shape[1]) != n or \
+            (b.shape[1] if trans_b else b.shape[0]) != k:
+        raise ValueError(f"gemm shapes do not match: a {a.shape} (T={trans_a}), b {b.shape} (T={trans_b}), "
+                         f"c {c.shape}")
+    current().cublas.gemm(trans_a, trans_b, m, n, k, alpha, a.device_ctypes_pointer.value, a.shape[1],
+                          b.device_ctypes_pointer.value, b.shape[1], beta, c.device_ctypes_pointer.value, c.dtype)
+
+
+def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
+    """y viewed as (outer, dim, inner) += b[dim] broadcast."""
+    if y.size:
+        K.launch(ek.channel_add, y.size)(flat(y), flat(b), dim, inner)
+
+
+def bias_backward(dy, db, outer: int, dim: int, inner: int) -> None:
+    """db[dim] += sum of dy viewed as (outer, dim, inner) over outer and inner."""
+    K.launch(rk.channel_sum, 0, blocks=dim)(flat(dy), flat(db), outer, dim, inner, True)
+
+
+def _sum(x, y, mode: int) -> float:
+    out = current().scratch(1)
+    fill(out, 0.0)
+    if x.size:
+        K.launch(rk.array_sum, x.size)(flat(x), flat(y), out, mode)
+    return float(out.copy_to_host()[0])
+
+
+def asum(x) -> float:
+    return _sum(x, x, 0)
+
+
+def sumsq(x) -> float:
+    return _sum(x, x, 1)
+
+
+def dot(x, y) -> float:
+    return _sum(x, y, 2)
+
+
+def upload(dst, host: np.ndarray) -> None:
+    """Copy a host array into a device array, casting to dst's dtype."""
+    src = np.ascontiguousarray(np.asarray(host).reshape(-1), dtype=dst.dtype)
+    if src.size != dst.size:
+        raise ValueError(f"upload of {np.shape(host)} into {dst.shape}: sizes differ")
+    if src.size:
+        flat(dst).copy_to_device(src)
+
+
+def download(src) -> np.ndarray:
+    """A host copy of a device array."""
+    if not src.size:
+        return np.empty(src.shape, src.dtype)
+    return flat(src).copy_to_host().reshape(src.shape)

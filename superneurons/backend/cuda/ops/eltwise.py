@@ -1,0 +1,60 @@
+"""Elementwise combination of equally shaped blobs (the Eltwise layer); top may be bottoms[0]."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from superneurons.backend.cuda import kernels as K
+from superneurons.backend.cuda.device import flat, scalar
+from superneurons.backend.cuda.kernels import elementwise as ek
+from superneurons.backend.cuda.ops.basic import axpy, copy, fill
+
+__all__ = ["eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_prod_backward", "eltwise_max_backward",
+           "scaled_copy"]
+
+
+def _run(kernel, out, *args) -> None:
+    if out.size:
+        K.launch(kernel, out.size)(*[flat(a) if hasattr(a, "gpu_data") else a for a in args])
+
+
+def scaled_copy(alpha: float, x, y) -> None:
+    """y = alpha * x."""
+    if alpha == 1.0:
+        copy(x, y)
+    else:
+        _run(ek.scale_copy, y, scalar(y, alpha), x, y)
+
+
+def eltwise_sum(bottoms: Sequence, coeffs: Sequence[float], top) -> None:
+    scaled_copy(coeffs[0], bottoms[0], top)
+    for b, c in zip(bottoms[1:], coeffs[1:]):
+        axpy(c, b, top)
+
+
+def eltwise_prod(bottoms: Sequence, top) -> None:
+    _run(ek.multiply, top, bottoms[0], bottoms[1], top)
+    for b in bottoms[2:]:
+        _run(ek.multiply, top, top, b, top)
+
+
+def eltwise_max(bottoms: Sequence, top, argmax) -> None:
+    """top = max_i bottoms[i]; argmax = the first bottom holding it."""
+    fill(argmax, 0)
+    copy(bottoms[0], top)
+    for i, b in enumerate(bottoms[1:], start=1):
+        _run(ek.max_into, top, b, i, top, argmax)
+
+
+def eltwise_prod_backward(bottoms: Sequence, i: int, top, top_diff, bottom_diff, stable: bool) -> None:
+    """bottom_diff = top_diff * d(prod)/d(bottoms[i]) (product of the others, or top / bottoms[i])."""
+    if stable:
+        others = [b for j, b in enumerate(bottoms) if j != i]
+        _run(ek.multiply, bottom_diff, top_diff, others[0], bottom_diff)
+        for b in others[1:]:
+            _run(ek.multiply, bottom_diff, bottom_diff, b, bottom_diff)
+    else:
+        _run(ek.mul_div, bottom_diff, top_diff, top, bottoms[i], bottom_diff)
+
+
+def eltwise_max_backward(top_diff, argmax, i: int, bottom_diff) -> None:
+    _run(ek.select_eq, bottom_diff, top_diff, argmax, i, bottom_diff)

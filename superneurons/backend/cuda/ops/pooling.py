@@ -1,0 +1,37 @@
+"""Max / average / stochastic(TEST) pooling with Caffe's windows and argmax mask, as numba kernels
+(cuDNN pooling has no argmax output, and Caffe's ceil-mode windows and divisors are exact here)."""
+from __future__ import annotations
+
+from superneurons.backend.cuda import kernels as K
+from superneurons.backend.cuda.device import flat
+from superneurons.backend.cuda.kernels import pooling as pk
+from superneurons.backend.cuda.ops.basic import copy
+from superneurons.backend.geometry import PoolGeometry
+
+__all__ = ["pool_forward", "pool_backward"]
+
+
+def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
+    return (x_shape[2], x_shape[3], y_shape[2], y_shape[3], *geom.kernel, *geom.stride, *geom.pad)
+
+
+def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None) -> None:
+    dims = _dims(x.shape, y.shape, geom)
+    if geom.method == "max":
+        K.launch(pk.max_forward, y.size)(flat(x), flat(y), flat(mask), *dims)
+        if top_mask is not None:
+            copy(mask, top_mask)
+    elif geom.method in ("ave", "stochastic"):
+        K.launch(pk.ave_forward, y.size)(flat(x), flat(y), *dims, geom.method == "stochastic")
+    else:
+        raise ValueError(f"unknown pooling method {geom.method!r}")
+
+
+def pool_backward(dy, mask, dx, geom: PoolGeometry) -> None:
+    dims = _dims(dx.shape, dy.shape, geom)
+    if geom.method == "max":
+        K.launch(pk.max_backward, dx.size)(flat(dy), flat(mask), flat(dx), *dims)
+    elif geom.method == "ave":
+        K.launch(pk.ave_backward, dx.size)(flat(dy), flat(dx), *dims)
+    else:
+        raise ValueError(f"pooling method {geom.method!r} has no backward")

@@ -1,0 +1,141 @@
+"""`superneurons memory`: the static memory plan of a net, per step and per mode, without a device."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from superneurons.errors import UserError
+from superneurons.graph.batch import set_batch
+from superneurons.graph.build import build_graph
+from superneurons.io.prototxt import read_net
+from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+from superneurons.memory.plan import PLAN_MODES, MemoryPlan, make_plan, offloaded_bytes, to_json
+from superneurons.memory.pool import format_bytes
+from superneurons.proto import superneurons_pb2 as pb
+
+EXAMPLES = """examples:
+  superneurons memory --model models/alexnet/train_val.prototxt --batch 200
+  superneurons memory --model deploy.prototxt --batch 64 --json > plan.json
+  superneurons memory --model M --batch 32 --gpu-memory 12G          # which mode `--memory auto` would pick
+  superneurons memory --model M --batch 32 --plot steps.png --memory liveness
+"""
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'12G', '512M', '1.5GiB', '1048576' -> bytes (binary units, as the pool counts)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UserError(f"--gpu-memory {text!r}: expected a size such as 12G, 512M or a number of bytes")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def register(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("memory", help="plan a net's memory per step under each memory mode (no GPU needed)",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="net prototxt (a deploy net is planned as if it fed a loss)")
+    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN")
+    p.add_argument("--memory", choices=list(PLAN_MODES) + ["auto", "all"], default="all",
+                   help="which mode(s) to report (default: all; auto needs --gpu-memory)")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="pool budget (12G, 512M, bytes): say what auto picks")
+    p.add_argument("--checkpoints", default=",".join(DEFAULT_CHECKPOINTS),
+                   help="layer types whose outputs are offloaded and never recomputed (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema in DESIGN.md)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw bytes and live tensors per step, one line per mode")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    if args.batch is not None and args.batch <= 0:
+        raise UserError(f"--batch must be positive, got {args.batch}")
+    budget = parse_size(args.gpu_memory) if args.gpu_memory else None
+    if args.memory == "auto" and budget is None:
+        raise UserError("--memory auto needs --gpu-memory SIZE (the budget auto must fit)")
+    net = read_net(args.model)
+    if args.batch:
+        set_batch(net, args.batch)
+    graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model)
+    types = tuple(t.strip() for t in args.checkpoints.split(",") if t.strip())
+    plan = make_plan(graph, train=args.phase == "TRAIN", checkpoint_types=types)
+    doc = to_json(plan, args.batch or _batch_of(graph), budget)
+    shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
+    if args.plot:
+        plot(plan, shown, args.plot)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(format_plan(plan, doc, shown))
+    return 0
+
+
+def _batch_of(graph) -> int | None:
+    for n in graph.nodes:
+        if n.layer.is_data and n.top_shapes and n.top_shapes[0]:
+            return int(n.top_shapes[0][0])
+    return None
+
+
+def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
+    mx = doc["max_layer"]
+    lines = [f"Net {doc['net']!r}, batch {doc['batch']}: {len(doc['steps'])} steps "
+             f"({plan.program.n_forward} forward), checkpoints: {', '.join(plan.checkpoint_types)}",
+             f"Parameters + gradients (resident, not below): {format_bytes(plan.param_bytes)}",
+             f"max(l_i) = {_mib(mx['bytes'])} at {mx['name']} ({mx['phase']})", ""]
+    rows = [("mode", "peak_m", "at step", "live tensors", "notes")]
+    for m in modes:
+        e = doc["modes"][m]
+        step = plan.program.steps[e["peak_step"] - 1]
+        notes = ""
+        if m in ("offload", "recompute"):
+            notes = f"offloads {format_bytes(offloaded_bytes(plan, m))}"
+        if m == "recompute":
+            notes += f", {e['extra_forward_steps']} replayed forward steps"
+        rows.append((m, _mib(e["peak_bytes"]), f"{e['peak_step']} ({step.node.name} {step.phase})",
+                     str(e["live_tensors_at_peak"]), notes))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if doc.get("budget_bytes") is not None:
+        lines.append("")
+        lines.append(f"--memory auto with {format_bytes(doc['budget_bytes'])}: {doc['auto']}")
+    return "\n".join(lines)
+
+
+def plot(plan: MemoryPlan, modes: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(range(1, len(plan.program.steps) + 1))
+    fig, (ax_b, ax_n) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for m in modes:
+        t = plan.traces[m]
+        ax_b.plot(steps, [b / 2**20 for b in t.bytes], label=m)
+        ax_n.plot(steps, t.count, label=m)
+    for ax in (ax_b, ax_n):
+        ax.axvline(plan.program.n_forward + 0.5, color="grey", linewidth=0.8)
+    ax_b.axhline(plan.max_layer[1] / 2**20, color="grey", linestyle="--", linewidth=0.8, label="max(l_i)")
+    ax_b.set_ylabel("live MiB")
+    ax_n.set_ylabel("live tensors")
+    ax_n.set_xlabel("step (forward | backward)")
+    ax_b.set_title(f"{plan.program.graph.name}: memory per step")
+    ax_b.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise UserError(f"--plot {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

@@ -1,0 +1,159 @@
+"""The static memory plan: per-step live bytes under each mode, l_i, max(l_i), peak_m (no device needed).
+
+Modes are cumulative, as in the paper's Fig. 10: liveness; liveness + offload; liveness + offload +
+recomputation. Bytes are pool bytes (whole 1 KiB blocks), so the runtime's measured trace under a
+mode equals the plan's exactly. Parameters, their gradients and solver history are `param_bytes`,
+reported beside the activations and not mixed in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from superneurons.errors import UserError
+from superneurons.graph.build import Graph
+from superneurons.layers.base import count
+from superneurons.memory.liveness import (ALLOC, PREFETCH, RUN, Liveness, Program, Schedule, Trace, simulate)
+from superneurons.memory.offload import DEFAULT_CHECKPOINTS, apply_offload, plan_offload
+from superneurons.memory.pool import format_bytes, round_up
+from superneurons.memory.recompute import RecomputePlanner
+
+PLAN_MODES = ("baseline", "liveness", "offload", "recompute")  # cheapest (in time) first
+
+
+@dataclass
+class MemoryPlan:
+    program: Program
+    liveness: Liveness
+    schedules: dict[str, Schedule]
+    traces: dict[str, Trace]
+    layer_bytes: list[int]  # l_i per global step
+    param_bytes: int  # params + their gradients (+ solver history when given), resident
+    checkpoint_types: tuple[str, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_layer(self) -> tuple[int, int]:
+        """(global step, bytes) of max(l_i)."""
+        s = max(range(len(self.layer_bytes)), key=lambda i: self.layer_bytes[i])
+        return s, self.layer_bytes[s]
+
+    def peak(self, mode: str) -> tuple[int, int]:
+        """(bytes, global step) of peak_m under `mode`."""
+        b = self.traces[mode].bytes
+        s = max(range(len(b)), key=lambda i: b[i])
+        return b[s], s
+
+    def pick(self, budget: int) -> str:
+        """`auto`: the cheapest mode whose peak, plus the resident parameters, fits `budget` bytes."""
+        for mode in PLAN_MODES:
+            if self.peak(mode)[0] + self.param_bytes <= budget:
+                return mode
+        s, need = self.max_layer
+        step = self.program.steps[s]
+        total = self.peak("recompute")[0] + self.param_bytes
+        raise UserError(
+            f"{self.program.graph.name or 'net'}: {format_bytes(budget)} ({budget} bytes) cannot hold even the "
+            f"recompute plan: it needs {total} bytes ({format_bytes(total)}) = parameters {self.param_bytes} + "
+            f"peak {total - self.param_bytes}; the largest layer, {step.node.name!r} ({step.phase}), needs "
+            f"{need} bytes ({format_bytes(need)}) on its own")
+
+
+def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
+    """Owned parameters, their gradients when training, and `history` solver blobs per parameter."""
+    seen: dict[str, int] = {}
+    total = 0
+    for n in graph.nodes:
+        specs = n.layer.param.param
+        for k, decl in enumerate(n.layer.params):
+            name = specs[k].name if k < len(specs) and specs[k].name else ""
+            if name and name in seen:
+                continue
+            if name:
+                seen[name] = 1
+            one = round_up(count(decl.shape) * 4)
+            total += one * (1 + (1 if train else 0) + (history if decl.learnable else 0))
+    return total
+
+
+def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
+              modes: Iterable[str] = PLAN_MODES, solver_history: int = 0,
+              plan_backward: bool | None = None) -> MemoryPlan:
+    """Plan `graph` under each of `modes`. A net with no loss is planned as if its outputs fed one
+    (unless `plan_backward=False`: the runtime plans exactly the steps its Net will run)."""
+    if plan_backward is None:
+        plan_backward = train and not graph.loss_blobs
+    program = Program(graph, train=train, plan_backward=plan_backward)
+    live = Liveness(program)
+    types = tuple(checkpoint_types)
+    n = len(program.steps)
+    layer_bytes = [program.step_bytes(s) for s in range(n)]
+    l_peak = max(layer_bytes) if layer_bytes else 0
+    schedules: dict[str, Schedule] = {}
+    for mode in modes:
+        if mode == "baseline":
+            sched = Schedule([[] for _ in range(n)], [[] for _ in range(n)])
+            if n:
+                sched.before[0] = [(ALLOC, k) for k in program.tensors if k not in program.resident]
+        elif mode == "liveness":
+            sched = live.schedule()
+        elif mode == "offload":
+            sched = live.schedule()
+            moves = plan_offload(program, live, types)
+            apply_offload(sched, moves)
+            sched.info["offloaded"] = moves
+        elif mode == "recompute":
+            sched = RecomputePlanner(program, live, types, l_peak).plan()
+        else:
+            raise UserError(f"memory mode {mode!r} has no plan; choose from {', '.join(PLAN_MODES)}")
+        schedules[mode] = sched
+    traces = {m: simulate(program, s) for m, s in schedules.items()}
+    return MemoryPlan(program, live, schedules, traces, layer_bytes,
+                      param_bytes(graph, train, solver_history), types)
+
+
+def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:
+    moves = plan.schedules[mode].info.get("offloaded", {})
+    return sum(plan.program.tensors[k].nbytes for k in moves)
+
+
+def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str, Any]:
+    """The `superneurons memory --json` document (schema in DESIGN.md)."""
+    p = plan.program
+    s_max, b_max = plan.max_layer
+    modes: dict[str, Any] = {}
+    for mode, trace in plan.traces.items():
+        peak, step = plan.peak(mode)
+        entry: dict[str, Any] = {"peak_bytes": peak, "peak_step": step + 1, "live_tensors_at_peak": trace.count[step]}
+        if mode in ("offload", "recompute"):
+            entry["offloaded_bytes"] = offloaded_bytes(plan, mode)
+        if mode == "recompute":
+            info = plan.schedules[mode].info
+            entry["extra_forward_steps"] = info.get("extra_forward_steps", 0)
+            entry["dropped_tensors"] = len(info.get("dropped", []))
+            entry["segments"] = {str(g): st for g, st in info.get("strategies", {}).items()}
+        modes[mode] = entry
+    doc: dict[str, Any] = {
+        "net": p.graph.name, "batch": batch, "budget_bytes": budget,
+        "param_bytes": plan.param_bytes,
+        "checkpoint_types": list(plan.checkpoint_types),
+        "max_layer": {"name": p.steps[s_max].node.name, "phase": p.steps[s_max].phase, "bytes": b_max},
+        "modes": modes,
+        "steps": [
+            {"step": s.index + 1, "layer": s.node.name, "phase": s.phase, "l_bytes": plan.layer_bytes[s.index],
+             "live_bytes": {m: t.bytes[s.index] for m, t in plan.traces.items()},
+             "live_tensors": {m: t.count[s.index] for m, t in plan.traces.items()}}
+            for s in p.steps
+        ],
+    }
+    if budget is not None:
+        doc["auto"] = plan.pick(budget)
+    return doc
+
+
+def replay_count(schedule: Schedule) -> int:
+    return sum(1 for acts in schedule.before for op, _ in acts if op == RUN)
+
+
+def prefetch_count(schedule: Schedule) -> int:
+    return sum(1 for acts in schedule.before for op, _ in acts if op == PREFETCH)

@@ -1,0 +1,190 @@
+"""Cost-aware recomputation (paper section 3.4): drop cheap forward outputs, replay them in backward.
+
+Checkpoint outputs (CONV and data layers by default) are kept (and offloaded, as in `offload`);
+every other forward output is *droppable*: freed after its last forward use, and rebuilt before
+the first backward step that needs it by replaying the forward steps that wrote it.
+
+A *segment* is the run of layers from one checkpoint to the next. Per segment:
+- speed-centric: the first time backward needs a tensor of the segment, replay the segment once
+  and keep every rebuilt tensor until its last backward use (O(N) extra forward steps);
+- memory-centric: for each backward step, replay only what that step needs and free it right
+  after (O(N^2) extra steps, but never more than that step's own l_i in flight).
+The cost-aware choice starts from speed-centric everywhere and switches a segment to
+memory-centric when any step within the span it keeps tensors over exceeds l_peak = max(l_i).
+
+Replays are exact because they re-run the same writers in the same order on the same inputs:
+a dropped tensor is rebuilt by *all* its writers (producer, then in-place layers), and a tensor
+only qualifies when every reader saw its final value and everything its writers read is either
+droppable too or kept alive past the tensor's last backward use.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Iterable
+
+from superneurons.memory.liveness import (ALLOC, FREE, RUN, Liveness, Program, Schedule, simulate)
+from superneurons.memory.offload import apply_offload, checkpoint_steps, checkpoint_tensors, plan_offload
+
+SPEED, MEMORY = "speed", "memory"
+
+
+def droppable(program: Program, live: Liveness, kept: set[str]) -> set[str]:
+    """Forward outputs that can be freed after forward and rebuilt exactly by replay."""
+    steps = program.steps
+    cand = {k for k, ws in program.writers.items()
+            if program.tensors[k].kind == "data" and k not in kept and k in live.first}
+    changed = True
+    while changed:
+        changed = False
+        for x in sorted(cand):
+            if not _replayable(program, live, x, cand, kept, steps):
+                cand.discard(x)
+                changed = True
+    return cand
+
+
+def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: set[str], steps) -> bool:
+    writers = program.writers[x]
+    if any(steps[w].node.layer.is_data for w in writers):
+        return False
+    last_writer = writers[-1]
+    need_until = live.backward_last.get(x, live.forward_last.get(x, 0))
+    for s in steps[:program.n_forward]:
+        if x in s.uses and x not in s.writes and s.index < last_writer:
+            return False  # someone read an intermediate (pre in-place) value: a replay cannot reproduce it
+    for w in writers:
+        for y in steps[w].uses:
+            kind = program.tensors[y].kind
+            if y in steps[w].writes:
+                if y not in cand:
+                    return False  # a writer's tops are rebuilt together or not at all
+            elif kind == "data" and y not in cand:
+                if y not in kept or live.last.get(y, -1) < need_until:
+                    return False  # the replay's input would be gone by then
+    return True
+
+
+class RecomputePlanner:
+    """Builds the recompute schedule (liveness + drops + replays + checkpoint offload)."""
+
+    def __init__(self, program: Program, live: Liveness, checkpoint_types: Iterable[str], l_peak: int):
+        self.p = program
+        self.live = live
+        self.types = tuple(checkpoint_types)
+        self.l_peak = l_peak
+        self.kept = checkpoint_tensors(program, self.types) | program.resident | program.pinned
+        self.drop = droppable(program, live, self.kept)
+        self.cps = checkpoint_steps(program, self.types)
+        self.bwd_uses: dict[str, list[int]] = {}
+        for s in program.steps[program.n_forward:]:
+            for k in s.uses:
+                if k in self.drop:
+                    self.bwd_uses.setdefault(k, []).append(s.index)
+
+    def segment(self, key: str) -> int:
+        return bisect.bisect_right(self.cps, self.p.writers[key][0])
+
+    def plan(self) -> Schedule:
+        segs = {self.segment(k) for k in self.drop}
+        strategy = {g: SPEED for g in segs}
+        for _ in range(len(segs) + 1):
+            sched, spans = self._build(strategy)
+            trace = simulate(self.p, sched)
+            worse = [g for g, span in spans.items()
+                     if strategy[g] == SPEED and span and max(trace.bytes[s] for s in span) > self.l_peak]
+            if not worse:
+                break
+            for g in worse:
+                strategy[g] = MEMORY
+        sched.info["strategies"] = {g: strategy[g] for g in sorted(spans)}
+        return sched
+
+    # -- one build under fixed per-segment strategies ----------------------------------------
+    def _build(self, strategy: dict[int, str]):
+        p, live = self.p, self.live
+        last = dict(live.last)
+        for k in self.drop:
+            last[k] = live.forward_last[k]  # dropped once forward is done with it
+        sched = live.schedule(last)
+        on = set(p.resident)
+        spans: dict[int, set[int]] = {}
+        reads_at: dict[str, int] = {}  # kept tensor -> earliest step a replay reads it
+        extra = 0
+        for s in range(len(p.steps)):
+            if s >= p.n_forward:
+                need = [k for k in p.steps[s].uses if k in self.drop and k not in on]
+                by_seg: dict[int, list[str]] = {}
+                for k in need:
+                    by_seg.setdefault(self.segment(k), []).append(k)
+                replay: list = []
+                for g in sorted(by_seg, reverse=True):
+                    if strategy[g] == SPEED:
+                        targets = {k for k in self.drop if self.segment(k) == g and k not in on
+                                   and self.bwd_uses.get(k) and self.bwd_uses[k][-1] >= s}
+                    else:
+                        targets = set(by_seg[g])
+                    runs = self._closure(targets, on)
+                    extra += len(runs)
+                    replay += self._replay(runs, targets, on, reads_at, s)
+                    span = spans.setdefault(g, set())
+                    for k in targets:
+                        # speed: keep until the last backward use; memory: only for this step
+                        until = self.bwd_uses[k][-1] if strategy[g] == SPEED else s
+                        sched.after[until].append((FREE, k))
+                        span.update(range(s, until + 1))
+                sched.before[s][:0] = replay
+            for op, k in sched.before[s]:
+                if op == ALLOC:
+                    on.add(k)
+                elif op == FREE:
+                    on.discard(k)
+            for op, k in sched.after[s]:
+                if op == FREE:
+                    on.discard(k)
+        moves = plan_offload(p, live, self.types, reads_at)
+        apply_offload(sched, moves)
+        sched.info.update(extra_forward_steps=extra, offloaded=moves, dropped=sorted(self.drop))
+        return sched, spans
+
+    def _closure(self, targets: set[str], on: set[str]) -> list[int]:
+        """The forward steps to replay, in order, to rebuild `targets` from what is on the device."""
+        steps = self.p.steps
+        need = set(targets)
+        stack = list(targets)
+        runs: set[int] = set()
+        while stack:
+            x = stack.pop()
+            for w in self.p.writers[x]:
+                if w in runs:
+                    continue
+                runs.add(w)
+                for y in steps[w].uses:
+                    rebuild = y in steps[w].writes or (y in self.drop and y not in on)
+                    if rebuild and y not in need:
+                        need.add(y)
+                        stack.append(y)
+        return sorted(runs)
+
+    def _replay(self, runs: list[int], keep: set[str], on: set[str], reads_at: dict[str, int], s: int) -> list:
+        steps = self.p.steps
+        last_read = {}
+        for i, w in enumerate(runs):
+            for y in steps[w].uses:
+                last_read[y] = i
+        actions: list = []
+        mine: set[str] = set()
+        for i, w in enumerate(runs):
+            for y in steps[w].uses:
+                if y in self.kept and y not in reads_at:
+                    reads_at[y] = s
+                if y not in on:
+                    actions.append((ALLOC, y))
+                    on.add(y)
+                    mine.add(y)
+            actions.append((RUN, w))
+            for y in steps[w].uses:
+                if y in mine and y not in keep and last_read[y] == i:
+                    actions.append((FREE, y))
+                    on.discard(y)
+                    mine.discard(y)
+        return actions

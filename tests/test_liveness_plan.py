@@ -1,0 +1,153 @@
+"""Liveness analysis and the static plan: frees at last use, schedules that are valid, AlexNet's peaks."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from google.protobuf import text_format
+
+from superneurons.cli import main
+from superneurons.commands.memory import parse_size
+from superneurons.errors import UserError
+from superneurons.graph.build import build_graph
+from superneurons.layers.base import known_types
+from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program
+from superneurons.memory.plan import PLAN_MODES, make_plan
+from superneurons.proto import superneurons_pb2 as pb
+
+from test_memory_modes import CONV_FAN, DENSE, MLP_FAN, _graph, _layer, _mlp_with_loss
+
+ALEXNET = "/work/shared/zoo/caffe/models/bvlc_alexnet/deploy.prototxt"
+
+
+def _steps_named(program, key, op, sched):
+    """(layer, phase) of the steps whose before/after lists hold (op, key)."""
+    out = []
+    for s, st in enumerate(program.steps):
+        for where, acts in (("before", sched.before[s]), ("after", sched.after[s])):
+            if (op, key) in acts:
+                out.append((where, st.node.name, st.phase))
+    return out
+
+
+def test_branchy_graph_frees_each_tensor_right_after_its_last_use():
+    program = Program(_graph(_mlp_with_loss()))
+    live = Liveness(program)
+    sched = live.schedule()
+    # fb feeds a non-in-place ReLU whose backward reads only its top: fb dies in forward.
+    assert _steps_named(program, "fb", FREE, sched) == [("after", "rb", "forward")]
+    # fc1 (ReLU in place, split to two branches): last read by relu1's backward (needs its top).
+    assert _steps_named(program, "fc1", FREE, sched) == [("after", "relu1", "backward")]
+    assert _steps_named(program, "fc1", ALLOC, sched) == [("before", "fc1", "forward")]
+    # rb: read by fc3's backward (bottom) and rb's backward (top), which runs later.
+    assert _steps_named(program, "rb", FREE, sched) == [("after", "rb", "backward")]
+    # A gradient lives from the backward step producing it to the one consuming it.
+    assert _steps_named(program, "fa@diff", ALLOC, sched) == [("before", "fc2", "backward")]
+    assert _steps_named(program, "fa@diff", FREE, sched) == [("after", "fa", "backward")]
+    # Split tops are views: they never get memory of their own.
+    assert not any(k.startswith("fc1_relu1_0_split") for k in program.tensors)
+    # Every root is freed exactly at its last use (or kept: inputs, outputs).
+    for k, last in live.last.items():
+        frees = [s for s in range(len(program.steps)) if (FREE, k) in sched.after[s]]
+        if k in program.resident or k in program.pinned:
+            assert frees == []
+        else:
+            assert frees == [last], k
+            assert all(k not in st.uses for st in program.steps[last + 1:])
+
+
+def _check_valid(program, sched):
+    """Walk a schedule: every step and every replay finds all it uses on the device."""
+    on = set(program.resident)
+    for s, st in enumerate(program.steps):
+        for op, arg in sched.before[s]:
+            if op in (ALLOC, PREFETCH):
+                on.add(arg)
+            elif op in (FREE, OFFLOAD):
+                on.discard(arg)
+            elif op == RUN:
+                missing = set(program.steps[arg].uses) - on
+                assert not missing, f"replay of step {arg} at step {s} lacks {missing}"
+        missing = set(st.uses) - on
+        assert not missing, f"step {s} ({st.node.name} {st.phase}) lacks {missing}"
+        for op, arg in sched.after[s]:
+            if op in (FREE, OFFLOAD):
+                on.discard(arg)
+    assert on <= program.resident | program.pinned  # nothing leaks past the iteration
+
+
+def _zoo_or_tests():
+    texts = {"mlp": _mlp_with_loss(), "deploy_mlp": MLP_FAN}
+    if {"Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "Concat"} <= set(known_types()):
+        texts.update(fan=CONV_FAN, dense=DENSE)
+    return texts
+
+
+@pytest.mark.parametrize("name", sorted(_zoo_or_tests()))
+def test_every_mode_schedule_is_valid_and_modes_are_ordered(name):
+    plan = make_plan(_graph(_zoo_or_tests()[name]))
+    for mode in PLAN_MODES:
+        _check_valid(plan.program, plan.schedules[mode])
+    peaks = [plan.peak(m)[0] for m in PLAN_MODES]
+    assert peaks == sorted(peaks, reverse=True)
+    assert plan.peak("recompute")[0] >= plan.max_layer[1]  # l_peak is a floor
+
+
+def test_deploy_net_is_planned_as_if_it_fed_a_loss():
+    g = _graph(MLP_FAN)
+    assert not g.loss_blobs
+    program = make_plan(g).program
+    bwd = [s.node.name for s in program.steps[program.n_forward:]]
+    assert bwd[:2] == ["fc3", "fc2"] and "input" not in bwd
+    assert set(program.seeds) == {"fc2@diff", "fc3@diff"}  # the outputs' gradients seed backward
+
+
+def test_l_i_counts_inputs_outputs_buffers_and_diffs():
+    plan = make_plan(_graph(_mlp_with_loss()))
+    p = plan.program
+    s = next(st for st in p.steps if st.node.name == "fa" and st.phase == "backward")
+    # InnerProduct backward: bottom (fc1 view -> root fc1), top diff, bottom diff.
+    assert set(s.uses) == {"fc1", "fa@diff", "fc1_relu1_0_split_0@diff"}
+    assert plan.layer_bytes[s.index] == sum(p.tensors[k].nbytes for k in s.uses)
+
+
+def test_parse_size():
+    assert parse_size("12G") == 12 << 30 and parse_size("512M") == 512 << 20
+    assert parse_size("1048576") == 1 << 20 and parse_size("1.5GiB") == 3 << 29
+    with pytest.raises(UserError):
+        parse_size("lots")
+
+
+needs_alexnet = pytest.mark.skipif(
+    not os.path.exists(ALEXNET) or not {"Convolution", "Pooling", "LRN", "Dropout", "Softmax"} <= set(known_types()),
+    reason="AlexNet prototxt or its layers (Convolution, Pooling, LRN, Dropout, Softmax) missing")
+
+
+@needs_alexnet
+def test_alexnet_batch_200_json(capsys):
+    assert main(["memory", "--model", ALEXNET, "--batch", "200", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    m = {k: v["peak_bytes"] for k, v in doc["modes"].items()}
+    assert m["baseline"] > m["liveness"] > m["offload"] > m["recompute"]
+    lmax = doc["max_layer"]
+    assert (lmax["name"], lmax["phase"]) == ("norm1", "backward")
+    # LRN1 backward: bottom, top, scale buffer, top diff, bottom diff, 200x96x55x55 floats each.
+    assert lmax["bytes"] == 5 * 200 * 96 * 55 * 55 * 4
+    assert lmax["bytes"] <= m["recompute"] <= 1.05 * lmax["bytes"]
+    assert doc["modes"]["recompute"]["extra_forward_steps"] > 0
+    assert doc["modes"]["offload"]["offloaded_bytes"] > 0
+    assert len(doc["steps"]) == 47 and doc["steps"][0]["phase"] == "forward"
+    assert doc["param_bytes"] > 0 and doc["batch"] == 200
+
+
+@needs_alexnet
+def test_alexnet_budget_picks_auto_mode_or_says_what_is_needed(capsys, tmp_path):
+    assert main(["memory", "--model", ALEXNET, "--batch", "200", "--gpu-memory", "2G",
+                 "--plot", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    assert "--memory auto with 2.0 GiB: offload" in out
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    assert main(["memory", "--model", ALEXNET, "--batch", "200", "--gpu-memory", "1G"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot hold even the recompute plan" in err and "'norm1' (backward)" in err and "1161600000" in err
