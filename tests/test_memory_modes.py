@@ -9,6 +9,7 @@ from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.graph.build import build_graph
 from superneurons.layers.base import known_types
+from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
 from superneurons.memory.plan import make_plan
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
@@ -166,12 +167,18 @@ def test_pool_usage_per_step_equals_plan_under_liveness(text):
 
 
 @_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
-def test_recompute_replays_and_stays_within_plan():
-    net, _, _ = train(CONV_FAN, "recompute", iters=1)
-    plan = make_plan(_graph(CONV_FAN), plan_backward=False)
-    assert net.memory.replays == plan.schedules["recompute"].info["extra_forward_steps"] > 0
-    # With room to spare nothing is offloaded, so the pool holds at most liveness-with-drops.
-    assert max(net.memory.trace) <= plan.peak("liveness")[0]
+@pytest.mark.parametrize("text", [CONV_FAN, DENSE], ids=["fan", "dense"])
+def test_recompute_pool_trace_equals_plan(text):
+    net, _, _ = train(text, "recompute", iters=2)
+    plan = make_plan(_graph(text), plan_backward=False)
+    assert net.memory.replays == 2 * plan.schedules["recompute"].info["extra_forward_steps"] > 0  # 2 iterations
+    # With room to spare nothing is offloaded: the pool holds exactly the plan's drops and replays
+    # (transient replay tensors included), i.e. the recompute schedule without its host moves.
+    sched = plan.schedules["recompute"]
+    keep = lambda acts: [a for a in acts if a[0] not in (OFFLOAD, PREFETCH)]  # noqa: E731
+    no_moves = Schedule([keep(a) for a in sched.before], [keep(a) for a in sched.after])
+    assert net.memory.trace == simulate(plan.program, no_moves).bytes
+    assert max(net.memory.trace) < plan.peak("liveness")[0]
 
 
 def test_mlp_pool_trace_equals_plan():
@@ -211,3 +218,37 @@ def test_freed_blob_read_says_so():
     assert np.isfinite(net.blob("loss")).all()  # outputs stay readable after the iteration
     with pytest.raises(UserError, match="not resident"):
         net.blob("fc1")
+
+
+MINI_ALEX = (  # AlexNet's pattern in miniature: in-place ReLU after conv, LRN, max pool, in-place Dropout after FC
+    _input((2, 3, 11, 11), 2)
+    + conv("conv1", "data", "conv1", 4, k=3, pad=0) + _layer("relu1", "ReLU", ["conv1"], ["conv1"])
+    + _layer("norm1", "LRN", ["conv1"], ["norm1"], "lrn_param { local_size: 3 alpha: 0.1 beta: 0.75 }")
+    + _layer("pool1", "Pooling", ["norm1"], ["pool1"], "pooling_param { pool: MAX kernel_size: 3 stride: 2 }")
+    + conv("conv2", "pool1", "conv2", 6) + _layer("relu2", "ReLU", ["conv2"], ["conv2"])
+    + ip("fc6", "conv2", "fc6", 12) + _layer("relu6", "ReLU", ["fc6"], ["fc6"])
+    + _layer("drop6", "Dropout", ["fc6"], ["fc6"], "dropout_param { dropout_ratio: 0.5 }")
+    + ip("fc8", "fc6", "fc8", 3)
+    + _layer("loss", "SoftmaxWithLoss", ["fc8", "label"], ["loss"])
+)
+
+
+@_need("Convolution", "Pooling", "LRN", "Dropout", "SoftmaxWithLoss")
+def test_mini_alexnet_all_modes_identical():
+    _check_modes(MINI_ALEX)
+
+
+@_need("Convolution", "Pooling", "LRN", "Dropout", "SoftmaxWithLoss")
+def test_forward_only_test_net_in_every_mode():
+    values = {}
+    for mode in ("baseline", "liveness", "offload", "recompute"):
+        g = build_graph(text_format.Parse('name: "t"\n' + MINI_ALEX, pb.NetParameter()), pb.TEST)
+        net = Net(g, BACKEND, train=False, seed=3, memory=mode)
+        got = []
+        for it in range(2):  # a second forward starts from the first one's leftovers
+            rng = np.random.default_rng(it)
+            net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape).astype(np.float32)
+            net.data["label"].array[...] = 1
+            got.append((net.forward(), net.blob("loss").tobytes()))
+        values[mode] = got
+    assert all(v == values["baseline"] for v in values.values())

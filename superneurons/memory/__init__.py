@@ -54,15 +54,12 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None) -> str:
 
     plan = make_plan(net.graph, train=net.train, plan_backward=False,
                      checkpoint_types=checkpoint_types or DEFAULT_CHECKPOINTS)
-    plan.param_bytes = sum(t.nbytes and _blocks(t.nbytes) for t in net.tensors
-                           if t.base is None and t.kind in ("param", "param_diff"))
-    return plan.pick(net.pool.capacity)
-
-
-def _blocks(n: int) -> int:
     from superneurons.memory.pool import round_up
 
-    return round_up(n)
+    # The Net's own parameter tensors (shared ones are declared once), as the pool will hold them.
+    plan.param_bytes = sum(round_up(t.nbytes) for t in net.tensors
+                           if t.base is None and t.kind in ("param", "param_diff"))
+    return plan.pick(net.pool.capacity)
 
 
 def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = None):

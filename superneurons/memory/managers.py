@@ -33,7 +33,7 @@ class LivenessManager:
     def __init__(self, net: Any, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
         self.net = net
         self.checkpoint_types = tuple(checkpoint_types)
-        self.trace: list[int] = []  # activation bytes in the pool while each global step computes
+        self.trace: list[int] = []  # peak activation bytes in the pool per global step (this iteration)
         self.on: set[str] = set()  # roots with device memory now
 
     # -- setup -------------------------------------------------------------------------------
@@ -48,8 +48,9 @@ class LivenessManager:
         self.tensors = {t.key: t for t in net.tensors}
         roots = {t.key for t in net.tensors if t.base is None and t.kind not in _PARAM_KINDS}
         if roots != set(self.program.tensors):
-            raise RuntimeError(f"memory plan and Net disagree on tensors: only in Net {sorted(roots - set(self.program.tensors))}, "
-                               f"only in plan {sorted(set(self.program.tensors) - roots)}")
+            planned = set(self.program.tensors)
+            raise RuntimeError(f"memory plan and Net disagree on tensors: only in Net {sorted(roots - planned)}, "
+                               f"only in plan {sorted(planned - roots)}")
         self.views: dict[str, list[Any]] = {}
         for t in net.tensors:
             if t.base is not None:
@@ -61,10 +62,10 @@ class LivenessManager:
         # Resident: parameters, their gradients, and the inputs data layers (or the caller) write.
         for t in net.tensors:
             if t.base is None and t.kind in _PARAM_KINDS:
-                self._place(t.key, fresh=True)
+                self._place(t.key)
         self.param_bytes = net.pool.used_bytes
         for k in sorted(self.program.resident):
-            self._place(k, fresh=True)
+            self._place(k)
         for t in net.tensors:  # parameter views (none today) follow their base
             if t.base is not None and t.array is None and _root(t).array is not None:
                 net._materialize(t)
@@ -106,17 +107,26 @@ class LivenessManager:
         self.trace = []
 
     def _enter(self, s: int) -> None:
-        for fn, arg in self.before[s]:
+        self.trace.append(self._run_actions(self.before[s]) - self.param_bytes)
+
+    def _run_actions(self, actions: list) -> int:
+        """Run a before-list; returns the pool's peak meanwhile (transient replay tensors included).
+        Tracked here rather than with pool.high_water, which belongs to the profiler."""
+        pool = self.net.pool
+        peak = pool.used_bytes
+        for fn, arg in actions:
             fn(arg)
-        self.trace.append(self.net.pool.used_bytes - self.param_bytes)
+            if pool.used_bytes > peak:
+                peak = pool.used_bytes
+        return peak
 
     def _leave(self, s: int) -> None:
         for fn, arg in self.after[s]:
             fn(arg)
 
     # -- actions ---------------------------------------------------------------------------------
-    def _place(self, k: str, fresh: bool) -> None:
-        """Materialize root `k` (zeroed if it is a gradient and `fresh`) and re-point its views."""
+    def _place(self, k: str) -> None:
+        """Materialize root `k` (gradients come zeroed) and re-point its views and buffer."""
         net, t = self.net, self.tensors[k]
         try:
             net._materialize(t)
@@ -143,7 +153,7 @@ class LivenessManager:
 
     def _alloc(self, k: str) -> None:
         if k not in self.on:
-            self._place(k, fresh=True)
+            self._place(k)
 
     def _free(self, k: str) -> None:
         if k in self.on:
@@ -204,10 +214,9 @@ class OffloadManager(LivenessManager):
         return self.cache.misses
 
     def _enter(self, s: int) -> None:
-        for fn, arg in self.before[s]:
-            fn(arg)
-        self._lock(self.locks[s], self.checks[s])
-        self.trace.append(self.net.pool.used_bytes - self.param_bytes)
+        peak = self._run_actions(self.before[s])
+        self._lock(self.locks[s], self.checks[s])  # may fetch evicted tensors back
+        self.trace.append(max(peak, self.net.pool.used_bytes) - self.param_bytes)
 
     def _leave(self, s: int) -> None:
         for k in self.locks[s]:
@@ -226,7 +235,7 @@ class OffloadManager(LivenessManager):
                 self._fetch(k)
 
     # -- moving bytes ------------------------------------------------------------------------------
-    def _place(self, k: str, fresh: bool) -> None:
+    def _place(self, k: str) -> None:
         net, t = self.net, self.tensors[k]
         while True:
             try:
@@ -252,7 +261,7 @@ class OffloadManager(LivenessManager):
         self.host_keys.add(k)
 
     def _fetch(self, k: str) -> None:
-        self._place(k, fresh=False)
+        self._place(k)
         self.host.load(k, self.tensors[k].array)
         self.host_keys.discard(k)
         self.bytes_prefetched += round_up(self.tensors[k].nbytes)

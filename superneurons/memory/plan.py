@@ -131,7 +131,7 @@ def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str
             info = plan.schedules[mode].info
             entry["extra_forward_steps"] = info.get("extra_forward_steps", 0)
             entry["dropped_tensors"] = len(info.get("dropped", []))
-            entry["segments"] = {str(g): st for g, st in info.get("strategies", {}).items()}
+            entry["segments"] = dict(info.get("strategies", {}))
         modes[mode] = entry
     doc: dict[str, Any] = {
         "net": p.graph.name, "batch": batch, "budget_bytes": budget,

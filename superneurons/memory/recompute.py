@@ -96,7 +96,10 @@ class RecomputePlanner:
                 break
             for g in worse:
                 strategy[g] = MEMORY
-        sched.info["strategies"] = {g: strategy[g] for g in sorted(spans)}
+        # Segments are named after the checkpoint layer that opens them.
+        nodes = self.p.graph.nodes
+        sched.info["strategies"] = {(nodes[self.cps[g - 1]].name if g else "(input)"): strategy[g]
+                                    for g in sorted(spans)}
         return sched
 
     # -- one build under fixed per-segment strategies ----------------------------------------

@@ -1,0 +1,75 @@
+"""The numba-cuda kernels under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1): no GPU needed, so CI checks the
+kernels' logic against the CPU ops on tiny inputs. Skipped without numba-cuda; when numba was already imported
+without the simulator in this process, one test reruns this file in a fresh process with it."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import subprocess  # noqa: E402
+
+if "numba" not in sys.modules:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+cuda = pytest.importorskip("numba.cuda")
+from numba import config  # noqa: E402
+
+if not config.ENABLE_CUDASIM:
+    # numba was imported earlier in this process without the simulator: run this file in a fresh one.
+    def test_kernels_under_simulator_in_subprocess():
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+simulated = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="runs in the subprocess test above")
+from superneurons.backend.cpu import dropout as cpu_dropout, pooling as cpu_pool, solver_ops  # noqa: E402
+from superneurons.backend.cuda import kernels as K  # noqa: E402
+from superneurons.backend.cuda.kernels import dropout as dk, pooling as pk, solver as sk  # noqa: E402
+from superneurons.backend.geometry import PoolGeometry  # noqa: E402
+
+
+@simulated
+def test_dropout_mask_is_bit_identical_to_cpu():
+    rng = np.random.default_rng()
+    x = rng.standard_normal(300).astype(np.float32)
+    seed, it, layer = int(rng.integers(1 << 31)), int(rng.integers(1000)), 3
+    want = np.empty_like(x)
+    cpu_dropout.dropout_apply(x, want, 0.4, seed, it, layer)
+    k1, k2 = cpu_dropout.stream_keys(seed, it, layer)
+    got = np.empty_like(x)
+    K.launch(dk.dropout_apply, x.size)(x, got, np.uint64(k1), np.uint64(k2),
+                                       np.uint64(cpu_dropout.keep_threshold(0.4)), np.float32(1 / 0.6))
+    assert np.array_equal(got, want)
+
+
+@simulated
+def test_max_pool_ceil_mode_forward_and_backward():
+    rng = np.random.default_rng()
+    geom = PoolGeometry("max", (3, 3), (2, 2), (0, 0))
+    x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    y, mask = np.empty((1, 2, 3, 3), np.float32), np.empty((1, 2, 3, 3), np.int32)  # ceil: (6-3)/2 -> 3
+    cpu_pool.pool_forward(x, y, mask, geom)
+    dims = (6, 6, 3, 3, 3, 3, 2, 2, 0, 0)
+    yg, mg = np.empty_like(y), np.empty_like(mask)
+    K.launch(pk.max_forward, y.size)(x.ravel(), yg.ravel(), mg.ravel(), *dims)
+    assert np.array_equal(yg, y) and np.array_equal(mg, mask)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx, dxg = np.empty_like(x), np.empty_like(x)
+    cpu_pool.pool_backward(dy, mask, dx, geom)
+    K.launch(pk.max_backward, x.size)(dy.ravel(), mask.ravel(), dxg.ravel(), *dims)
+    np.testing.assert_allclose(dxg, dx, rtol=1e-6)
+
+
+@simulated
+def test_fused_sgd_matches_cpu_rule():
+    rng = np.random.default_rng()
+    w, g, h = (rng.standard_normal(50).astype(np.float32) for _ in range(3))
+    cw, cg, ch = w.copy(), g.copy(), h.copy()
+    solver_ops.sgd_update(cw, cg, ch, 0.01, 0.9)
+    K.launch(sk.sgd, w.size)(w, g, h, np.float32(0.01), np.float32(0.9))
+    for a, b in ((w, cw), (g, cg), (h, ch)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -1,0 +1,377 @@
+"""Every CUDA op against the CPU op on realistic shapes, and whole Nets on both backends.
+
+Tolerances: elementwise ops and the kernels that mirror the CPU loops agree to float32 rounding
+(rtol 1e-5); reductions accumulate in a different order (rtol 1e-4). cuDNN convolution is run with
+FMA math (tf32=False): cuDNN's default math may use TF32 tensor cores (~1e-3 relative error), so the
+tests switch it off and compare at rtol 1e-4 relative to the output's scale. Dropout masks are compared bit for bit.
+Run with `make gpu-test` on a GPU machine; everything here is skipped elsewhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.cuda.probe import gpu_available
+from superneurons.backend.geometry import ConvGeometry, LRNGeometry, PoolGeometry
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")]
+
+CPU = CpuBackend()
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from superneurons.backend.cuda import CudaBackend
+
+    return CudaBackend(0, tf32=False)
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
+
+
+def dev(gpu, a):
+    a = np.asarray(a)
+    d = gpu.view(gpu.arena(max(a.nbytes, 1)), 0, a.shape, a.dtype)
+    gpu.from_host(d, a)
+    return d
+
+
+def run_both(gpu, op, arrays, *scalars):
+    """Run ops.<op> on host copies and device copies of `arrays`; return (cpu arrays, gpu arrays as host)."""
+    host = [None if a is None else np.array(a, copy=True) for a in arrays]
+    getattr(CPU.ops, op)(*host, *scalars)
+    d = [None if a is None else dev(gpu, a) for a in arrays]
+    getattr(gpu.ops, op)(*d, *scalars)
+    return host, [None if a is None else gpu.to_host(a) for a in d]
+
+
+def close(got, want, rtol=1e-5, atol_scale=1e-5):
+    atol = atol_scale * max(1.0, float(np.abs(want).max(initial=0)))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return float(np.abs(got.astype(np.float64) - want).max(initial=0))
+
+
+f32 = np.float32
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(f32)
+
+
+@pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh"])
+def test_activations(gpu, rng, op):
+    x = randn(rng, 32, 64, 28, 28)
+    slope = (0.1,) if op == "relu" else ()
+    (_, yc), (_, yg) = run_both(gpu, f"{op}_forward", [x, np.zeros_like(x)], *slope)
+    close(yg, yc)
+    dy = randn(rng, *x.shape)
+    (_, _, dxc), (_, _, dxg) = run_both(gpu, f"{op}_backward", [yc, dy, np.zeros_like(x)], *slope)
+    close(dxg, dxc)
+
+
+def test_basic_blas1_and_reductions(gpu, rng):
+    x, y = randn(rng, 1000, 37), randn(rng, 1000, 37)
+    for op, args in (("axpy", (0.3, x, y)), ("axpby", (0.3, x, -1.7, y)), ("scal", (2.5, x))):
+        host = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
+        devs = [dev(gpu, a) if isinstance(a, np.ndarray) else a for a in args]
+        getattr(CPU.ops, op)(*host)
+        getattr(gpu.ops, op)(*devs)
+        close(gpu.to_host(devs[-1]), host[-1])
+    dx, dy_ = dev(gpu, x), dev(gpu, y)
+    for op, a in (("asum", (x,)), ("sumsq", (x,)), ("dot", (x, y))):
+        want = getattr(CPU.ops, op)(*a)
+        got = getattr(gpu.ops, op)(*((dx,) if len(a) == 1 else (dx, dy_)))
+        assert abs(got - want) <= 1e-9 * max(1.0, abs(want)) + 1e-6, (op, got, want)
+    d = dev(gpu, x)
+    gpu.ops.fill(d, 3.25)
+    assert (gpu.to_host(d) == f32(3.25)).all()
+    c = dev(gpu, np.zeros_like(x))
+    gpu.ops.copy(dx, c)
+    assert (gpu.to_host(c) == x).all()
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_gemm(gpu, rng, ta, tb):
+    m, n, k = 64, 500, 800
+    a = randn(rng, *((k, m) if ta else (m, k)))
+    b = randn(rng, *((n, k) if tb else (k, n)))
+    c = randn(rng, m, n)
+    hc = c.copy()
+    CPU.ops.gemm(ta, tb, 0.5, a, b, 1.5, hc)
+    dc = dev(gpu, c)
+    gpu.ops.gemm(ta, tb, 0.5, dev(gpu, a), dev(gpu, b), 1.5, dc)
+    close(gpu.to_host(dc), hc, rtol=1e-4, atol_scale=1e-5)
+
+
+def test_bias_and_channel_ops(gpu, rng):
+    outer, dim, inner = 16, 64, 196
+    y, b = randn(rng, outer, dim, inner), randn(rng, dim)
+    (yc, _), (yg, _) = run_both(gpu, "add_bias", [y, b], outer, dim, inner)
+    close(yg, yc)
+    (_, dbc), (_, dbg) = run_both(gpu, "bias_backward", [y, b], outer, dim, inner)
+    close(dbg, dbc, rtol=1e-4)
+    (_, _, yc), (_, _, yg) = run_both(gpu, "channel_mul", [y, b, np.zeros_like(y)], outer, dim, inner)
+    close(yg, yc)
+    for acc in (True, False):
+        (_, _, dsc), (_, _, dsg) = run_both(gpu, "channel_mul_grad", [y, yc, b], outer, dim, inner, acc)
+        close(dsg, dsc, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape,kernel,stride,pad,group", [
+    ((32, 64, 56, 56), (3, 3), (1, 1), (1, 1), 1),   # a ResNet 3x3 conv
+    ((8, 3, 227, 227), (11, 11), (4, 4), (0, 0), 1),  # AlexNet conv1
+    ((16, 32, 28, 28), (5, 5), (1, 1), (2, 2), 4),    # grouped
+])
+def test_conv(gpu, rng, shape, kernel, stride, pad, group):
+    m = 64
+    geom = ConvGeometry(kernel, stride, pad, (1, 1), group)
+    oh, ow = geom.out_size(shape[2:])
+    x = randn(rng, *shape)
+    w = (randn(rng, m, shape[1] // group, *kernel) / np.sqrt(shape[1] // group * kernel[0] * kernel[1])).astype(f32)
+    b = randn(rng, m)
+    y = np.zeros((shape[0], m, oh, ow), f32)
+    (_, _, _, yc), (_, _, _, yg) = run_both(gpu, "conv_forward", [x, w, b, y], geom)
+    err_f = close(yg, yc, rtol=1e-4, atol_scale=1e-4)
+    dy = randn(rng, *y.shape)
+    dw0, db0 = randn(rng, *w.shape), randn(rng, m)  # accumulated into, as Caffe's param diffs are
+    host = [x, w, dy, np.zeros_like(x), dw0.copy(), db0.copy()]
+    CPU.ops.conv_backward(*host, geom)
+    d = [dev(gpu, a) for a in (x, w, dy, np.zeros_like(x), dw0, db0)]
+    gpu.ops.conv_backward(*d, geom)
+    errs = [close(gpu.to_host(d[i]), host[i], rtol=1e-4, atol_scale=1e-4) for i in (3, 4, 5)]
+    print(f"conv {shape} k{kernel} g{group}: max |err| fwd {err_f:.2e} dx {errs[0]:.2e} dw {errs[1]:.2e} "
+          f"db {errs[2]:.2e}")
+
+
+@pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra", [
+    ("max", (3, 3), (2, 2), (0, 0), True), ("max", (2, 2), (2, 2), (0, 0), False),
+    ("ave", (3, 3), (2, 2), (1, 1), True), ("stochastic", (3, 3), (2, 2), (0, 0), True),
+])
+def test_pooling(gpu, rng, method, kernel, stride, pad, ceil_extra):
+    n, c, h, w = 16, 32, 27, 27
+    geom = PoolGeometry(method, kernel, stride, pad)
+    oh = -(-(h + 2 * pad[0] - kernel[0]) // stride[0]) + 1 if ceil_extra else (h + 2 * pad[0] - kernel[0]) // stride[0] + 1
+    x = randn(rng, n, c, h, w)
+    if method == "stochastic":
+        x = np.abs(x)
+    y = np.zeros((n, c, oh, oh), f32)
+    mask = np.zeros(y.shape, np.int32) if method == "max" else None
+    (_, yc, mc), (_, yg, mg) = run_both(gpu, "pool_forward", [x, y, mask], geom)
+    close(yg, yc)
+    if method == "max":
+        assert (mg == mc).all()
+    if method == "stochastic":
+        return
+    dy = randn(rng, *y.shape)
+    (_, _, dxc), (_, _, dxg) = run_both(gpu, "pool_backward", [dy, mc, np.zeros_like(x)], geom)
+    close(dxg, dxc)
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_lrn(gpu, rng, across):
+    geom = LRNGeometry(across, 5, 1e-2, 0.75, 2.0)
+    x = randn(rng, 8, 64, 27, 27)
+    (_, yc, sc), (_, yg, sg) = run_both(gpu, "lrn_forward", [x, np.zeros_like(x), np.zeros_like(x)], geom)
+    close(yg, yc)
+    close(sg, sc)
+    dy = randn(rng, *x.shape)
+    (*_, dxc), (*_, dxg) = run_both(gpu, "lrn_backward", [x, yc, sc, dy, np.zeros_like(x)], geom)
+    close(dxg, dxc, rtol=1e-4)
+
+
+def test_softmax_and_loss(gpu, rng):
+    outer, ch, inner = 64, 1000, 1
+    x = randn(rng, outer, ch, inner) * 3
+    (_, pc), (_, pg) = run_both(gpu, "softmax_forward", [x, np.zeros_like(x)])
+    close(pg, pc, atol_scale=1e-6)
+    d = dev(gpu, x)
+    gpu.ops.softmax_forward(d, d)  # in place
+    close(gpu.to_host(d), pc, atol_scale=1e-6)
+    dy = randn(rng, *x.shape)
+    (*_, dxc), (*_, dxg) = run_both(gpu, "softmax_backward", [pc, dy, np.zeros_like(x)])
+    close(dxg, dxc, rtol=1e-4)
+    label = rng.integers(0, ch, (outer, inner)).astype(f32)
+    label[0, 0] = 7  # the ignored label
+    for norm in ("VALID", "FULL", "BATCH_SIZE", "NONE"):
+        loss_c = np.zeros((), f32)
+        CPU.ops.softmax_loss_forward(pc, label, loss_c, 7, norm)
+        loss_g = dev(gpu, np.zeros((), f32))
+        gpu.ops.softmax_loss_forward(dev(gpu, pc), dev(gpu, label), loss_g, 7, norm)
+        close(gpu.to_host(loss_g), loss_c)
+        (*_, dxc), (*_, dxg) = run_both(gpu, "softmax_loss_backward",
+                                        [pc, label, np.array(0.7, f32), np.zeros_like(pc)], 7, norm)
+        close(dxg, dxc)
+    for top_k in (1, 5):
+        acc_c, per_c = np.zeros((), f32), np.zeros(ch, f32)
+        CPU.ops.accuracy_forward(x, label, top_k, None, acc_c, per_c)
+        acc_g, per_g = dev(gpu, np.zeros((), f32)), dev(gpu, np.zeros(ch, f32))
+        gpu.ops.accuracy_forward(dev(gpu, x), dev(gpu, label), top_k, None, acc_g, per_g)
+        close(gpu.to_host(acc_g), acc_c)
+        close(gpu.to_host(per_g), per_c)
+    from superneurons.errors import UserError
+
+    bad = label.copy()
+    bad[3, 0] = ch + 2
+    with pytest.raises(UserError, match="outside"):
+        gpu.ops.softmax_loss_forward(dev(gpu, pc), dev(gpu, bad), dev(gpu, np.zeros((), f32)), None, "VALID")
+
+
+def test_dropout_bit_identical(gpu, rng):
+    x = randn(rng, 64, 4096)
+    for it in (0, 17):
+        (_, yc), (_, yg) = run_both(gpu, "dropout_apply", [x, np.zeros_like(x)], 0.5, 1701, it, 12)
+        assert np.array_equal(yg, yc)
+        assert 0.45 < (yc != 0).mean() < 0.55
+
+
+def test_batch_norm(gpu, rng):
+    outer, ch, inner = 32, 64, 28 * 28
+    x = randn(rng, outer, ch, inner) * 2 + 1
+    c = lambda: np.zeros(ch, f32)  # noqa: E731
+    (_, mc, vc), (_, mg, vg) = run_both(gpu, "bn_batch_stats", [x, c(), c()], outer, ch, inner)
+    close(mg, mc, rtol=1e-4)
+    close(vg, vc, rtol=1e-4)
+    sums = [randn(rng, ch), np.abs(randn(rng, ch)), np.array([3.0], f32)]
+    (ms, vs, sf, _, _), (ms_g, vs_g, sf_g, _, _) = run_both(gpu, "bn_running_update", sums + [mc, vc], 0.999, 1.001)
+    close(ms_g, ms)
+    close(vs_g, vs)
+    close(sf_g, sf)
+    (*_, gm, gv), (*_, gm_g, gv_g) = run_both(gpu, "bn_global_stats", [ms, vs, sf, c(), c()])
+    close(gm_g, gm)
+    close(gv_g, gv)
+    host = [x, mc, vc, 1e-5, c(), np.zeros_like(x)]
+    CPU.ops.bn_normalize(*host, outer, ch, inner)
+    d = [dev(gpu, a) if isinstance(a, np.ndarray) else a for a in [x, mc, vc, 1e-5, c(), np.zeros_like(x)]]
+    gpu.ops.bn_normalize(*d, outer, ch, inner)
+    close(gpu.to_host(d[4]), host[4])
+    close(gpu.to_host(d[5]), host[5], rtol=1e-4)
+    dy = randn(rng, *x.shape)
+    (*_, dxc), (*_, dxg) = run_both(gpu, "bn_backward", [x, mc, host[4], dy, np.zeros_like(x)], outer, ch, inner)
+    close(dxg, dxc, rtol=1e-3, atol_scale=1e-4)
+
+
+def test_concat_and_eltwise(gpu, rng):
+    a, b = randn(rng, 8, 16, 14, 14), randn(rng, 8, 48, 14, 14)
+    top = np.zeros((8, 64, 14, 14), f32)
+    host_top = top.copy()
+    CPU.ops.concat_forward([a, b], host_top, 1)
+    dt = dev(gpu, top)
+    gpu.ops.concat_forward([dev(gpu, a), dev(gpu, b)], dt, 1)
+    assert np.array_equal(gpu.to_host(dt), host_top)
+    (_, db_c), (_, db_g) = run_both(gpu, "concat_backward", [host_top, np.zeros_like(b)], 1, 16)
+    assert np.array_equal(db_g, db_c)
+    xs = [randn(rng, 16, 64, 28) for _ in range(3)]
+    dxs = [dev(gpu, x) for x in xs]
+    for op, extra in (("eltwise_sum", ([1.0, -0.5, 2.0],)), ("eltwise_prod", ())):
+        hc, dg = np.zeros_like(xs[0]), dev(gpu, np.zeros_like(xs[0]))
+        getattr(CPU.ops, op)(xs, *extra, hc)
+        getattr(gpu.ops, op)(dxs, *extra, dg)
+        close(gpu.to_host(dg), hc)
+    hc, am = np.zeros_like(xs[0]), np.zeros(xs[0].shape, np.int32)
+    CPU.ops.eltwise_max(xs, hc, am)
+    dg, dam = dev(gpu, np.zeros_like(xs[0])), dev(gpu, np.zeros(xs[0].shape, np.int32))
+    gpu.ops.eltwise_max(dxs, dg, dam)
+    assert np.array_equal(gpu.to_host(dg), hc) and np.array_equal(gpu.to_host(dam), am)
+    td = randn(rng, *xs[0].shape)
+    for i in range(3):
+        want = np.zeros_like(td)
+        CPU.ops.eltwise_max_backward(td, am, i, want)
+        got = dev(gpu, np.zeros_like(td))
+        gpu.ops.eltwise_max_backward(dev(gpu, td), dam, i, got)
+        assert np.array_equal(gpu.to_host(got), want)
+        for stable in (True, False):
+            prod = xs[0] * xs[1] * xs[2]
+            want = np.zeros_like(td)
+            CPU.ops.eltwise_prod_backward(xs, i, prod, td, want, stable)
+            got = dev(gpu, np.zeros_like(td))
+            gpu.ops.eltwise_prod_backward(dxs, i, dev(gpu, prod), dev(gpu, td), got, stable)
+            close(gpu.to_host(got), want, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rule", ["sgd", "nesterov", "adagrad", "rmsprop", "adadelta", "adam"])
+def test_solver_updates(gpu, rng, rule):
+    n = 100_000
+    w, g = randn(rng, n), randn(rng, n)
+    hist = [np.abs(randn(rng, n)) for _ in range(2)]
+    scalars = {"sgd": (0.01, 0.9), "nesterov": (0.01, 0.9), "adagrad": (0.01, 1e-8), "rmsprop": (0.01, 0.98, 1e-8),
+               "adadelta": (1.0, 0.95, 1e-6), "adam": (0.001, 0.9, 0.999, 1e-8, 7)}[rule]
+    n_hist = 2 if rule in ("adadelta", "adam") else 1
+    host, got = run_both(gpu, f"{rule}_update", [w, g] + hist[:n_hist], *scalars)
+    for h, d in zip(host, got):
+        close(d, h, rtol=1e-5, atol_scale=1e-6)
+    for l1 in (False, True):
+        (_, gc), (_, gg) = run_both(gpu, "regularize", [w, g], 5e-4, l1)
+        close(gg, gc)
+
+
+NETS = {
+    "lenet": """
+name: "LeNet"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } shape { dim: 64 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+  convolution_param { num_output: 50 kernel_size: 5 weight_filler { type: "xavier" } } }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
+  inner_product_param { num_output: 500 weight_filler { type: "xavier" } bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "drop1" type: "Dropout" bottom: "ip1" top: "ip1" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+""",
+    "small_convnet": """
+name: "SmallConv"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 16 dim: 3 dim: 32 dim: 32 } shape { dim: 16 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "norm1" type: "LRN" bottom: "conv1" top: "norm1" lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 } }
+layer { name: "pool1" type: "Pooling" bottom: "norm1" top: "pool1" pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "conv2a" type: "Convolution" bottom: "pool1" top: "conv2a"
+  convolution_param { num_output: 32 kernel_size: 3 pad: 1 group: 2 weight_filler { type: "msra" } } }
+layer { name: "conv2b" type: "Convolution" bottom: "pool1" top: "conv2b"
+  convolution_param { num_output: 32 kernel_size: 1 weight_filler { type: "msra" } } }
+layer { name: "sum" type: "Eltwise" bottom: "conv2a" bottom: "conv2b" top: "sum" }
+layer { name: "cat" type: "Concat" bottom: "sum" bottom: "pool1" top: "cat" }
+layer { name: "tanh" type: "TanH" bottom: "cat" top: "cat" }
+layer { name: "pool2" type: "Pooling" bottom: "cat" top: "pool2" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool2" top: "ip" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_net_forward_backward_matches_cpu(gpu, name):
+    from google.protobuf import text_format
+
+    from superneurons.graph.build import build_graph
+    from superneurons.proto import superneurons_pb2 as pb
+    from superneurons.runtime.net import Net
+
+    def make(backend):
+        return Net(build_graph(text_format.Parse(NETS[name], pb.NetParameter()), pb.TRAIN), backend, seed=11)
+
+    nets = {b.name: make(b) for b in (CPU, gpu)}
+    losses = {k: n.forward_backward() for k, n in nets.items()}
+    assert np.isfinite(losses["cpu"]) and abs(losses["cuda"] - losses["cpu"]) <= 1e-4 * max(1, abs(losses["cpu"]))
+    worst = 0.0
+    for dc, dg in zip(nets["cpu"].learnable, nets["cuda"].learnable):
+        want, got = CPU.to_host(dc.diff), gpu.to_host(dg.diff)
+        scale = max(1e-3, float(np.abs(want).max()))
+        err = float(np.abs(got - want).max()) / scale
+        worst = max(worst, err)
+        assert err < 2e-3, (dc.name, err)
+    print(f"{name}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; worst param-grad error / max|grad| {worst:.2e}")
