@@ -1,9 +1,16 @@
-"""`superneurons time`: Caffe's built-in profiler, plus memory per step and the runtime's share of the time."""
+"""`superneurons time`: Caffe's built-in profiler, plus memory per step and the runtime's share of the time.
+
+Besides Caffe's lines it shows, per layer, the live pool bytes after each step and what the memory
+manager did at its forward (F) and backward (B) steps, averaged per iteration: tensors allocated and
+freed, bytes offloaded to and prefetched from the host, forward steps recomputed, Tensor Cache hits
+and misses. `--memory liveness|offload|recompute|auto` times the net under that manager.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 
+from superneurons.errors import UserError
 from superneurons.commands._options import add_device_options, make_backend, parse_size
 from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
@@ -11,10 +18,11 @@ from superneurons.io.prototxt import read_net
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
-from superneurons.runtime.profiler import Profiler
+from superneurons.runtime.profiler import MEMORY_COUNTERS, Profiler
 
 EXAMPLES = """examples:
   superneurons time --model models/lenet/lenet_train_test.prototxt --iterations 20
+  superneurons time --model models/lenet/lenet_train_test.prototxt --memory recompute --iterations 10
   superneurons time --model resnet50_dummy.prototxt --gpu 0 --memory recompute --gpu-memory 12G --json
 """
 
@@ -43,6 +51,8 @@ def run(args) -> int:
         from superneurons.io.caffemodel import load_weights
 
         load_weights(net, args.weights)
+    if args.iterations <= 0:
+        raise UserError(f"--iterations must be positive, got {args.iterations}")
     profile = Profiler(net).run(args.iterations)
     if args.json:
         print(json.dumps(to_json(profile, graph.name, args), indent=1))
@@ -52,25 +62,59 @@ def run(args) -> int:
 
 
 def to_json(profile, name: str, args) -> dict:
+    n = max(1, profile.iterations)
+    per_iter = lambda actions: {k: v / n for k, v in actions.items()}  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return {
-        "net": name, "iterations": args.iterations, "memory": args.memory,
+        "net": name, "iterations": args.iterations, "memory": args.memory, "memory_mode": profile.memory_mode,
         "layers": [{"name": t.name, "type": t.type, "forward_ms": t.forward_avg, "backward_ms": t.backward_avg,
                     "forward_live_bytes": t.forward_live_bytes, "backward_live_bytes": t.backward_live_bytes,
-                    "algo": t.algo} for t in profile.layers],
+                    "algo": t.algo,
+                    "forward_memory_ms": mean(t.forward_memory_ms), "backward_memory_ms": mean(t.backward_memory_ms),
+                    "replay_ms": t.replay_ms / n,
+                    "forward_actions": per_iter(t.forward_actions),
+                    "backward_actions": per_iter(t.backward_actions)} for t in profile.layers],
         "summary": profile.summary(), "peak_bytes": profile.peak_bytes, "pool_bytes": profile.pool_bytes,
     }
+
+
+_ACTION_WORDS = {"allocs": "alloc", "frees": "free", "bytes_offloaded": "offload", "bytes_prefetched": "prefetch",
+                 "replays": "recompute", "hits": "hit", "misses": "miss"}
+
+
+def _count(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.2f}"
+
+
+def format_actions(actions: dict[str, int], iterations: int) -> str:
+    """'alloc 2, offload 1.5 MiB, recompute 3, miss 1': one step's counters per iteration; '' when idle."""
+    n = max(1, iterations)
+    parts = []
+    for k in MEMORY_COUNTERS:
+        v = actions.get(k, 0) / n
+        if v:
+            parts.append(f"{_ACTION_WORDS[k]} {format_bytes(int(round(v))) if k.startswith('bytes_') else _count(v)}")
+    return ", ".join(parts)
+
+
+def memory_column(t, iterations: int) -> str:
+    f, b = format_actions(t.forward_actions, iterations), format_actions(t.backward_actions, iterations)
+    parts = ([f"F: {f}"] if f else []) + ([f"B: {b}"] if b else [])
+    return "; ".join(parts) or "-"
 
 
 def format_table(profile, iterations: int) -> str:
     s = profile.summary()
     width = max([5] + [len(t.name) for t in profile.layers])
+    algo_w = max([4] + [len(t.algo or "-") for t in profile.layers])
     lines = [f"{'layer':<{width}}  {'type':<16} {'forward ms':>11} {'backward ms':>12} "
-             f"{'live fwd':>11} {'live bwd':>11}  algo"]
+             f"{'live fwd':>11} {'live bwd':>11}  {'algo':<{algo_w}}  {'memory ms':>9}  memory actions (per iteration)"]
     for t in profile.layers:
         bwd = f"{t.backward_avg:12.4f}" if t.backward_ms else f"{'-':>12}"
         live_b = format_bytes(t.backward_live_bytes) if t.backward_ms else "-"
         lines.append(f"{t.name:<{width}}  {t.type:<16} {t.forward_avg:11.4f} {bwd} "
-                     f"{format_bytes(t.forward_live_bytes):>11} {live_b:>11}  {t.algo or '-'}")
+                     f"{format_bytes(t.forward_live_bytes):>11} {live_b:>11}  {t.algo or '-':<{algo_w}}  "
+                     f"{t.memory_avg:9.4f}  {memory_column(t, profile.iterations)}")
     lines += [
         f"Average Forward pass: {s['forward_ms']:.4f} ms.",
         f"Average Backward pass: {s['backward_ms']:.4f} ms.",
@@ -78,6 +122,8 @@ def format_table(profile, iterations: int) -> str:
         f"Total Time: {s['total_ms']:.4f} ms ({iterations} iterations).",
         f"Sum of layer times: {s['layer_sum_ms']:.4f} ms; runtime bookkeeping outside layers: "
         f"{100 * s['bookkeeping_share']:.1f}% of the iteration.",
+        f"Memory runtime (--memory {profile.memory_mode}: manager actions, recomputation included): "
+        f"{s['memory_runtime_ms']:.4f} ms, {100 * s['memory_share']:.1f}% of the iteration.",
         f"Peak memory in use: {format_bytes(profile.peak_bytes)} of a {format_bytes(profile.pool_bytes)} pool.",
     ]
     return "\n".join(lines)

@@ -42,8 +42,9 @@ _shared: dict[str, list] = {}  # real path -> [environment, number of readers]
 _shared_lock = threading.Lock()
 
 
-def _acquire(path: str) -> lmdb.Environment:
-    key = os.path.realpath(path)
+def _acquire(key: str) -> lmdb.Environment:
+    """`key` is the database's real path, resolved once at open (the working directory may change later)."""
+    path = key
     with _shared_lock:
         entry = _shared.get(key)
         if entry is None:
@@ -53,8 +54,7 @@ def _acquire(path: str) -> lmdb.Environment:
         return entry[0]
 
 
-def _release(path: str) -> None:
-    key = os.path.realpath(path)
+def _release(key: str) -> None:
     with _shared_lock:
         entry = _shared[key]
         entry[1] -= 1
@@ -70,8 +70,9 @@ class LmdbReader:
         check_lmdb_path(path, where)
         self.path = path
         self.where = where
+        self._key = os.path.realpath(path)
         try:
-            self.env = _acquire(path)
+            self.env = _acquire(self._key)
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
         self._open = True
@@ -105,7 +106,7 @@ class LmdbReader:
     def close(self) -> None:
         if self._open:
             self._open = False
-            _release(self.path)
+            _release(self._key)
 
 
 def write_lmdb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:

@@ -35,6 +35,8 @@ class LivenessManager:
         self.checkpoint_types = tuple(checkpoint_types)
         self.trace: list[int] = []  # peak activation bytes in the pool per global step (this iteration)
         self.on: set[str] = set()  # roots with device memory now
+        self.allocs = 0  # tensors given device memory / freed by the schedule (cumulative; `superneurons time`)
+        self.frees = 0
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -153,10 +155,12 @@ class LivenessManager:
 
     def _alloc(self, k: str) -> None:
         if k not in self.on:
+            self.allocs += 1
             self._place(k)
 
     def _free(self, k: str) -> None:
         if k in self.on:
+            self.frees += 1
             self._unplace(k)
 
     def _offload(self, k: str) -> None:
@@ -173,7 +177,10 @@ class LivenessManager:
         steps = self.program.steps
         if s < len(steps):
             st = steps[s]
-            plan_peak = max(self.plan.traces[self.name].bytes) + self.param_bytes
+            params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
+            if params is None:
+                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in _PARAM_KINDS)
+            plan_peak = max(self.plan.traces[self.name].bytes) + params
             return (f", at {st.phase} step {s + 1} (layer {st.node.name!r}); this mode's plan needs "
                     f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "
                     f"{self.net.pool.capacity}: give a larger pool/--gpu-memory or a leaner --memory mode")
@@ -276,6 +283,7 @@ class OffloadManager(LivenessManager):
             self.host.drop(k)
             self.host_keys.discard(k)
         if k in self.on:
+            self.frees += 1
             self._unplace(k)
 
 

@@ -71,7 +71,20 @@ def reshape(x: DeviceNDArray, shape) -> DeviceNDArray:
 
 
 def flat(a: DeviceNDArray) -> DeviceNDArray:
-    return a if a.ndim == 1 else reshape(a, (a.size,))
+    """The 1-D view of `a`, built once per array object and kept on it (the kernels' launch cache keys
+    arrays by identity, and building a numba array header costs more than launching a kernel)."""
+    if a.ndim == 1:
+        return a
+    try:
+        return a.__dict__["_sn_flat"]
+    except (KeyError, AttributeError):
+        pass
+    f = reshape(a, (a.size,))
+    try:
+        a._sn_flat = f
+    except AttributeError:
+        pass
+    return f
 
 
 def scalar(a, value):
