@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from superneurons.errors import UserError
 from superneurons.commands._options import add_device_options, make_backend, parse_size
+from superneurons.errors import UserError
 from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
@@ -41,6 +41,8 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    if args.iterations <= 0:
+        raise UserError(f"--iterations must be positive, got {args.iterations}")
     net_param = read_net(args.model)
     if args.batch:
         set_batch(net_param, args.batch)
@@ -51,8 +53,6 @@ def run(args) -> int:
         from superneurons.io.caffemodel import load_weights
 
         load_weights(net, args.weights)
-    if args.iterations <= 0:
-        raise UserError(f"--iterations must be positive, got {args.iterations}")
     profile = Profiler(net).run(args.iterations)
     if args.json:
         print(json.dumps(to_json(profile, graph.name, args), indent=1))
