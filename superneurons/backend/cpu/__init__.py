@@ -5,31 +5,20 @@ Operations live in one module per layer family; each module lists its public fun
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from types import SimpleNamespace
+import sys
 
 import numpy as np
 
+from superneurons.backend.base import collect_ops
+
 _ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are aligned too
-
-
-def _collect_ops() -> SimpleNamespace:
-    ns = {}
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for fn_name in getattr(module, "__all__", ()):
-            if fn_name in ns:
-                raise RuntimeError(f"cpu op {fn_name} defined twice ({info.name})")
-            ns[fn_name] = getattr(module, fn_name)
-    return SimpleNamespace(**ns)
 
 
 class CpuBackend:
     name = "cpu"
 
     def __init__(self) -> None:
-        self.ops = _collect_ops()
+        self.ops = collect_ops(sys.modules[__name__])
 
     def arena(self, nbytes: int) -> np.ndarray:
         raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
