@@ -47,11 +47,11 @@ def setup(tmp_path):
     return model, weights, w, b, images
 
 
-def expected_probs(pixels, w, b, mean, scale=1.0):
+def expected_probs(pixels, w, b, mean, scale=1.0, swap=(2, 1, 0)):
     x = pixels.astype(np.float64) / 255.0
     h, wd = x.shape[:2]
     t, l = (h - H) // 2, (wd - W) // 2
-    x = x[t:t + H, l:l + W].transpose(2, 0, 1)[[2, 1, 0]] * 255.0  # center crop, CHW, RGB -> BGR, raw scale
+    x = x[t:t + H, l:l + W].transpose(2, 0, 1)[list(swap)] * 255.0  # center crop, CHW, RGB -> BGR, raw scale
     x = (x - mean) * scale
     z = w @ x.ravel() + b
     e = np.exp(z - z.max())
@@ -126,3 +126,34 @@ def test_classify_errors_name_files_and_numbers(setup, tmp_path, capsys):
     missing = str(tmp_path / "nope.png")
     assert main(["classify", "--model", str(model), "--weights", str(weights), missing]) == 1
     assert missing in capsys.readouterr().err
+
+
+def test_channel_swap_none_keeps_rgb(setup, capsys):
+    model, weights, w, b, images = setup
+    path, pixels = images[0]
+    assert main(["classify", "--model", str(model), "--weights", str(weights), "--channel-swap", "none",
+                 "--raw-scale", "1", "--top-k", str(CLASSES), path]) == 0
+    got = parse(capsys.readouterr().out)[path]
+    x = pixels.astype(np.float64) / 255.0
+    z = w @ x.transpose(2, 0, 1).ravel() + b
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    assert [c for c, _, _ in got] == list(np.argsort(-p))
+    np.testing.assert_allclose([v for _, v, _ in got], np.sort(p)[::-1], atol=6e-5)  # printed with 4 decimals
+
+
+def test_grayscale_net_reads_images_as_gray(tmp_path, capsys):
+    model = tmp_path / "gray.prototxt"
+    model.write_text(DEPLOY.replace("dim: 1 dim: 3", "dim: 1 dim: 1"))
+    net = Net(build_graph(read_net(str(model)), pb.TEST), get_backend("cpu"), train=False, seed=5)
+    weights = tmp_path / "gray.caffemodel"
+    save_weights(net, str(weights))
+    w, b = (net.backend.to_host(d.data).astype(np.float64) for d in net.graph.node("fc").layer.params)
+    gray = np.random.default_rng(2).integers(0, 256, size=(H, W), dtype=np.uint8)
+    path = tmp_path / "g.png"
+    Image.fromarray(gray, "L").save(path)
+    assert main(["classify", "--model", str(model), "--weights", str(weights), "--top-k", "1", str(path)]) == 0
+    got = parse(capsys.readouterr().out)[str(path)]
+    assert got[0][0] == int(np.argmax(w @ gray.astype(np.float64).ravel() + b))
+    assert main(["classify", "--model", str(model), "--weights", str(weights), "--channel-swap", "2,1,0",
+                 str(path)]) == 1
+    assert "1 channel(s)" in capsys.readouterr().err

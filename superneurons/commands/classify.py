@@ -36,8 +36,9 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="multiply the input by this after mean subtraction")
     p.add_argument("--raw-scale", type=float, default=255.0,
                    help="multiply the [0, 1] image by this before mean subtraction (default 255)")
-    p.add_argument("--channel-swap", default="2,1,0",
-                   help="channel order of the net's input, indices into RGB (default 2,1,0 = BGR; 'none' keeps RGB)")
+    p.add_argument("--channel-swap",
+                   help="channel order of the net's input, indices into RGB (default 2,1,0 = BGR; 'none' keeps RGB); "
+                        "a 1-channel net reads the images as grayscale and takes no swap")
     p.add_argument("--resize", metavar="H,W", help="resize to H,W before the center crop (default: the input size)")
     p.add_argument("--labels", help="text file: one label per class, line k naming class k (e.g. synset_words.txt)")
     p.add_argument("--top-k", type=int, default=5, help="how many classes to print per image (default 5)")
@@ -73,18 +74,19 @@ def parse_mean_values(items: list[str]) -> list[float]:
     return out
 
 
-def load_image(path: str) -> np.ndarray:
-    """An image as H x W x 3 float32 RGB in [0, 1] (caffe.io.load_image)."""
+def load_image(path: str, color: bool = True) -> np.ndarray:
+    """An image as H x W x 3 float32 RGB (or H x W x 1 gray) in [0, 1] (caffe.io.load_image)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as im:
-            rgb = im.convert("RGB")
+            pixels = im.convert("RGB" if color else "L")
     except FileNotFoundError:
         raise UserError(f"{path}: no such image file") from None
     except (UnidentifiedImageError, OSError) as e:
         raise UserError(f"{path}: cannot read it as an image ({e})") from None
-    return np.asarray(rgb, dtype=np.float32) / 255.0
+    img = np.asarray(pixels, dtype=np.float32) / 255.0
+    return img if color else img[:, :, None]
 
 
 def resize_image(img: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -186,7 +188,6 @@ def run(args) -> int:
         raise UserError(f"--top-k must be positive, got {args.top_k}")
     if args.batch <= 0:
         raise UserError(f"--batch must be positive, got {args.batch}")
-    swap = None if args.channel_swap.lower() == "none" else _ints(args.channel_swap, "--channel-swap")
     resize = tuple(_ints(args.resize, "--resize", 2)) if args.resize else None
     if resize is not None and min(resize) <= 0:
         raise UserError(f"--resize {args.resize!r}: sizes must be positive")
@@ -199,16 +200,24 @@ def run(args) -> int:
     set_batch(net_param, batch)
     graph = build_graph(net_param, pb.TEST, source=args.model)
     in_name, (_, channels, height, width) = _input_blob(graph, args.model)
-    if swap is not None and (sorted(swap) != list(range(3)) or channels != 3):
-        raise UserError(f"--channel-swap {args.channel_swap!r}: expected a permutation of 0,1,2 for a 3-channel "
-                        f"input; the net's input {in_name!r} has {channels} channel(s) (use --channel-swap none)")
-    if channels != 3:
-        raise UserError(f"{args.model}: input {in_name!r} has {channels} channels; classify feeds RGB images (3)")
+    if channels not in (1, 3):
+        raise UserError(f"{args.model}: input {in_name!r} has {channels} channels; classify feeds RGB (3) "
+                        "or grayscale (1) images")
+    color = channels == 3
+    swap = None
+    if args.channel_swap is not None and args.channel_swap.lower() != "none":
+        swap = _ints(args.channel_swap, "--channel-swap")
+        if not color or sorted(swap) != [0, 1, 2]:
+            raise UserError(f"--channel-swap {args.channel_swap!r}: expected a permutation of 0,1,2 for a 3-channel "
+                            f"input; the net's input {in_name!r} has {channels} channel(s)")
+    elif args.channel_swap is None and color:
+        swap = [2, 1, 0]  # Caffe's models take BGR
     out_name = args.output
     if out_name is None:
         outs = [o for o in graph.outputs if o != in_name]
         if len(outs) != 1:
-            raise UserError(f"{args.model}: the net has {len(outs)} outputs ({', '.join(outs)}); pick one with --output")
+            raise UserError(f"{args.model}: the net has {len(outs)} outputs ({', '.join(outs)}); "
+                            "pick one with --output")
         out_name = outs[0]
     elif out_name not in graph.blob_shapes:
         raise UserError(f"{args.model}: no blob named {out_name!r} (--output)")
@@ -226,7 +235,7 @@ def run(args) -> int:
         paths = args.images[start:start + batch]
         x = np.zeros((batch, channels, height, width), dtype=np.float32)  # a short last batch is zero-padded
         for j, path in enumerate(paths):
-            x[j] = preprocess(load_image(path), height, width, resize=resize, channel_swap=swap,
+            x[j] = preprocess(load_image(path, color), height, width, resize=resize, channel_swap=swap,
                               raw_scale=args.raw_scale, mean=mean, scale=args.scale, where=path)
         net.backend.from_host(net.data[in_name].array, x)
         net.forward()

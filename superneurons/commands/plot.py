@@ -49,16 +49,8 @@ def parse_log(path: str) -> dict[str, list[tuple[int, float]]]:
                 rec = json.loads(stripped)
             except json.JSONDecodeError:
                 continue
-            it = rec.get("iter")
-            if it is None:
-                continue
-            if "loss" in rec and rec.get("kind", "train") != "test":
-                series["loss"].append((it, float(rec["loss"])))
-            if "lr" in rec:
-                series["lr"].append((it, float(rec["lr"])))
-            for k, v in (rec.get("outputs") or {}).items():
-                if rec.get("kind") == "test":
-                    series[f"test/{k}"].append((it, float(v)))
+            if isinstance(rec, dict):
+                _add_record(series, rec)
             continue
         if m := _TESTING.search(line):
             test_iter = int(m.group(1))
@@ -71,6 +63,30 @@ def parse_log(path: str) -> dict[str, list[tuple[int, float]]]:
     if not series:
         raise UserError(f"{path}: found no training lines (expected 'Iteration N ... loss = X' or JSON records)")
     return dict(series)
+
+
+def _add_record(series: dict[str, list[tuple[int, float]]], rec: dict) -> None:
+    """One `--log-json` record (runtime/logging.py `TrainLog.record`, written by the solver):
+    {"event": "train", "iter", "loss" (smoothed), "iter_per_s", "outputs": {blob: value}} per display and
+    {"event": "test", "iter", "net", "outputs", "loss" (with test_compute_loss)} per test pass.
+    Test outputs of net #0 become 'test/<blob>', those of net #k 'test/<blob> (net k)'."""
+    it = rec.get("iter")
+    if not isinstance(it, (int, float)):
+        return
+    it = int(it)
+    event = rec.get("event", rec.get("kind", "train"))  # "kind": what earlier records were called
+    if event == "train":
+        if "loss" in rec:
+            series["loss"].append((it, float(rec["loss"])))
+        if "lr" in rec:
+            series["lr"].append((it, float(rec["lr"])))
+    elif event == "test":
+        net = int(rec.get("net", 0) or 0)
+        suffix = f" (net {net})" if net else ""
+        for k, v in (rec.get("outputs") or {}).items():
+            series[f"test/{k}{suffix}"].append((it, float(v)))
+        if "loss" in rec and f"test/loss{suffix}" not in {f"test/{k}{suffix}" for k in rec.get("outputs") or {}}:
+            series[f"test/loss{suffix}"].append((it, float(rec["loss"])))
 
 
 def run(args) -> int:

@@ -1,4 +1,4 @@
-"""`superneurons train`: Caffe's `caffe train` (same flags), plus --memory, --log and --log-json."""
+"""`superneurons train`: Caffe's `caffe train` (same flags), plus --memory, --log, --log-json and --no-progress."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog
+from superneurons.runtime.progress import TrainProgress
 
 EXAMPLES = """examples:
   superneurons train --solver models/lenet/lenet_solver.prototxt
@@ -16,6 +17,8 @@ EXAMPLES = """examples:
   superneurons train --solver S.prototxt --gpu 0 --log train.log --log-json train.jsonl
 
 Ctrl-C finishes the current iteration, writes a snapshot and stops; resume from it with --snapshot.
+On a terminal a progress bar (iterations, iter/s, ETA, smoothed loss) runs below the log lines; it is
+left out when stdout is a file or pipe, when CI is set, or with --no-progress.
 """
 
 
@@ -29,6 +32,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--memory", default="baseline", help="memory mode (baseline, liveness, offload, recompute, auto)")
     p.add_argument("--log", help="also append the log lines to this file")
     p.add_argument("--log-json", dest="log_json", help="append one JSON object per display/test result to this file")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (shown only when stdout is a terminal and CI is unset)")
     p.set_defaults(func=run)
     return p
 
@@ -59,6 +64,8 @@ def run(args) -> int:
     backend = pick_backend(args.gpu, mode, param.device_id)
     with TrainLog(args.log, args.log_json) as log:
         solver = Solver(param, args.solver, backend=backend, memory=args.memory, log=log)
+        progress = TrainProgress(param.max_iter, log.stream, enabled=None if args.progress else False)
+        progress.attach(solver, log)
         # The solver's own `weights:` entries (Caffe >= 1.0) apply unless the flag or a resume says otherwise.
         weights = args.weights or ("" if args.snapshot else ",".join(param.weights))
         if weights:
@@ -66,5 +73,6 @@ def run(args) -> int:
             solver.load_weights(weights)
         if args.snapshot:
             log.info(f"Resuming from {args.snapshot}")
-        solver.solve(resume=args.snapshot)
+        with progress:
+            solver.solve(resume=args.snapshot)
     return 0

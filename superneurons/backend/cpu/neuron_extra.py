@@ -5,8 +5,6 @@ Scalars are cast to the array's dtype so float32 stays float32.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 __all__ = ["prelu_forward", "prelu_backward", "elu_forward", "elu_backward", "absval_forward", "absval_backward",
@@ -115,8 +113,3 @@ def power_backward(x: np.ndarray | None, dy: np.ndarray, dx: np.ndarray, power: 
 def threshold_forward(x: np.ndarray, y: np.ndarray, threshold: float) -> None:
     """y = 1 where x > threshold, else 0."""
     np.copyto(y, x > x.dtype.type(threshold))
-
-
-def natural_log(base: float) -> float:
-    """ln(base) for Exp/Log's `base` field: -1 means e."""
-    return 1.0 if base == -1.0 else math.log(base)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float64
+from numba import cuda, float32, float64
 
 from superneurons.backend.cuda.kernels import BLOCK
 from superneurons.backend.cuda.kernels.reduce import block_sum, channel_index
@@ -86,3 +86,34 @@ def backward(x, mean, inv, dy, dx, outer, dim, inner):
         k = channel_index(j, c, dim, inner)
         x_hat = (x[k] - mu) * s
         dx[k] = (dy[k] - avg_dy - x_hat * avg_dyx) * s
+
+
+@cuda.jit
+def stats_finish(sums, mean, var, m):
+    """mean, biased var from the float64 sums of x and x*x over m values per channel."""
+    dim = mean.size
+    for c in range(cuda.grid(1), dim, cuda.gridsize(1)):
+        mu = sums[c] / m
+        mean[c] = mu
+        var[c] = max(sums[dim + c] / m - mu * mu, 0.0)
+
+
+@cuda.jit
+def normalize_inv(x, mean, var, eps, inv, y, dim, inner):
+    """y = (x - mean[c]) / sqrt(var[c] + eps), and inv[c] = that 1/sqrt (written by the first plane's threads)."""
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        c = (i // inner) % dim
+        s = float32(1.0 / math.sqrt(var[c] + eps))
+        if i < dim * inner and i % inner == 0:
+            inv[c] = s
+        y[i] = (x[i] - mean[c]) * s
+
+
+@cuda.jit
+def backward_apply(x, mean, inv, sums, dy, dx, dim, inner, m):
+    """dx = inv * (dy - avg(dy) - x_hat * avg(dy * x_hat)), the averages from `sums`; dx may be dy."""
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        c = (i // inner) % dim
+        s = inv[c]
+        x_hat = (x[i] - mean[c]) * s
+        dx[i] = (dy[i] - sums[c] / m - x_hat * (sums[dim + c] / m)) * s

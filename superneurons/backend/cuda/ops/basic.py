@@ -64,6 +64,11 @@ def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
 
 def bias_backward(dy, db, outer: int, dim: int, inner: int) -> None:
     """db[dim] += sum of dy viewed as (outer, dim, inner) over outer and inner."""
+    from superneurons.backend.cuda.ops import scale
+
+    if scale.spread():
+        scale.channel_sum(dy, db, outer, dim, inner, True)
+        return
     K.launch(rk.channel_sum, 0, blocks=dim)(flat(dy), flat(db), outer, dim, inner, True)
 
 

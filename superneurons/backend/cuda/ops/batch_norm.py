@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
-from superneurons.backend.cuda.kernels import batch_norm as bk
+from superneurons.backend.cuda.kernels import batch_norm as bk, reduce as rk
+from superneurons.backend.cuda.ops.scale import channel_partials, spread as rk_spread
 
 __all__ = ["bn_batch_stats", "bn_running_update", "bn_global_stats", "bn_normalize", "bn_backward"]
 
 
 def bn_batch_stats(x, mean, var, outer: int, channels: int, inner: int) -> None:
+    if rk_spread():
+        sums = channel_partials(x, None, None, None, outer, channels, inner, 0)
+        K.launch(bk.stats_finish, channels)(sums, flat(mean), flat(var), float(outer * inner))
+        return
     K.launch(bk.batch_stats, 0, blocks=channels)(flat(x), flat(mean), flat(var), outer, channels, inner)
 
 
@@ -25,10 +30,19 @@ def bn_global_stats(mean_sum, var_sum, scale_factor, mean, var) -> None:
 
 
 def bn_normalize(x, mean, var, eps: float, inv_std, y, outer: int, channels: int, inner: int) -> None:
+    if rk_spread():
+        K.launch(bk.normalize_inv, y.size)(flat(x), flat(mean), flat(var), scalar(var, eps), flat(inv_std), flat(y),
+                                           channels, inner)
+        return
     K.launch(bk.inv_std, channels)(flat(var), scalar(var, eps), flat(inv_std))
     K.launch(bk.normalize, y.size)(flat(x), flat(mean), flat(inv_std), flat(y), channels, inner)
 
 
 def bn_backward(x, mean, inv_std, dy, dx, outer: int, channels: int, inner: int) -> None:
+    if rk_spread():
+        sums = channel_partials(x, dy, mean, inv_std, outer, channels, inner, 3)
+        K.launch(bk.backward_apply, dx.size)(flat(x), flat(mean), flat(inv_std), sums, flat(dy), flat(dx), channels,
+                                             inner, float(outer * inner))
+        return
     K.launch(bk.backward, 0, blocks=channels)(flat(x), flat(mean), flat(inv_std), flat(dy), flat(dx), outer,
                                                channels, inner)

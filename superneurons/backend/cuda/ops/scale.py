@@ -2,10 +2,45 @@
 from __future__ import annotations
 
 from superneurons.backend.cuda import kernels as K
+import os
+
+import numpy as np
+
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
 
 __all__ = ["channel_mul", "channel_mul_grad"]
+
+# Per-channel reductions split over (channel, chunk of planes) blocks (kernels/reduce.py);
+# SUPERNEURONS_CUDA_SPREAD=0 keeps the one-block-per-channel kernels.
+_SPREAD = os.environ.get("SUPERNEURONS_CUDA_SPREAD", "1").strip().lower() not in ("0", "false", "no", "off")
+_sums: dict = {}
+
+
+def spread() -> bool:
+    return _SPREAD
+
+
+def channel_partials(x, y, mean, inv, outer: int, dim: int, inner: int, mode: int):
+    """float64 sums[2 * dim] of x (and x*x), x*y, or BatchNorm backward's dy and dy*x_hat (see reduce.py)."""
+    sums = _sums.get(dim)
+    if sums is None:
+        from numba import cuda
+
+        sums = _sums[dim] = cuda.device_array(2 * dim, np.float64)
+    K.launch(ek.fill, sums.size)(sums, np.float64(0.0))
+    chunk, blocks = rk.chunking(outer, dim)
+    fx = flat(x)
+    K.launch(rk.channel_partials, 0, blocks=blocks)(fx, flat(y) if y is not None else fx,
+                                                     flat(mean) if mean is not None else fx,
+                                                     flat(inv) if inv is not None else fx, sums, outer, dim, inner,
+                                                     chunk, mode)
+    return sums
+
+
+def channel_sum(x, out, outer: int, dim: int, inner: int, accumulate: bool) -> None:
+    sums = channel_partials(x, None, None, None, outer, dim, inner, 1)
+    K.launch(rk.channel_finish, dim)(sums, flat(out), bool(accumulate))
 
 
 def channel_mul(x, s, y, outer: int, dim: int, inner: int) -> None:
@@ -14,4 +49,8 @@ def channel_mul(x, s, y, outer: int, dim: int, inner: int) -> None:
 
 
 def channel_mul_grad(x, dy, ds, outer: int, dim: int, inner: int, accumulate: bool) -> None:
+    if _SPREAD:
+        sums = channel_partials(x, dy, None, None, outer, dim, inner, 2)
+        K.launch(rk.channel_finish, dim)(sums, flat(ds), bool(accumulate))
+        return
     K.launch(rk.channel_dot, 0, blocks=dim)(flat(x), flat(dy), flat(ds), outer, dim, inner, bool(accumulate))

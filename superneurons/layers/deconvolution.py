@@ -1,0 +1,78 @@
+"""Deconvolution (Caffe semantics): the transposed convolution, built from the convolution ops.
+
+With the same geometry, a convolution maps the deconvolution's top (N, M, OH, OW) to its bottom
+(N, C, H, W) with a weight of shape (C, M / group, kh, kw), Caffe's deconvolution weight shape.
+So deconvolution forward is that convolution's backward-data, and its backward is the convolution's
+forward (bottom diff) plus its weight gradient with the roles of input and output swapped.
+Output size: OH = stride * (H - 1) + dilation * (kh - 1) + 1 - 2 * pad.
+"""
+from __future__ import annotations
+
+from superneurons.backend.geometry import ConvGeometry
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
+from superneurons.layers.convolution import spatial_pair
+
+
+@register("Deconvolution")
+class Deconvolution(Layer):
+    def setup(self, bottom_shapes):
+        p = self.param.convolution_param
+        if self.in_place:
+            raise self.fail("cannot work in place (its top must differ from its bottom)")
+        if not p.HasField("num_output") or p.num_output == 0:
+            raise self.fail("convolution_param.num_output is required and must be > 0")
+        shape = bottom_shapes[0]
+        axis = canonical_axis(p.axis, len(shape), self)
+        if len(shape) - axis - 1 != 2:
+            raise self.fail(f"needs 2 spatial axes after channel axis {axis}, bottom has {len(shape)} axes "
+                            f"{shape}; only 2-D deconvolution is supported")
+        self.n = count(shape, 0, axis)
+        self.c, self.h, self.w = (int(d) for d in shape[axis:])
+        m, group = int(p.num_output), int(p.group)
+        if group < 1:
+            raise self.fail(f"group must be >= 1, got {group}")
+        if self.c % group:
+            raise self.fail(f"{self.c} input channels are not divisible by group {group}")
+        if m % group:
+            raise self.fail(f"num_output {m} is not divisible by group {group}")
+        kernel = spatial_pair(self, p, "kernel", p.kernel_size, None, 1)
+        stride = spatial_pair(self, p, "stride", p.stride, 1, 1)
+        pad = spatial_pair(self, p, "pad", p.pad, 0, 0)
+        dilation = spatial_pair(self, p, "dilation", p.dilation, 1, 1)
+        self.geom = ConvGeometry(kernel, stride, pad, dilation, group)
+        ext = self.geom.extent()
+        self.oh, self.ow = (s * (n - 1) + e - 2 * pd for s, n, e, pd in zip(stride, (self.h, self.w), ext, pad))
+        if self.oh < 1 or self.ow < 1:
+            raise self.fail(f"output would be {self.oh} x {self.ow}: padding {pad} is too large for input "
+                            f"{self.h} x {self.w}, kernel {kernel}, stride {stride}")
+        self.m = m
+        self.weight = self.add_param((self.c, m // group) + kernel, p.weight_filler)
+        self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
+        return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
+
+    def backward_needs(self):
+        return frozenset({NEEDS_BOTTOM})  # the weight gradient correlates the bottom with the top diff
+
+    def _shapes(self):
+        return (self.n, self.c, self.h, self.w), (self.n, self.m, self.oh, self.ow)
+
+    def forward(self, bottom, top):
+        ops = self.ops
+        x_shape, y_shape = self._shapes()
+        y = ops.reshape(top[0], y_shape)
+        # The convolution's backward-data: its "input" is our top (only its shape is read, as dw is None).
+        ops.conv_backward(y, self.weight.data, ops.reshape(bottom[0], x_shape), y, None, None, self.geom)
+        if self.bias is not None:
+            ops.add_bias(y, self.bias.data, self.n, self.m, self.oh * self.ow)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        ops = self.ops
+        x_shape, y_shape = self._shapes()
+        dy = ops.reshape(top_diff[0], y_shape)
+        x = ops.reshape(bottom[0], x_shape)
+        if self.bias is not None:
+            ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow)
+        # Weight gradient: the convolution's, with dy as its input and x as its output gradient.
+        ops.conv_backward(dy, self.weight.data, x, None, self.weight.diff, None, self.geom)
+        if propagate_down[0]:
+            ops.conv_forward(dy, self.weight.data, None, ops.reshape(bottom_diff[0], x_shape), self.geom)

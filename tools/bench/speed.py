@@ -1,0 +1,178 @@
+"""ResNet-50 training speed: SuperNeurons (cuda backend, `baseline` memory mode) beside PyTorch, same run.
+
+    python tools/bench/speed.py [--iterations 20] [--warmup 5] [--label optimized] [--no-torch] [--out DIR]
+
+Ours: the solver models/resnet50/resnet50_dummy_solver.prototxt (SGD, momentum 0.9, weight decay 1e-4) on
+models/resnet50/resnet50_dummy.prototxt (DummyData 64x3x224x224, BatchNorm in training mode + Scale,
+SoftmaxWithLoss). The first warm-up iteration draws the batch; the DummyData layer is then frozen so every
+iteration trains on that same device-resident batch, as PyTorch's loop below reuses one tensor. Each timed
+iteration is the solver's own `step`: clear diffs, forward (the loss read to the host, as training does),
+backward, SGD update. The clock stops after a device synchronize.
+
+PyTorch: torchvision's resnet50 (fp32, NCHW), SGD(lr 0.01, momentum 0.9, weight_decay 1e-4), cross-entropy,
+zero_grad / forward / backward / step, timed with torch.cuda.synchronize, with cudnn.benchmark on and off;
+cuDNN convolutions may use TF32 (PyTorch's default, as ours); matmul TF32 stays off (PyTorch's default).
+Note: Caffe's ResNet-50 puts the stride-2 on the 1x1 branch2a convolution, torchvision (v1.5) on the 3x3;
+Caffe's costs ~3.9 GFLOPs per image forward against torchvision's ~4.1.
+
+Prints a table and writes bench_resnet50[_LABEL].json to --out (default $OUT or .).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLVER = ROOT / "models/resnet50/resnet50_dummy_solver.prototxt"
+
+
+def ours(batch: int, warmup: int, iterations: int) -> dict:
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
+    from superneurons.backend import get_backend
+    from superneurons.graph.batch import set_batch
+    from superneurons.io.prototxt import read_solver
+    from superneurons.solver.solver import Solver
+
+    param = read_solver(str(SOLVER))
+    param.display = 0
+    param.max_iter = warmup + iterations
+    t0 = time.perf_counter()
+    backend = get_backend("cuda", 0)
+    if batch != 64:
+        from superneurons.io.prototxt import read_net
+
+        net_param = read_net(str(ROOT / param.net))
+        set_batch(net_param, batch)
+        param.ClearField("net")
+        param.net_param.CopyFrom(net_param)
+    solver = Solver(param, str(SOLVER), backend=backend, memory="baseline")
+    build_s = time.perf_counter() - t0
+    losses: list[float] = []
+    solver.callbacks.append(lambda s, it, loss: losses.append(float(loss)))
+    data_layer = solver.net.layer("data")
+    t0 = time.perf_counter()
+    solver.step(1)  # draws the batch, compiles every kernel, picks the cuDNN algorithms
+    data_layer.forward = lambda bottom, top: None  # the batch stays in place (instance attribute)
+    backend.synchronize()
+    first_s = time.perf_counter() - t0
+    solver.step(warmup - 1)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    solver.step(iterations)
+    backend.synchronize()
+    elapsed = time.perf_counter() - t0
+    return {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
+            "build_s": build_s, "first_iteration_s": first_s, "losses": losses,
+            "loss_falls": bool(losses[-1] < losses[0]), "pool_bytes": solver.net.pool.capacity}
+
+
+def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool) -> dict:
+    import torch
+    import torchvision
+
+    torch.backends.cudnn.benchmark = benchmark
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = torchvision.models.resnet50().to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(batch, 3, 224, 224, device=dev)
+    y = torch.full((batch,), 7, dtype=torch.long, device=dev)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        step()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    out = {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
+           "cudnn_benchmark": benchmark, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+    del model, opt, x
+    torch.cuda.empty_cache()
+    return out
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    v = {"python": platform.python_version()}
+    for d in ("numpy", "numba", "numba-cuda", "cuda-bindings", "nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "torch",
+              "torchvision"):
+        try:
+            v[d] = md.version(d)
+        except md.PackageNotFoundError:
+            pass
+    try:
+        from superneurons.backend.cuda import cudnn
+
+        v["cudnn_runtime"] = cudnn.version()
+    except Exception:
+        pass
+    return v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--label", default="", help="a name for this configuration of ours (goes into the JSON)")
+    ap.add_argument("--no-torch", action="store_true", help="time only SuperNeurons")
+    ap.add_argument("--no-ours", action="store_true", help="time only PyTorch")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    env = {k: v for k, v in os.environ.items() if k.startswith("SUPERNEURONS_")}
+    result = {"batch": args.batch, "warmup": args.warmup, "iterations": args.iterations, "label": args.label,
+              "env": env}
+    if not args.no_ours:
+        result["superneurons"] = ours(args.batch, args.warmup, args.iterations)
+        print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
+    if not args.no_torch:
+        result["pytorch"] = {"benchmark_on": pytorch(args.batch, 10, args.iterations, True),
+                             "benchmark_off": pytorch(args.batch, 10, args.iterations, False)}
+    try:
+        import torch
+
+        result["device"] = torch.cuda.get_device_name(0)
+    except Exception:
+        from numba import cuda
+
+        result["device"] = cuda.get_current_device().name.decode()
+    result["versions"] = versions()
+    rows = []
+    sn = result.get("superneurons", {}).get("img_per_s")
+    for key in ("benchmark_on", "benchmark_off"):
+        pt = result.get("pytorch", {}).get(key, {}).get("img_per_s")
+        rows.append((key.replace("_", " "), sn, pt, sn / pt if sn and pt else None))
+    print(f"\nResNet-50 training, batch {args.batch}, {args.iterations} timed iterations on {result['device']}"
+          f" ({args.label or 'default'})")
+    print(f"{'cudnn.benchmark (PyTorch)':<26} {'ours img/s':>11} {'PyTorch img/s':>14} {'ratio':>7}")
+    for name, a, b, r in rows:
+        f = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+        print(f"{name:<26} {f(a, '11.1f')} {f(b, '14.1f')} {f(r, '7.3f')}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bench_resnet50{'_' + args.label if args.label else ''}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
