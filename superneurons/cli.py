@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"superneurons {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # `superneurons train ... | head`: the reader left; stop quietly like other Unix tools.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"superneurons {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -681,7 +681,7 @@ def test_python_layer_is_a_clear_user_error():
 
 NET = """
 layer { name: 'in' type: 'Input' top: 'x' top: 'target' top: 'ids'
-        input_param { shape { dim: 4 dim: 6 dim: 3 dim: 3 } shape { dim: 4 dim: 54 } shape { dim: 4 dim: 2 } } }
+        input_param { shape { dim: 4 dim: 6 dim: 3 dim: 3 } shape { dim: 4 dim: 72 } shape { dim: 4 dim: 2 } } }
 layer { name: 'slice' type: 'Slice' bottom: 'x' top: 'a' top: 'b' slice_param { slice_point: 2 } }
 layer { name: 'prelu' type: 'PReLU' bottom: 'a' top: 'a' }
 layer { name: 'elu' type: 'ELU' bottom: 'b' top: 'b' }
@@ -703,7 +703,7 @@ layer { name: 'sil' type: 'Silence' bottom: 'am' }
 @pytest.mark.parametrize("memory", ["baseline", "liveness", "recompute"])
 def test_new_layers_train_together_in_float32_under_memory_modes(memory):
     rng = np.random.default_rng(123)
-    inputs = {"x": rng.standard_normal((4, 6, 3, 3)), "target": rng.standard_normal((4, 54)),
+    inputs = {"x": rng.standard_normal((4, 6, 3, 3)), "target": rng.standard_normal((4, 72)),
               "ids": rng.integers(0, 7, (4, 2)).astype(np.float64)}
     results = []
     for mode in ("baseline", memory):

@@ -31,7 +31,7 @@ def read_text(path: str, msg: M) -> M:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a prototxt file") from None
@@ -43,8 +43,10 @@ def read_binary(path: str, msg: M) -> M:
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a binary protobuf file") from None
     try:
         msg.ParseFromString(data)
     except message.DecodeError as e:
