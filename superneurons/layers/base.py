@@ -8,7 +8,7 @@ memory pool and hands them to `forward`/`backward`, which only compute, through 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import numpy as np

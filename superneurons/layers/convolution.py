@@ -44,33 +44,46 @@ def _optional(msg, field: str) -> int | None:
     return getattr(msg, field)
 
 
+def read_conv_param(layer: Layer, shape, what: str) -> tuple[int, int]:
+    """Validate convolution_param against the bottom shape; set layer.n/c/h/w and layer.geom.
+
+    Shared by Convolution and Deconvolution (same parameter message, same checks).
+    Returns (channel axis, num_output).
+    """
+    p = layer.param.convolution_param
+    if layer.in_place:
+        raise layer.fail("cannot work in place (its top must differ from its bottom)")
+    if not p.HasField("num_output") or p.num_output == 0:
+        raise layer.fail("convolution_param.num_output is required and must be > 0")
+    axis = canonical_axis(p.axis, len(shape), layer)
+    if len(shape) - axis - 1 != 2:
+        raise layer.fail(f"needs 2 spatial axes after channel axis {axis}, bottom has {len(shape)} axes "
+                         f"{shape}; only 2-D {what} is supported")
+    layer.n = count(shape, 0, axis)
+    layer.c, layer.h, layer.w = (int(d) for d in shape[axis:])
+    m, group = int(p.num_output), int(p.group)
+    if group < 1:
+        raise layer.fail(f"group must be >= 1, got {group}")
+    if layer.c % group:
+        raise layer.fail(f"{layer.c} input channels are not divisible by group {group}")
+    if m % group:
+        raise layer.fail(f"num_output {m} is not divisible by group {group}")
+    kernel = spatial_pair(layer, p, "kernel", p.kernel_size, None, 1)
+    stride = spatial_pair(layer, p, "stride", p.stride, 1, 1)
+    pad = spatial_pair(layer, p, "pad", p.pad, 0, 0)
+    dilation = spatial_pair(layer, p, "dilation", p.dilation, 1, 1)
+    layer.geom = ConvGeometry(kernel, stride, pad, dilation, group)
+    return axis, m
+
+
 @register("Convolution")
 class Convolution(Layer):
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
-        if self.in_place:
-            raise self.fail("cannot work in place (its top must differ from its bottom)")
-        if not p.HasField("num_output") or p.num_output == 0:
-            raise self.fail("convolution_param.num_output is required and must be > 0")
         shape = bottom_shapes[0]
-        axis = canonical_axis(p.axis, len(shape), self)
-        if len(shape) - axis - 1 != 2:
-            raise self.fail(f"needs 2 spatial axes after channel axis {axis}, bottom has {len(shape)} axes "
-                            f"{shape}; only 2-D convolution is supported")
-        self.n = count(shape, 0, axis)
-        self.c, self.h, self.w = (int(d) for d in shape[axis:])
-        m, group = int(p.num_output), int(p.group)
-        if group < 1:
-            raise self.fail(f"group must be >= 1, got {group}")
-        if self.c % group:
-            raise self.fail(f"{self.c} input channels are not divisible by group {group}")
-        if m % group:
-            raise self.fail(f"num_output {m} is not divisible by group {group}")
-        kernel = spatial_pair(self, p, "kernel", p.kernel_size, None, 1)
-        stride = spatial_pair(self, p, "stride", p.stride, 1, 1)
-        pad = spatial_pair(self, p, "pad", p.pad, 0, 0)
-        dilation = spatial_pair(self, p, "dilation", p.dilation, 1, 1)
-        self.geom = ConvGeometry(kernel, stride, pad, dilation, group)
+        axis, m = read_conv_param(self, shape, "convolution")
+        g = self.geom
+        group, kernel, pad, dilation = g.group, g.kernel, g.pad, g.dilation
         for n_in, pd, ext, side in zip((self.h, self.w), pad, self.geom.extent(), ("height", "width")):
             if ext > n_in + 2 * pd:
                 raise self.fail(f"kernel extent {ext} (kernel {kernel}, dilation {dilation}) is larger than the "

@@ -8,38 +8,18 @@ Output size: OH = stride * (H - 1) + dilation * (kh - 1) + 1 - 2 * pad.
 """
 from __future__ import annotations
 
-from superneurons.backend.geometry import ConvGeometry
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
-from superneurons.layers.convolution import spatial_pair
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, register
+from superneurons.layers.convolution import read_conv_param
 
 
 @register("Deconvolution")
 class Deconvolution(Layer):
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
-        if self.in_place:
-            raise self.fail("cannot work in place (its top must differ from its bottom)")
-        if not p.HasField("num_output") or p.num_output == 0:
-            raise self.fail("convolution_param.num_output is required and must be > 0")
         shape = bottom_shapes[0]
-        axis = canonical_axis(p.axis, len(shape), self)
-        if len(shape) - axis - 1 != 2:
-            raise self.fail(f"needs 2 spatial axes after channel axis {axis}, bottom has {len(shape)} axes "
-                            f"{shape}; only 2-D deconvolution is supported")
-        self.n = count(shape, 0, axis)
-        self.c, self.h, self.w = (int(d) for d in shape[axis:])
-        m, group = int(p.num_output), int(p.group)
-        if group < 1:
-            raise self.fail(f"group must be >= 1, got {group}")
-        if self.c % group:
-            raise self.fail(f"{self.c} input channels are not divisible by group {group}")
-        if m % group:
-            raise self.fail(f"num_output {m} is not divisible by group {group}")
-        kernel = spatial_pair(self, p, "kernel", p.kernel_size, None, 1)
-        stride = spatial_pair(self, p, "stride", p.stride, 1, 1)
-        pad = spatial_pair(self, p, "pad", p.pad, 0, 0)
-        dilation = spatial_pair(self, p, "dilation", p.dilation, 1, 1)
-        self.geom = ConvGeometry(kernel, stride, pad, dilation, group)
+        axis, m = read_conv_param(self, shape, "deconvolution")
+        g = self.geom
+        group, kernel, stride, pad = g.group, g.kernel, g.stride, g.pad
         ext = self.geom.extent()
         self.oh, self.ow = (s * (n - 1) + e - 2 * pd for s, n, e, pd in zip(stride, (self.h, self.w), ext, pad))
         if self.oh < 1 or self.ow < 1:
