@@ -43,7 +43,10 @@ class CudaBackend:
 
     def __init__(self, device: int = 0, tf32: bool | None = None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT):
         try:
-            from numba import cuda
+            from numba import config as numba_config, cuda
+
+            # Small layers launch small grids by design; numba's occupancy warning would flood the log.
+            numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
         except ImportError as e:
             raise UserError(f"the GPU backend needs numba-cuda ({e}); install it with "
                             f"`pip install 'superneurons[gpu]'`, or drop --gpu to train on the CPU") from None
