@@ -67,3 +67,13 @@ def test_bad_prototxt_is_one_line_and_exit_1(tmp_path, capsys, text, expect):
 def test_missing_file(capsys):
     assert main(["summary", "--model", "/nonexistent/net.prototxt"]) == 1
     assert "/nonexistent/net.prototxt: no such file" in capsys.readouterr().err
+
+
+def test_time_shows_the_convolution_algorithm(tmp_path, capsys):
+    p = tmp_path / "conv.prototxt"
+    p.write_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }\n'
+                 'layer { name: "c" type: "Convolution" bottom: "x" top: "y" loss_weight: 1 '
+                 'convolution_param { num_output: 4 kernel_size: 3 } }\n')
+    assert main(["time", "--model", str(p), "--iterations", "2", "--json"]) == 0
+    layers = {rec["name"]: rec for rec in json.loads(capsys.readouterr().out)["layers"]}
+    assert layers["c"]["algo"] == "im2col+gemm" and layers["in"]["algo"] == ""

@@ -94,6 +94,12 @@ class Convolution(Layer):
         self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
         return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
 
+    @property
+    def algo_name(self) -> str:
+        """The backend's algorithm choice for this shape (what `superneurons time` shows)."""
+        return self.ops.conv_algorithm((self.n, self.c, self.h, self.w), self.weight.shape,
+                                       (self.n, self.m, self.oh, self.ow), self.geom, self.weight.data.dtype)
+
     def backward_needs(self):
         # dW needs the input; dx needs only dy and W (a parameter, always resident).
         return frozenset({NEEDS_BOTTOM})

@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from superneurons.backend.geometry import ConvGeometry
 
-__all__ = ["conv_forward", "conv_backward"]
+__all__ = ["conv_forward", "conv_backward", "conv_algorithm"]
 
 _COL_ELEMENTS = 1 << 23  # 32 MiB of float32 columns per chunk
 
@@ -108,3 +108,8 @@ def _col2im(dcol: np.ndarray, dx: np.ndarray, out_hw, geom: ConvGeometry) -> Non
             acc[:, :, rows, cols] += taps[:, i, j].transpose(1, 0, 2, 3)
     if acc is not dx:
         dx[...] = acc[:, :, ph:ph + h, pw:pw + w]
+
+
+def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
+    """How this backend computes the convolution, for the profiler (one method on the CPU)."""
+    return "im2col+gemm"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from superneurons.backend.cuda.device import current
 from superneurons.backend.geometry import ConvGeometry
 
-__all__ = ["conv_forward", "conv_backward"]
+__all__ = ["conv_forward", "conv_backward", "conv_algorithm"]
 
 
 def _plan(x, w, y, geom: ConvGeometry):
@@ -28,3 +28,22 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry) -> None:
         plan.backward_filter(x, dy, dw)
     if dx is not None:
         plan.backward_data(w, dy, dx)
+
+
+_FWD = ("implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling", "winograd",
+        "winograd_nonfused")
+_BWD_DATA = ("algo0", "algo1", "fft", "fft_tiling", "winograd", "winograd_nonfused")
+_BWD_FILTER = ("algo0", "algo1", "fft", "algo3", "winograd", "winograd_nonfused", "fft_tiling")
+
+
+def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
+    """The cuDNN algorithms (and workspace bytes) chosen for this shape, for the profiler."""
+    plan = current().cudnn.conv_plan(tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype)
+
+    def name(table, choice):
+        algo, ws, _math = choice
+        label = table[algo] if 0 <= algo < len(table) else str(algo)
+        return f"{label}" + (f"({ws >> 20}M)" if ws >= 1 << 20 else "")
+
+    return (f"f:{name(_FWD, plan.fwd)} d:{name(_BWD_DATA, plan.bwd_data)} "
+            f"w:{name(_BWD_FILTER, plan.bwd_filter)}")
