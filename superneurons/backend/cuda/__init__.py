@@ -9,13 +9,12 @@ pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the 
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 from types import SimpleNamespace
 
 import numpy as np
 
+from superneurons.backend.base import collect_ops
 from superneurons.errors import UserError
 
 DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may ask for
@@ -24,14 +23,7 @@ DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may a
 def _collect_ops() -> SimpleNamespace:
     from superneurons.backend.cuda import ops as package
 
-    ns = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        for fn_name in getattr(module, "__all__", ()):
-            if fn_name in ns:
-                raise RuntimeError(f"cuda op {fn_name} defined twice ({info.name})")
-            ns[fn_name] = getattr(module, fn_name)
-    return SimpleNamespace(**ns)
+    return collect_ops(package)
 
 
 def _env_tf32() -> bool:
