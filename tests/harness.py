@@ -91,3 +91,30 @@ def _numeric(f, x, eps):
         flat[j] = old
         gflat[j] = (fp - fm) / (2 * eps)
     return grad
+
+
+# ---- files shared by several test modules ------------------------------------------------------------
+import importlib.util as _ilu  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+REPO = _Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str):
+    """Import tools/NAME.py (the tools folder is scripts, not a package)."""
+    spec = _ilu.spec_from_file_location(f"_tools_{name}", REPO / "tools" / f"{name}.py")
+    module = _ilu.module_from_spec(spec)
+    import sys
+
+    sys.modules[spec.name] = module  # dataclasses in a tool look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def is_net_prototxt(path) -> bool:
+    """True when the file parses as a NetParameter (False for solver files)."""
+    try:
+        text_format.Parse(_Path(path).read_text(), pb.NetParameter())
+    except text_format.ParseError:
+        return False
+    return True

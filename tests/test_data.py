@@ -1,13 +1,13 @@
 """Data input: LMDB Datum records through the Data layer, the DataTransformer, means, prefetching, tools."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import threading
 from pathlib import Path
 
 import numpy as np
+from harness import load_tool
 import pytest
 from google.protobuf import text_format
 from PIL import Image
@@ -76,13 +76,6 @@ def closing():
     yield layers.append
     for layer in layers:
         layer.close()
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- records, order, wrap-around -------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Each solver type trains the real LeNet on the embedded digits, with Caffe's MNIST-example settings."""
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import load_tool
 from google.protobuf import text_format
 
 from superneurons.proto import superneurons_pb2 as pb
@@ -28,10 +28,7 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def digits_workdir(tmp_path_factory):
     work = tmp_path_factory.mktemp("lenet")
-    spec = importlib.util.spec_from_file_location("make_digits_lmdb", ROOT / "tools" / "make_digits_lmdb.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    tool.main(["--out", str(work / "data" / "digits")])
+    load_tool("make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
     return work
 
 

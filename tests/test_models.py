@@ -2,12 +2,12 @@
 generator (tools/make_resnet.py) builds the paper's bottleneck ResNets with the depth it prints."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from harness import is_net_prototxt, load_tool
 import pytest
 from google.protobuf import text_format
 
@@ -25,27 +25,11 @@ ZOO = ROOT.parent / "shared" / "zoo"
 MODEL_FILES = sorted(ROOT.glob("models/*/*.prototxt"))
 
 
-def _load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"_tools_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+zoo_to_train = load_tool("zoo_to_train")
+make_resnet = load_tool("make_resnet")
 
 
-zoo_to_train = _load_tool("zoo_to_train")
-make_resnet = _load_tool("make_resnet")
-
-
-def _is_net(path: Path) -> bool:
-    try:
-        text_format.Parse(path.read_text(), pb.NetParameter())
-    except text_format.ParseError:
-        return False
-    return True
-
-
-NETS = [p for p in MODEL_FILES if _is_net(p)]
+NETS = [p for p in MODEL_FILES if is_net_prototxt(p)]
 SOLVERS = [p for p in MODEL_FILES if p not in NETS]
 
 

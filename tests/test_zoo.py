@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness import is_net_prototxt
 from google.protobuf import text_format
 
 from superneurons.cli import main
@@ -27,15 +28,7 @@ def _rel(path: Path) -> str:
     return path.relative_to(ZOO).as_posix()
 
 
-def _is_net(path: Path) -> bool:
-    try:
-        text_format.Parse(path.read_text(), pb.NetParameter())
-    except text_format.ParseError:
-        return False
-    return True
-
-
-NETS = [p for p in FILES if _is_net(p)]
+NETS = [p for p in FILES if is_net_prototxt(p)]
 
 TRAIN, TEST = pb.TRAIN, pb.TEST
 ALEXNET_DEPLOY = {"conv1": (10, 96, 55, 55), "pool1": (10, 96, 27, 27), "pool5": (10, 256, 6, 6),
