@@ -1,0 +1,156 @@
+"""CPU tests of the benchmark tools' logic (tools/bench): searches, planner predictions, argument parsing,
+the checkpoint segmenter, the report, and one worker run of our Solver on the CPU. No GPU, no torch needed
+(the PyTorch twin test is skipped without torch)."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
+sys.path.insert(0, str(BENCH))
+common = importlib.import_module("common")
+torch_nets = importlib.import_module("torch_nets")
+report = importlib.import_module("report")
+
+
+@pytest.mark.parametrize("edge", [0, 8, 15, 136, 337, 1000, 2624, 5000])
+@pytest.mark.parametrize("start", [8, 64, 336, 2624])
+def test_search_edge_finds_the_largest_fitting_multiple(edge, start):
+    calls = []
+
+    def fits(b):
+        calls.append(b)
+        return b <= edge
+
+    assert common.search_edge(fits, start, 8, max_probes=40) == edge // 8 * 8
+    assert len(calls) == len(set(calls))  # never probes one value twice
+    assert common.largest_fitting(lambda b: b <= edge, 8, start) == edge // 8 * 8
+
+
+def test_search_edge_near_a_good_guess_takes_few_probes():
+    calls = []
+    assert common.search_edge(lambda b: calls.append(b) or b <= 340, 336, 8, 8) == 336
+    assert calls == [336, 344]
+
+
+def test_parse_batches_and_nets():
+    assert common.parse_batches("") == []
+    assert common.parse_batches("64,128") == [64, 128]
+    per = common.parse_batches("resnet50=64:128,alexnet=256")
+    assert per == {"resnet50": [64, 128], "alexnet": [256]}
+    assert common.batches_for("resnet50", per, [1]) == [64, 128]
+    assert common.batches_for("vgg16", per, [32]) == [32]
+    assert common.batches_for("vgg16", [16], [32]) == [16]
+    assert common.parse_nets("resnet50, alexnet") == ["resnet50", "alexnet"]
+    with pytest.raises(SystemExit, match="unknown net"):
+        common.parse_nets("resnet51")
+    assert common.parse_size("12G") == 12 << 30
+
+
+def test_every_benchmark_parses_its_arguments():
+    for name in ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace"):
+        mod = importlib.import_module(name)
+        assert mod.__doc__ and "python3 tools/bench/" in mod.__doc__
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--help"])
+        assert e.value.code == 0
+
+
+def test_predicted_widest_batch_is_the_planner_edge():
+    budget, ws = 12 << 30, 256 << 20
+    best, need = common.predict_widest("resnet50", budget, ws)
+    assert best > 0 and best % 8 == 0
+    assert need.mode is not None and need.total(need.mode, ws) <= budget
+    assert common.plan_need("resnet50", best + 8, budget, ws).mode is None
+
+
+def test_predicted_deepest_resnet_is_the_planner_edge():
+    budget, ws = 6 << 30, 256 << 20
+    n, need = common.predict_deepest(budget, ws, batch=16)
+    assert n > 0 and n % 8 == 0 and need.mode is not None
+    assert common.plan_need(f"deep:{n + 8}", 16, budget, ws).mode is None
+    assert common.deep_depth(544) == 1766 and common.deep_depth(176) == 662  # GPU.md's PyTorch figures
+
+
+def _ops(graph):
+    body = [n for n in graph.nodes if not n.layer.is_data and n.layer.param.type != "SoftmaxWithLoss"]
+    return [torch_nets.OpInfo(n.name, n.layer.param.type, list(n.bottoms), list(n.tops)) for n in body]
+
+
+def test_segments_are_residual_blocks_and_pooled_chains():
+    graph = common.train_graph("resnet50", 2)
+    ops = _ops(graph)
+    segs = torch_nets.segments_of(ops, "data", "fc1000")
+    blocks = [s for s in segs if s.block]
+    assert len(blocks) == 16  # 3 + 4 + 6 + 3 bottleneck blocks
+    covered = [i for s in segs for i in s.ops]
+    assert covered == list(range(len(ops)))  # every layer once, in order
+    for a, b in zip(segs, segs[1:]):
+        assert a.output == b.input
+    # in-place ReLU on a Split's top or a segment input would corrupt a branch or a checkpoint input
+    for s in segs:
+        for i in s.ops:
+            if ops[i].inplace_ok:
+                assert ops[i].bottoms[0] != s.input
+
+
+def test_chain_segments_close_after_pooling():
+    graph = common.train_graph("alexnet", 2)
+    ops = _ops(graph)
+    logits = next(n for n in graph.nodes if n.layer.param.type == "SoftmaxWithLoss").bottoms[0]
+    segs = torch_nets.segments_of(ops, graph.nodes[0].tops[0], logits)
+    assert not any(s.block for s in segs)
+    assert [ops[s.ops[-1]].type for s in segs[:-1]] == ["Pooling"] * (len(segs) - 1)
+
+
+def test_report_renders_tables_and_targets(tmp_path):
+    args = common.base_parser("doc", ["resnet50"]).parse_args(["--out", str(tmp_path)])
+    t = [common.target("wider ResNet-50", ">= 3x", 0.55, 3.0, "why"), common.target("speed", ">= 1x", 1.2, 1.0)]
+    common.finish("wider", "Widest batch", args, ["net", "ours"], [["ResNet-50", 184]], targets=t)
+    doc = json.loads((tmp_path / "wider.json").read_text())
+    text = report.section(report.load(tmp_path)[0])
+    assert "| ResNet-50 | 184 |" in text
+    assert "**missed** by 2.45" in text and "(met)" in text
+    assert doc["targets"][0]["shortfall"] == pytest.approx(2.45)
+
+
+def test_worker_trains_our_solver_on_the_cpu():
+    task = dict(kind="ours", net="cifar10_quick", batch=4, memory="liveness", device="cpu", iterations=1,
+                warmup=1, budget=64 << 20, workspace=0)
+    [r] = common.run_worker([task], timeout=240)
+    assert r["ok"], r.get("error")
+    assert r["img_per_s"] > 0 and r["pool_bytes"] <= 64 << 20
+    assert r["per_iteration"]["allocs"] > 0  # liveness allocates per step
+
+
+def test_worker_reports_a_failing_task_and_runs_the_next():
+    bad = dict(kind="ours", net="cifar10_quick", batch=4, memory="baseline", device="cpu", iterations=1,
+               warmup=1, budget=1 << 20, workspace=0)
+    ok = dict(bad, budget=None)
+    r_bad, r_ok = common.run_worker([bad, ok], timeout=240)
+    assert not r_bad["ok"] and r_bad["fits"] is False
+    assert r_ok["ok"], r_ok.get("error")
+
+
+def test_torch_twin_matches_our_graph_shapes_and_checkpoint_gives_the_same_gradients():
+    torch = pytest.importorskip("torch")
+    graph = common.train_graph("deep:1", 2)
+    net_cls = torch_nets._proto_net_class()
+    torch.manual_seed(0)
+    plain = net_cls(graph, checkpoint=False).train()
+    ck = net_cls(graph, checkpoint=True).train()
+    ck.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 224, 224)
+    y = torch.tensor([1, 3])
+    losses = []
+    for m in (plain, ck):
+        loss = m(x, y)  # the first forward checks every blob's shape against our graph
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for (name, a), (_, b) in zip(plain.named_parameters(), ck.named_parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name

@@ -1,0 +1,79 @@
+"""Going deeper (paper Table 4): the deepest ResNet tools/make_resnet.py --blocks 6,32,N,6 each system
+trains at batch 16 under a memory budget (default 12G). Depth = 3 * (44 + N) + 2 layers.
+
+    python3 tools/bench/deeper.py [--budget 12G] [--batch 16] [--step 8] [--torch-variants plain,checkpoint] [--quick]
+
+Ours: the planner predicts the largest N (a multiple of --step) whose cheapest mode fits the budget (pool +
+solver history + cuDNN workspace); a worker trains 2 iterations there and steps down by --step on failure.
+PyTorch: the same prototxt turned into a torch module (tools/bench/torch_nets.py), capped with
+set_per_process_memory_fraction, probed from the H200 figures of /work/shared/GPU.md (N = 176 plain,
+544 checkpointed, i.e. 662 / 1766 layers). --quick: ours and PyTorch checkpointed only.
+
+Writes deeper.json.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+TORCH_START = {"plain": common.TORCH_DEEP_PLAIN_N, "checkpoint": common.TORCH_DEEP_CHECKPOINT_N}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = common.base_parser(__doc__, [], iterations=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--step", type=int, default=8, help="granularity of N, blocks of stage 4 (default %(default)s)")
+    ap.add_argument("--torch-variants", default="plain,checkpoint")
+    ap.add_argument("--predict-only", action="store_true", help="print the planner's prediction; no device")
+    args = ap.parse_args(argv)
+    variants = ["checkpoint"] if args.quick else [v for v in args.torch_variants.split(",") if v]
+    budget = common.parse_size(args.budget)
+    workspace = common.parse_size(args.workspace)
+    log = common.log_path(args, "deeper")
+    predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step)
+    print(f"planner: N = {predicted} ({common.deep_depth(predicted) if predicted else 0} layers, "
+          f"{need.mode if need else '-'}) under {args.budget} at batch {args.batch}", flush=True)
+    ours: dict = {}
+    if predicted and not (args.no_ours or args.predict_only):
+        ours = common.run_worker([dict(kind="ours_deepest", start=predicted, budget=budget, workspace=workspace,
+                                       batch=args.batch, step=args.step, iterations=args.iterations)],
+                                 args.timeout, log=log)[0]
+    pt: dict[str, dict] = {}
+    if not (args.no_torch or args.predict_only):
+        # one worker per variant: a deep net that ran out of memory leaves the allocator fragmented
+        for v in variants:
+            pt[v] = common.run_worker([dict(kind="torch_deepest", variant=v, start=TORCH_START.get(v, 176),
+                                            budget=budget, batch=args.batch, step=args.step)],
+                                      args.timeout, log=log)[0]
+    rows = [["SuperNeurons (planner)", predicted, common.deep_depth(predicted) if predicted else None,
+             need.mode if need else None, None],
+            ["SuperNeurons (trained)", ours.get("deepest_n"), ours.get("depth"), ours.get("memory_mode"),
+             None if ours.get("ok", True) else ours.get("error")]]
+    for v, r in pt.items():
+        rows.append([f"PyTorch {v}", r.get("deepest_n"), r.get("depth"), None,
+                     None if r.get("ok", True) else str(r.get("error"))[:80]])
+    ck_depth = pt.get("checkpoint", {}).get("depth")
+    targets = [common.target("deeper", ">= 3x PyTorch-checkpoint's depth", common.ratio(ours.get("depth"), ck_depth),
+                             3.0, _explain(need, predicted, budget))]
+    common.finish("deeper", f"Deepest ResNet 6,32,N,6 at batch {args.batch} under {args.budget} (Table 4)", args,
+                  ["system", "N", "layers", "mode", "note"], rows,
+                  extra={"predicted_n": predicted, "need": need.__dict__ if need else None, "ours": ours,
+                         "torch": pt, "budget": budget}, targets=targets)
+    return 0
+
+
+def _explain(need, n: int, budget: int) -> str:
+    if need is None:
+        return ""
+    mode = need.mode or "recompute"
+    per_block = "parameters, gradients and momentum of one 14x14 block: ~13 MiB"
+    return (f"at N={n}: {mode} peak {need.peaks[mode] / common.GiB:.2f} GiB + params/grads "
+            f"{need.params / common.GiB:.2f} + history {need.history / common.GiB:.2f} GiB of "
+            f"{budget / common.GiB:.0f} GiB ({per_block})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On the GPU machine: the paper's evaluation (issue 7), SuperNeurons beside PyTorch in the same run.
+# Each stage is one tools/bench script (each under 10 minutes on an H100/H200); logs and JSON go to $OUT,
+# then tools/bench/report.py turns the JSON into $OUT/BENCHMARKS_tables.md.
+#   BENCH_STAGES   stages to run, in order (default: "wider speed deeper pool cache workspace trace")
+#   BENCH_QUICK=1  each stage with --quick (default stages then: "wider speed cache"): ~3-4 minutes in all
+#   BENCH_ARGS     extra flags for every script (e.g. "--iterations 5")
+# Run from the repository root:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+#     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+#   BENCH_QUICK=1 bash tools/gpu/bench_all.sh
+set -u
+OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"; export OUT
+export PYTHONUNBUFFERED=1
+QUICK=${BENCH_QUICK:-0}
+if [ "$QUICK" = 1 ]; then
+  STAGES=${BENCH_STAGES:-"wider speed cache"}; Q="--quick"
+else
+  STAGES=${BENCH_STAGES:-"wider speed deeper pool cache workspace trace"}; Q=""
+fi
+EXTRA=${BENCH_ARGS:-}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+
+stage() {  # stage NAME SCRIPT [ARGS...]: one script under a 10-minute wall clock, its output logged
+  local name=$1 script=$2; shift 2
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  timeout 600 python3 "tools/bench/$script" $Q $EXTRA --out "$OUT" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s"
+  sed -n '/^$/,$p' "$OUT/$name.log" | tail -25
+}
+
+for s in $STAGES; do
+  case $s in
+    speed)  # split so each part stays under 10 minutes
+      if [ "$QUICK" = 1 ]; then stage speed speed_zoo.py; else
+        stage speed_resnets speed_zoo.py --nets resnet50,resnet101,resnet152 --tag resnets
+        stage speed_others speed_zoo.py --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
+    wider)
+      if [ "$QUICK" = 1 ]; then stage wider wider.py; else
+        stage wider_resnets wider.py --nets resnet50,resnet101,resnet152 --tag resnets
+        stage wider_others wider.py --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
+    deeper) stage deeper deeper.py ;;
+    pool) stage pool pool.py ;;
+    cache) stage cache cache.py ;;
+    workspace) stage workspace workspace.py ;;
+    trace) stage trace memory_trace.py ;;
+    *) echo "unknown stage $s (speed wider deeper pool cache workspace trace)" ;;
+  esac
+done
+python3 tools/bench/report.py --in "$OUT" --out "$OUT/BENCHMARKS_tables.md" && echo "tables: $OUT/BENCHMARKS_tables.md"
