@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from superneurons.errors import UserError
+from superneurons.memory.counters import MovementCounters
 
 MODES = ("baseline", "liveness", "offload", "recompute", "auto")
 
 
-class BaselineManager:
+class BaselineManager(MovementCounters):
     """Every tensor allocated up front and kept for the whole run: the reference every mode must match."""
 
     name = "baseline"
@@ -60,6 +61,26 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None) -> str:
     plan.param_bytes = sum(round_up(t.nbytes) for t in net.tensors
                            if t.base is None and t.kind in ("param", "param_diff"))
     return plan.pick(net.pool.capacity)
+
+
+def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_types: Iterable[str] | None = None
+                   ) -> tuple[str, tuple[str, ...], int | None]:
+    """(mode, checkpoint types, pool bytes or None) from a --memory flag and the solver's MemoryParameter.
+
+    An explicit argument wins; then the MemoryParameter's field when it is set; then the defaults
+    (baseline, Convolution, the Net's default pool size).
+    """
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+
+    mode, types, pool = memory, checkpoint_types, None
+    if memory_param is not None:
+        if mode is None and memory_param.HasField("mode"):
+            mode = type(memory_param).Mode.Name(memory_param.mode).lower()
+        if types is None and len(memory_param.checkpoint_type):
+            types = tuple(memory_param.checkpoint_type)
+        if memory_param.pool_bytes > 0:
+            pool = int(memory_param.pool_bytes)
+    return (mode or "baseline").lower(), tuple(types or DEFAULT_CHECKPOINTS), pool
 
 
 def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = None):

@@ -11,23 +11,28 @@ work.
   tensors are copied to the host store and their device memory freed, until it fits. A step locks
   what it computes on and brings evicted tensors back first (a miss); at the plan's prefetch point
   ("one checkpoint ahead") an evicted tensor comes back if it fits without evicting anything.
+  Copies are asynchronous (HostStore): a tensor the plan says may have to leave is copied out as
+  soon as its last forward writer has run, so that by the time the cache evicts it the copy is
+  usually done; a device block is returned only once its copy has completed.
 - `RecomputeManager`: offload, plus dropping non-checkpoint outputs after forward and replaying
   forward steps (with `ctx.recomputing` set) where the cost-aware plan says.
 Parameters and their gradients are allocated once at setup and never move.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
-from superneurons.errors import PoolExhausted
-from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN
+from superneurons.errors import PoolExhausted, UserError
+from superneurons.memory.counters import MovementCounters
+from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Schedule, simulate
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS, HostStore, checkpoint_tensors
 from superneurons.memory.pool import BLOCK, format_bytes, round_up
 
 _PARAM_KINDS = ("param", "param_diff")
 
 
-class LivenessManager:
+class LivenessManager(MovementCounters):
     name = "liveness"
 
     def __init__(self, net: Any, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
@@ -43,6 +48,7 @@ class LivenessManager:
         from superneurons.memory.plan import make_plan  # plan imports this package's modules
 
         net = self.net
+        self.in_setup = True
         self.plan = make_plan(net.graph, train=net.train, modes=(self.name,), plan_backward=False,
                               checkpoint_types=self.checkpoint_types)
         self.program = self.plan.program
@@ -72,7 +78,23 @@ class LivenessManager:
             if t.base is not None and t.array is None and _root(t).array is not None:
                 net._materialize(t)
         self.nf = self.program.n_forward
+        self._check_floor()
         self._compile(schedule)
+        self.in_setup = False
+
+    def _check_floor(self) -> None:
+        """No layer-wise schedule runs in a pool below parameters + max(l_i): say so before training."""
+        if not self.program.steps:
+            return
+        s, need = self.plan.max_layer
+        total = self.param_bytes + need
+        if total > self.net.pool.capacity:
+            st = self.program.steps[s]
+            raise UserError(
+                f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
+                f"under --memory {self.name}: layer {st.node.name!r} ({st.phase}) needs {need} bytes "
+                f"({format_bytes(need)}) at once, plus {self.param_bytes} bytes of parameters = {total} bytes; "
+                f"give a larger pool/--gpu-memory")
 
     def _compile(self, schedule) -> None:
         do = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,
@@ -107,6 +129,7 @@ class LivenessManager:
         for k in [k for k in self.on if k not in self.program.resident and k in self.program.tensors]:
             self._free(k)
         self.trace = []
+        self._mark_iteration()
 
     def _enter(self, s: int) -> None:
         self.trace.append(self._run_actions(self.before[s]) - self.param_bytes)
@@ -145,7 +168,12 @@ class LivenessManager:
         self.on.add(k)
 
     def _unplace(self, k: str) -> None:
+        self._unbind(k)
         self.net._release(self.tensors[k])
+
+    def _unbind(self, k: str) -> None:
+        """Detach root `k` and its views from their arrays; the pool block itself is the caller's."""
+        self.tensors[k].array = None
         for v in self.views.get(k, ()):
             v.array = None
         buf = self.buffer_decl.get(k)
@@ -173,6 +201,9 @@ class LivenessManager:
         raise RuntimeError("replay in a schedule without recomputation")
 
     def _where(self) -> str:
+        if getattr(self, "in_setup", False):
+            return (f", during setup (placing parameters and inputs, before any step runs): give a larger "
+                    f"pool/--gpu-memory (it has {self.net.pool.capacity} bytes)")
         s = len(self.trace)
         steps = self.program.steps
         if s < len(steps):
@@ -194,9 +225,10 @@ class OffloadManager(LivenessManager):
         from superneurons.memory.cache import TensorCache
 
         self.cache = TensorCache()
-        self.host_keys: set[str] = set()
-        self.bytes_offloaded = 0
-        self.bytes_prefetched = 0
+        self.host_keys: set[str] = set()  # evicted: the data is on the host, or on its way there
+        self.leaving: dict[str, None] = {}  # evicted, copy still in flight: device block held (oldest first)
+        # SUPERNEURONS_CACHE=0: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
+        self.use_cache = _env_flag("SUPERNEURONS_CACHE", True)
         self.offloadable: set[str] = set()
         super().setup()
         live = self.plan.liveness
@@ -211,6 +243,25 @@ class OffloadManager(LivenessManager):
         first = live.first
         self.locks = [[k for k in st.uses if k in self.offloadable] for st in self.program.steps]
         self.checks = [[k for k in ks if first[k] != s] for s, ks in enumerate(self.locks)]
+        self._schedule_copies()
+
+    def _schedule_copies(self) -> None:
+        """Start the copy to the host of every tensor that may have to leave right after its last forward
+        writer, so the copy overlaps the following steps and an eviction rarely waits for it.
+
+        "May have to leave": with the cache, the pool would overflow somewhere in the span the plan keeps
+        the tensor off the device if nothing moved (so when the net fits, nothing is copied); without
+        the cache, every planned move.
+        """
+        schedule = self.plan.schedules[self.name]
+        moves: dict[str, tuple[int, int]] = schedule.info.get("offloaded", {})
+        if self.use_cache:
+            budget = self.net.pool.capacity - self.param_bytes
+            stay = simulate(self.program, _without_moves(schedule)).bytes
+            moves = {k: span for k, span in moves.items() if max(stay[span[0] + 1:span[1]], default=0) > budget}
+        self.copy_ahead = set(moves)
+        for k in sorted(moves):
+            self.after[self.program.writers[k][-1]].append((self._copy_out, k))
 
     @property
     def hits(self) -> int:
@@ -220,7 +271,19 @@ class OffloadManager(LivenessManager):
     def misses(self) -> int:
         return self.cache.misses
 
+    # -- the hooks ---------------------------------------------------------------------------------
+    def _start_iteration(self) -> None:
+        # Only an interrupted iteration leaves anything in flight or on the host.
+        self._settle_all()
+        for k in sorted(self.program.resident & self.host_keys):
+            self._fetch(k)
+        for k in list(self.host_keys):
+            self._free(k)
+        self._settle_all()
+        super()._start_iteration()
+
     def _enter(self, s: int) -> None:
+        self.reclaim()
         peak = self._run_actions(self.before[s])
         self._lock(self.locks[s], self.checks[s])  # may fetch evicted tensors back
         self.trace.append(max(peak, self.net.pool.used_bytes) - self.param_bytes)
@@ -233,6 +296,8 @@ class OffloadManager(LivenessManager):
         if s == len(self.program.steps) - 1:
             for k in sorted(self.program.resident & self.host_keys):
                 self._fetch(k)  # the caller writes the next inputs into them
+            # Between iterations nothing is in flight: the caller writes inputs, the solver reads weights.
+            self._settle_all()
 
     def _lock(self, keys: list[str], checks: list[str]) -> None:
         for k in keys:
@@ -240,15 +305,41 @@ class OffloadManager(LivenessManager):
         for k in checks:
             if not self.cache.check(k) and k in self.host_keys:
                 self._fetch(k)
+        if self.host.busy:
+            for k in keys:
+                self.host.ready(k)  # compute waits for a prefetch still in flight (on the device)
+
+    # -- completion of copies ----------------------------------------------------------------------
+    def reclaim(self) -> None:
+        """Return the device blocks of evicted tensors whose copy to the host has completed."""
+        if self.host.busy:
+            self._release_leaving(self.host.poll())
+
+    def _settle_all(self) -> None:
+        if self.host.busy:
+            self._release_leaving(self.host.drain())
+
+    def _release_leaving(self, saved: list[str]) -> None:
+        for k in saved:
+            if k in self.leaving:
+                del self.leaving[k]
+                self.net.pool.free(k)
 
     # -- moving bytes ------------------------------------------------------------------------------
     def _place(self, k: str) -> None:
+        if k in self.leaving:
+            self._revive(k)
+            return
         net, t = self.net, self.tensors[k]
         while True:
             try:
                 net._materialize(t)
                 break
             except PoolExhausted as e:
+                if self.leaving:  # blocks on their way out: wait for the oldest copy, then retry
+                    self.host.settle(next(iter(self.leaving)))
+                    self.reclaim()
+                    continue
                 victim = next(self.cache.victims(), None)
                 if victim is None:
                     raise PoolExhausted(f"{e} under --memory {self.name}, with nothing left to offload"
@@ -258,30 +349,69 @@ class OffloadManager(LivenessManager):
         if k in self.offloadable:
             self.cache.insert(k, t.nbytes)
 
+    def _copy_out(self, k: str) -> None:
+        """Start copying `k` to the host while it stays on the device (and in the cache)."""
+        if k in self.on and k not in self.host:
+            self.host.save(k, self.tensors[k].array)
+            self.bytes_offloaded += round_up(self.tensors[k].nbytes)
+
     def _evict(self, k: str) -> None:
-        """LRU.out for one tensor: copy to the host store, free the device copy."""
-        t = self.tensors[k]
-        self.host.save(k, t.array)
-        self.bytes_offloaded += round_up(t.nbytes)
+        """LRU.out for one tensor: its bytes go to the host store, its device block once the copy is done."""
+        self.host.ready(k)  # a prefetch into it still in flight must land before the copy out reads it
+        self._copy_out(k)
         self.cache.remove(k)
-        self._unplace(k)
+        self._unbind(k)
         self.host_keys.add(k)
+        if self.host.saving(k):
+            self.leaving[k] = None
+        else:
+            self.net.pool.free(k)
+
+    def _revive(self, k: str) -> None:
+        """Take back a tensor whose eviction is still copying: its device block still holds the data."""
+        del self.leaving[k]
+        self.host.cancel(k)
+        self.host_keys.discard(k)
+        t = self.tensors[k]
+        self.net._attach(t)
+        self._bind(k, t)
+        self.cache.insert(k, t.nbytes)
 
     def _fetch(self, k: str) -> None:
+        if k in self.leaving:
+            self._revive(k)
+            return
         self._place(k)
         self.host.load(k, self.tensors[k].array)
         self.host_keys.discard(k)
         self.bytes_prefetched += round_up(self.tensors[k].nbytes)
 
     def _prefetch(self, k: str) -> None:
-        if k in self.host_keys and self.net.pool.largest_free() >= round_up(self.tensors[k].nbytes):
+        """The plan's prefetch point: bring `k` back if it is off the device and fits (with the cache)."""
+        if k not in self.host_keys:
+            return
+        self.reclaim()
+        if (k in self.leaving or not self.use_cache
+                or self.net.pool.largest_free() >= round_up(self.tensors[k].nbytes)):
             self._fetch(k)
+
+    def _offload(self, k: str) -> None:
+        """The plan's offload point: only without the cache does it move anything by itself."""
+        if not self.use_cache and k in self.on and not self.cache.locked(k):
+            self._evict(k)
 
     def _free(self, k: str) -> None:
         self.cache.remove(k)
-        if k in self.host_keys:
+        if k in self.leaving:  # dead while its copy is in flight: the copy must finish reading first
+            self.host.settle(k)
+            del self.leaving[k]
+            self.net.pool.free(k)
+        if self.host.busy:
+            self.host.ready(k)
+            self.host.settle(k)  # nothing may still read or write its device block once it is reused
+        if k in self.host:
             self.host.drop(k)
-            self.host_keys.discard(k)
+        self.host_keys.discard(k)
         if k in self.on:
             self.frees += 1
             self._unplace(k)
@@ -311,6 +441,18 @@ class RecomputeManager(OffloadManager):
 
 
 MANAGERS = {"liveness": LivenessManager, "offload": OffloadManager, "recompute": RecomputeManager}
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in ("0", "false", "no", "off")
+
+
+def _without_moves(schedule: Schedule) -> Schedule:
+    """The schedule as it runs when the cache keeps everything: no offload, no prefetch."""
+    def keep(acts):
+        return [(op, arg) for op, arg in acts if op not in (OFFLOAD, PREFETCH)]
+    return Schedule([keep(a) for a in schedule.before], [keep(a) for a in schedule.after], schedule.carry)
 
 
 def _root(t: Any) -> Any:

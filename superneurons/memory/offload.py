@@ -7,11 +7,12 @@ Two halves:
   modelled as leaving the device right after the step following its production (or its last
   forward use, if later), and as coming back when backward reaches the next checkpoint in forward
   order ("one checkpoint ahead"), or at its first backward use if that comes sooner.
-- the *host side* (`HostStore`): the external pool. On the CPU backend it is a second `HeapPool`
-  arena with the same allocator; on the GPU it will be pinned host memory behind the same calls.
+- the *host side* (`HostStore`): the external pool, a second `HeapPool` over host memory (pinned on
+  the GPU), and the asynchronous copies in flight (`backend/{cpu,cuda}/transfer.py`).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule
@@ -63,24 +64,126 @@ def apply_offload(schedule: Schedule, moves: dict[str, tuple[int, int]]) -> None
         schedule.before[back].insert(0, (PREFETCH, k))
 
 
+def make_transfer(backend: Any) -> Any:
+    """The host<->device copier for `backend`: pinned memory and copy streams on the GPU, NumPy copies
+    on the CPU (SUPERNEURONS_TRANSFER_LAG=N makes those lag, to exercise the asynchronous paths in CI)."""
+    if getattr(backend, "name", "cpu") == "cuda":
+        from superneurons.backend.cuda.transfer import CudaTransfer
+
+        return CudaTransfer(backend)
+    from superneurons.backend.cpu.transfer import CpuTransfer
+
+    return CpuTransfer(lag=int(os.environ.get("SUPERNEURONS_TRANSFER_LAG", "0") or 0))
+
+
 class HostStore:
-    """The external pool: host copies of evicted tensors, carved from one arena."""
+    """The external pool: host copies of device tensors, carved from one (pinned, on the GPU) arena,
+    and the copies in flight between the two.
+
+    A save (D2H) keeps its host block under the tensor's key; until its event completes the caller
+    must keep the device block too (`saving`). A load (H2D) gives the host block up at once -- it is
+    re-keyed and freed when the copy has read it -- and the step that reads the tensor `ready`s it
+    first. Copies complete in issue order per direction, so polling stops at the first pending one.
+    """
 
     def __init__(self, nbytes: int, backend: Any):
-        self.pool = HeapPool(nbytes, backend)
-        self.ops = backend.ops
+        self.transfer = make_transfer(backend)
+        self.pool = HeapPool(nbytes, self.transfer)
+        self._saving: dict[str, Any] = {}  # key -> event of its D2H, oldest first
+        self._loading: dict[str, Any] = {}  # key -> event of its H2D, oldest first
+        self._retiring: list[tuple[Any, tuple]] = []  # (event, host pool key) freed once the event completes
+        self._serial = 0
 
     def __contains__(self, key: str) -> bool:
+        """A host copy of `key` exists (complete, or its D2H still in flight)."""
         return self.pool.owns(key)
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._saving or self._loading or self._retiring)
+
+    def saving(self, key: str) -> bool:
+        """`key`'s copy to the host is still in flight (its device block must not be reused yet)."""
+        event = self._saving.get(key)
+        return event is not None and not event.query()
+
+    def loading(self, key: str) -> bool:
+        return key in self._loading
+
+    # -- starting copies ------------------------------------------------------------------------------
     def save(self, key: str, device_array: Any) -> None:
+        """Start copying `device_array` to a new host block for `key` (after the compute issued so far)."""
+        self._saving.pop(key, None)  # an earlier, finished save of this key that no poll has reported
         self.pool.alloc(key, device_array.nbytes)
-        self.ops.copy(device_array, self.pool.view(key, device_array.shape, device_array.dtype))
+        host = self.pool.view(key, device_array.shape, device_array.dtype)
+        self._saving[key] = self.transfer.to_host(device_array, host)
 
     def load(self, key: str, device_array: Any) -> None:
-        self.ops.copy(self.pool.view(key, device_array.shape, device_array.dtype), device_array)
-        self.pool.free(key)
+        """Start copying `key`'s host copy into `device_array`; the host copy is gone from now on."""
+        host = self.pool.view(key, device_array.shape, device_array.dtype)
+        event = self.transfer.to_device(host, device_array)
+        self._loading[key] = event
+        self._retire(key, event)
+
+    def cancel(self, key: str) -> None:
+        """The host copy of `key` is not wanted after all (the device copy stayed valid)."""
+        event = self._saving.pop(key, None)
+        if event is not None:
+            self._retire(key, event)
+        elif self.pool.owns(key):
+            self.pool.free(key)
+
+    def _retire(self, key: str, event: Any) -> None:
+        self._serial += 1
+        tag = ("retiring", key, self._serial)
+        self.pool.rename(key, tag)
+        self._retiring.append((event, tag))
+
+    # -- completion -------------------------------------------------------------------------------------
+    def poll(self) -> list[str]:
+        """Keys whose save has completed since the last poll; retires finished loads on the way."""
+        done = []
+        for key, event in list(self._saving.items()):
+            if not event.query():
+                break
+            del self._saving[key]
+            done.append(key)
+        for key, event in list(self._loading.items()):
+            if not event.query():
+                break
+            del self._loading[key]
+        while self._retiring and self._retiring[0][0].query():
+            self.pool.free(self._retiring.pop(0)[1])
+        return done
+
+    def ready(self, key: str) -> None:
+        """Before compute reads `key` on the device: make it wait for the key's H2D (GPU-side)."""
+        event = self._loading.pop(key, None)
+        if event is not None:
+            self.transfer.join(event)
+
+    def settle(self, key: str) -> None:
+        """Block until every copy that reads or writes `key`'s blocks has finished (`poll` then reports it)."""
+        for event in (self._saving.get(key), self._loading.get(key)):
+            if event is not None:
+                event.synchronize()
+        for event, tag in self._retiring:
+            if tag[1] == key:
+                event.synchronize()
 
     def drop(self, key: str) -> None:
+        """Forget `key`'s host copy (the tensor is dead)."""
+        self.settle(key)
+        self._saving.pop(key, None)
+        self._loading.pop(key, None)
         if self.pool.owns(key):
             self.pool.free(key)
+
+    def drain(self) -> list[str]:
+        """Block until every copy has finished; returns the saves completed meanwhile."""
+        for table in (self._saving, self._loading):
+            if table:
+                next(reversed(table.values())).synchronize()  # streams are FIFO: the newest covers the rest
+        for event, _tag in self._retiring:
+            event.synchronize()
+        return self.poll()

@@ -8,6 +8,7 @@ allocator, so everything above it behaves identically in CI.
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass
 from typing import Any, Hashable
 
@@ -91,6 +92,12 @@ class HeapPool:
         self._free_offsets.insert(i, off)
         self._free_sizes[off] = size
 
+    def rename(self, key: Hashable, new_key: Hashable) -> None:
+        """Keep `key`'s block, under `new_key` (a block whose owner has gone but which a copy still reads)."""
+        if new_key in self._used:
+            raise KeyError(f"{new_key!r} is already allocated")
+        self._used[new_key] = self._used.pop(key)
+
     def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
         return self.backend.view(self.arena, self._used[key].offset, shape, dtype)
 
@@ -111,3 +118,91 @@ class HeapPool:
 
     def reset_high_water(self) -> None:
         self.high_water = self.used_bytes
+
+
+class MallocPool:
+    """HeapPool's interface, but every tensor is its own backend allocation, returned on free.
+
+    On the GPU that is cudaMalloc/cudaFree per tensor: the allocator the paper's Table 2 compares the
+    heap pool with (`SUPERNEURONS_ALLOCATOR=malloc`). The budget is enforced the same way (whole
+    blocks, `PoolExhausted`), so the memory modes behave identically; only the cost differs.
+    """
+
+    def __init__(self, nbytes: int, backend: Any):
+        self.capacity = nbytes // BLOCK * BLOCK
+        self.backend = backend
+        self._arrays: dict[Hashable, Any] = {}
+        self._sizes: dict[Hashable, int] = {}
+        self.used_bytes = 0
+        self.high_water = 0
+        self.n_allocs = 0
+        self.n_frees = 0
+        self._release = _release_hook(backend)
+
+    def alloc(self, key: Hashable, nbytes: int) -> int:
+        if key in self._arrays:
+            raise KeyError(f"{key!r} is already allocated")
+        size = round_up(nbytes)
+        if self.used_bytes + size > self.capacity:
+            raise PoolExhausted(
+                f"memory pool exhausted: need {format_bytes(size)} for {key!r}, "
+                f"{format_bytes(self.capacity - self.used_bytes)} free of {format_bytes(self.capacity)}")
+        self._arrays[key] = self.backend.arena(size)
+        self._sizes[key] = size
+        self.used_bytes += size
+        self.high_water = max(self.high_water, self.used_bytes)
+        self.n_allocs += 1
+        return 0
+
+    def free(self, key: Hashable) -> None:
+        del self._arrays[key]
+        self.used_bytes -= self._sizes.pop(key)
+        self.n_frees += 1
+        if self._release is not None:
+            self._release()
+
+    def rename(self, key: Hashable, new_key: Hashable) -> None:
+        if new_key in self._arrays:
+            raise KeyError(f"{new_key!r} is already allocated")
+        self._arrays[new_key] = self._arrays.pop(key)
+        self._sizes[new_key] = self._sizes.pop(key)
+
+    def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
+        return self.backend.view(self._arrays[key], 0, shape, dtype)
+
+    def owns(self, key: Hashable) -> bool:
+        return key in self._arrays
+
+    def largest_free(self) -> int:
+        return self.capacity - self.used_bytes  # the device allocator's fragmentation is not ours to see
+
+    def free_bytes(self) -> int:
+        return self.capacity - self.used_bytes
+
+    def fragmentation(self) -> float:
+        return 0.0
+
+    def reset_high_water(self) -> None:
+        self.high_water = self.used_bytes
+
+
+def _release_hook(backend: Any):
+    """numba defers cudaFree of dropped arrays; on the GPU, run it at each free so the cost is real."""
+    if getattr(backend, "name", "") != "cuda":
+        return None
+    from superneurons.backend.cuda.transfer import release_freed_allocations
+
+    return release_freed_allocations
+
+
+ALLOCATORS = {"pool": HeapPool, "malloc": MallocPool}
+
+
+def make_pool(nbytes: int, backend: Any) -> "HeapPool | MallocPool":
+    """The Net's allocator: the heap pool, or per-tensor allocations with SUPERNEURONS_ALLOCATOR=malloc."""
+    name = os.environ.get("SUPERNEURONS_ALLOCATOR", "pool").strip().lower() or "pool"
+    if name not in ALLOCATORS:
+        from superneurons.errors import UserError
+
+        raise UserError(f"SUPERNEURONS_ALLOCATOR={name!r}: choose one of {', '.join(ALLOCATORS)}")
+    return ALLOCATORS[name](nbytes, backend)

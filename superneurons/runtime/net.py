@@ -17,7 +17,13 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph, Node
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
-from superneurons.memory.pool import HeapPool, round_up
+from superneurons.memory.pool import make_pool, round_up
+
+# The GPU pool's default size is the device's free memory minus this margin, which stays outside the
+# pool for what is allocated elsewhere: cuDNN/cuBLAS handles and library scratch, numba's loaded
+# kernels, the solver's history arena (sized below from the parameters), and test nets' own pools.
+GPU_MARGIN_MIN = 1 << 30  # bytes
+GPU_MARGIN_FRACTION = 1 / 16  # of the device's total memory, when that is more
 
 
 @dataclass
@@ -65,7 +71,12 @@ class Step:
 
 class Net:
     def __init__(self, graph: Graph, backend: Any, *, train: bool = True, seed: int = 0,
-                 pool_bytes: int | None = None, share_params_with: "Net | None" = None, memory: str = "baseline"):
+                 pool_bytes: int | None = None, share_params_with: "Net | None" = None,
+                 memory: str | None = "baseline", checkpoint_types: Iterable[str] | None = None,
+                 memory_param: Any = None):
+        """`memory`: the mode (None: the solver's `memory_param.mode`, else baseline). `pool_bytes`: the
+        pool's size (None: `memory_param.pool_bytes` when set, else the default, see default_pool_bytes).
+        `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution)."""
         self.graph = graph
         self.name = graph.name
         self.backend = backend
@@ -78,13 +89,45 @@ class Net:
         self.learnable: list[ParamDecl] = []  # owned, learnable params in prototxt order (the solver's list)
         self._param_tensors: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._declare_tensors(share_params_with)
-        self.pool = HeapPool(pool_bytes if pool_bytes is not None else self.baseline_bytes() + 4096, backend)
-        from superneurons.memory import make_manager  # the modes live there; baseline is the default
+        from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
-        self.memory = make_manager(memory, self)
+        mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types)
+        if pool_bytes is None:
+            pool_bytes = param_pool if param_pool is not None else self.default_pool_bytes(share_params_with)
+        self.pool = make_pool(pool_bytes, backend)
+        self.memory = make_manager(mode, self, types)
         self.memory.setup()
+        self._install_workspace()
         self._fill_params(seed, share_params_with)
         self._build_steps()
+
+    def default_pool_bytes(self, share: "Net | None" = None) -> int:
+        """On the GPU, a training net's pool is the free device memory minus a margin (GPU_MARGIN_*,
+        plus room for two solver history sets), so convolution workspace can use what the activations
+        leave. Elsewhere, and for nets that borrow another's parameters (test nets), what baseline needs."""
+        need = self.baseline_bytes() + 4096
+        if getattr(self.backend, "name", "cpu") != "cuda" or not self.train or share is not None:
+            return need
+        from superneurons.backend.cuda.transfer import device_memory
+
+        free, total = device_memory()
+        params = sum(round_up(t.nbytes) for t in self.tensors if t.base is None and t.kind == "param")
+        margin = max(GPU_MARGIN_MIN, int(total * GPU_MARGIN_FRACTION)) + 2 * params
+        return max(free - margin, 0)
+
+    def _install_workspace(self) -> None:
+        """Convolutions borrow their workspace from the pool (when the backend supports it)."""
+        if hasattr(self.backend, "set_workspace_source"):
+            from superneurons.memory.workspace import PoolWorkspace
+
+            self.workspace = PoolWorkspace(self.pool, getattr(self.memory, "reclaim", None))
+        else:
+            self.workspace = None
+
+    def _use_workspace(self) -> None:
+        # One backend serves the train net and its test nets: each pass borrows from its own Net's pool.
+        if self.workspace is not None:
+            self.backend.set_workspace_source(self.workspace)
 
     # -- construction -------------------------------------------------------------------------
     def _new(self, key: str, shape, kind: str, dtype=np.float32, base: Tensor | None = None) -> Tensor:
@@ -157,9 +200,13 @@ class Net:
             t.array = self.ops.reshape(t.base.array, t.shape)
             return
         self.pool.alloc(t.key, t.nbytes)
-        t.array = self.pool.view(t.key, t.shape, t.dtype)
+        self._attach(t)
         if t.zero_init:
             self.ops.fill(t.array, 0.0)
+
+    def _attach(self, t: Tensor) -> None:
+        """Point `t` at the pool block it already owns (contents unchanged)."""
+        t.array = self.pool.view(t.key, t.shape, t.dtype)
 
     def _release(self, t: Tensor) -> None:
         if t.base is None and self.pool.owns(t.key):
@@ -203,6 +250,7 @@ class Net:
     def forward(self) -> float:
         """Run every forward step; returns the weighted sum of the losses."""
         mm = self.memory
+        self._use_workspace()
         for i, step in enumerate(self.forward_steps):
             mm.before_forward(i, step)
             step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
@@ -217,6 +265,7 @@ class Net:
 
     def backward(self) -> None:
         mm = self.memory
+        self._use_workspace()
         for _data, diff, w in self.loss_blobs:
             if diff is not None:
                 mm.ensure(diff)

@@ -1,0 +1,32 @@
+"""Per-iteration and cumulative data-movement counters, read the same way from every memory manager.
+
+`net.memory.stats()` is the one place benchmarks read them:
+    {"iteration": {bytes_offloaded, bytes_prefetched, hits, misses},   # since this iteration began
+     "total":     {...same keys...}}                                   # since the Net was built
+Bytes are pool bytes (whole 1 KiB blocks) actually copied device->host and host->device; hits and
+misses are the Tensor Cache's checks of offloadable tensors a step reads (Alg. 2). The managers
+that move nothing report zeros.
+"""
+from __future__ import annotations
+
+COUNTERS = ("bytes_offloaded", "bytes_prefetched", "hits", "misses")
+
+
+class MovementCounters:
+    bytes_offloaded = 0
+    bytes_prefetched = 0
+    hits = 0
+    misses = 0
+    _iteration_start: tuple[int, ...] = (0, 0, 0, 0)
+
+    def _totals(self) -> tuple[int, ...]:
+        return tuple(int(getattr(self, name)) for name in COUNTERS)
+
+    def _mark_iteration(self) -> None:
+        """A new iteration starts: the per-iteration counters restart from zero."""
+        self._iteration_start = self._totals()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        total = self._totals()
+        return {"iteration": {n: t - s for n, t, s in zip(COUNTERS, total, self._iteration_start)},
+                "total": dict(zip(COUNTERS, total))}
