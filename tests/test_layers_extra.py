@@ -722,3 +722,70 @@ def test_new_layers_train_together_in_float32_under_memory_modes(memory):
     for a, b in zip(g0, g1):
         assert a.dtype == np.float32 and np.isfinite(a).all()
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+# ---- random_fill and DummyData -------------------------------------------------------------------
+
+def _fill(kind, a, b, keep=1.0, n=200_000, seed=5, iteration=3, layer=2, stream=0, dtype=np.float32):
+    out = np.zeros(n, dtype)
+    CpuBackend().ops.random_fill(out, kind, a, b, keep, seed, iteration, layer, stream)
+    return out
+
+
+def test_random_fill_distributions():
+    z = _fill("gaussian", 0.5, 2.0).astype(np.float64)
+    # n = 2e5: the sample mean's standard error is 2 / sqrt(n) = 0.0045, the std's 0.0032.
+    assert abs(z.mean() - 0.5) < 0.03 and abs(z.std() - 2.0) < 0.02
+    assert abs(np.mean(np.abs(z - 0.5) < 2.0) - 0.6827) < 0.01  # the normal's one-sigma mass
+    u = _fill("uniform", -1.0, 3.0).astype(np.float64)
+    assert u.min() >= -1.0 and u.max() <= 3.0 and abs(u.mean() - 1.0) < 0.02
+    assert abs(u.std() - 4.0 / np.sqrt(12.0)) < 0.02
+    sparse = _fill("gaussian", 0.0, 1.0, keep=0.3)
+    assert abs(np.mean(sparse != 0) - 0.3) < 0.01
+    assert not _fill("gaussian", 0.0, 1.0, keep=0.0).any()
+
+
+def test_random_fill_is_a_pure_function_of_its_counters():
+    base = _fill("gaussian", 0.0, 1.0)
+    assert np.array_equal(base, _fill("gaussian", 0.0, 1.0))  # same (seed, iteration, layer, stream)
+    for changed in ({"seed": 6}, {"iteration": 4}, {"layer": 3}, {"stream": 1}):
+        other = _fill("gaussian", 0.0, 1.0, **changed)
+        assert abs(np.corrcoef(base, other)[0, 1]) < 0.02, changed
+    # Element i does not depend on the array's size or dtype (beyond rounding).
+    np.testing.assert_allclose(_fill("gaussian", 0.0, 1.0, n=1000, dtype=np.float64), base[:1000], rtol=1e-6,
+                               atol=1e-6)
+
+
+DUMMY = """type: 'DummyData' top: 'a' top: 'b' top: 'c' top: 'd'
+dummy_data_param { num: 4 channels: 3 height: 5 width: 6
+  data_filler { type: 'constant' value: 2.5 } data_filler { type: 'gaussian' std: 3 }
+  data_filler { type: 'positive_unitball' } data_filler { type: 'xavier' } }"""
+
+
+def test_dummy_data_fills_as_caffe():
+    layer, shapes = make_layer(DUMMY, [], dtype=np.float32)
+    assert shapes == [(4, 3, 5, 6)] * 4
+    tops = [np.zeros(s, np.float32) for s in shapes]
+    layer.forward([], tops)
+    assert (tops[0] == 2.5).all()
+    np.testing.assert_allclose(tops[2].reshape(4, -1).sum(axis=1), 1.0, rtol=1e-5)
+    assert (tops[2] > 0).all()
+    limit = np.sqrt(3.0 / 90)  # xavier: fan_in = 3 * 5 * 6
+    assert np.abs(tops[3]).max() <= limit * (1 + 1e-6) and np.abs(tops[3]).max() > limit * 0.9
+    first = [t.copy() for t in tops]
+    tops[0][...] = -1  # constant data is filled once, not refilled, for the same array (Caffe)
+    layer.ctx.iteration = 1
+    layer.forward([], tops)
+    assert (tops[0] == -1).all()
+    assert not np.array_equal(tops[1], first[1])  # random data is new every iteration
+    layer.ctx.iteration = 0
+    fresh = [np.zeros(s, np.float32) for s in shapes]  # a new array (a memory mode re-materialized it)
+    layer.forward([], fresh)
+    for got, want in zip(fresh, first):
+        assert np.array_equal(got, want)  # batch k is a pure function of k
+
+
+def test_dummy_data_rejects_unknown_filler():
+    with pytest.raises(UserError, match="unknown filler type 'nope'"):
+        make_layer("type: 'DummyData' top: 'a' dummy_data_param { shape { dim: 2 } data_filler { type: 'nope' } }",
+                   [])

@@ -1,17 +1,22 @@
 """DummyData: tops filled by FillerParameters, for benchmarks and tests without a dataset.
 
 Shapes come from `shape` (once, or once per top) or the legacy num/channels/height/width lists.
-Fillers: none means constant 0; one is used for every top; otherwise one per top. A random
-filler produces fresh values on every forward, drawn from a generator keyed by (seed, phase,
-iteration, layer, top), so a run resumed from a snapshot, or a forward replayed by the
-recompute manager, sees exactly the batch the uninterrupted run saw.
+Fillers: none means constant 0; one is used for every top; otherwise one per top.
+
+As in Caffe, a random filler produces fresh values on every forward, and a deterministic one (constant,
+bilinear) fills its top once and is not refilled. The random values come from the backend's `random_fill`
+op on the device: a counter-based hash of (seed, iteration, layer, phase and top, element index), so batch k
+is a pure function of k on the CPU and the GPU alike, and a run resumed from a snapshot, or a forward
+replayed by the recompute manager, sees exactly the batch the uninterrupted run saw. "Once" means once per
+top array: when a memory mode frees the top between iterations it comes back as a new array, refilled.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from superneurons.errors import UserError
 from superneurons.layers.base import Layer, register
-from superneurons.layers.fillers import fill
+from superneurons.layers.fillers import fill, random_spec
 from superneurons.proto import superneurons_pb2 as pb
 
 _LEGACY = ("num", "channels", "height", "width")
@@ -47,21 +52,55 @@ class DummyData(Layer):
             given = [tuple(int(d) for d in s.dim) for s in p.shape]
             shapes = given * n_top if len(given) == 1 else given
         self.shapes = shapes
+        self._plan_fills()
         return shapes
 
-    def forward(self, bottom, top):
-        for j, (f, out) in enumerate(zip(self.fillers, top)):
-            if (f.type or "constant") == "constant":
-                # A device-side fill is as cheap as checking a flag, and stays right when a memory
-                # mode frees this top between iterations.
-                self.ops.fill(out, f.value)
-            else:
-                self.ops.upload(out, fill(f, self.shapes[j], self._rng(j)))
+    def _plan_fills(self) -> None:
+        """Per top: a RandomSpec (refilled each forward) or a fixed host value (filled once)."""
+        try:
+            self.specs = [random_spec(f, shape) for f, shape in zip(self.fillers, self.shapes)]
+            self.fixed = [None if spec is not None else self._fixed_value(f, shape)
+                          for f, spec, shape in zip(self.fillers, self.specs, self.shapes)]
+        except UserError as e:
+            raise self.fail(str(e)) from None
+        # positive_unitball: per-row sums, inverted, scale the rows (backend ops, so it runs on the device).
+        self.row_sums = {j: self.add_buffer(f"row_sums{j}", (shape[0],), for_backward=False)
+                         for j, (spec, shape) in enumerate(zip(self.specs, self.shapes))
+                         if spec is not None and spec.unit_rows and shape and shape[0]}
+        self._filled: list = [None] * len(self.shapes)
 
-    def _rng(self, top_index: int) -> np.random.Generator:
-        seed = int(self.ctx.seed) % (1 << 63)
-        key = [seed, int(self.phase), int(self.ctx.iteration), int(self.layer_index), top_index]
-        return np.random.default_rng(np.random.SeedSequence(key))
+    @staticmethod
+    def _fixed_value(f: pb.FillerParameter, shape) -> float | np.ndarray:
+        if (f.type or "constant") == "constant":
+            return float(f.value)
+        return fill(f, shape, np.random.default_rng(0))  # bilinear: no randomness drawn
+
+    def forward(self, bottom, top):
+        ops, ctx = self.ops, self.ctx
+        for j, (spec, out) in enumerate(zip(self.specs, top)):
+            if spec is None:
+                if self._filled[j] is not out:
+                    value = self.fixed[j]
+                    if isinstance(value, float):
+                        ops.fill(out, value)
+                    else:
+                        ops.upload(out, value)
+                    self._filled[j] = out
+                continue
+            # Stream: which top, and the phase, so a TEST net's batches differ from the TRAIN net's.
+            ops.random_fill(out, spec.kind, spec.a, spec.b, spec.keep, int(ctx.seed), int(ctx.iteration),
+                            int(self.layer_index), 2 * j + int(self.phase))
+            if j in self.row_sums:
+                self._unit_rows(out, self.row_sums[j].array)
+
+    def _unit_rows(self, out, sums) -> None:
+        """Scale each row (axis 0) of `out` to sum 1, as Caffe's positive_unitball filler does."""
+        ops = self.ops
+        rows = sums.size
+        inner = out.size // rows
+        ops.reduction_forward(out, sums, "SUM", 1.0, rows, inner)
+        ops.power_forward(sums, sums, -1.0, 1.0, 0.0)
+        ops.channel_mul(out, sums, out, 1, rows, inner)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass

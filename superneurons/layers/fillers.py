@@ -1,5 +1,8 @@
-"""Caffe's weight fillers, computed on the host with a seeded generator (then copied to the device)."""
+"""Caffe's weight fillers, computed on the host with a seeded generator (then copied to the device), and
+`random_spec`: the random fillers as parameters of the device-side `random_fill` op (DummyData)."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,3 +64,39 @@ def fill(f: pb.FillerParameter, shape: tuple[int, ...], rng: np.random.Generator
         return np.broadcast_to(kernel, shape).copy()
     raise UserError(f"unknown filler type {kind!r}; known: constant, uniform, gaussian, xavier, msra, "
                     "positive_unitball, bilinear")
+
+
+KNOWN = ("constant", "uniform", "gaussian", "xavier", "msra", "positive_unitball", "bilinear")
+
+
+class RandomSpec(NamedTuple):
+    """Arguments of ops.random_fill, plus whether each row (axis 0) is then scaled to sum 1 (positive_unitball)."""
+
+    kind: str  # "uniform" (a = min, b = max) or "gaussian" (a = mean, b = std)
+    a: float
+    b: float
+    keep: float  # probability a gaussian value is kept (Caffe's sparse); 1 = dense
+    unit_rows: bool = False
+
+
+def random_spec(f: pb.FillerParameter, shape: tuple[int, ...]) -> RandomSpec | None:
+    """The random_fill arguments of a random filler, with the distributions of `fill`; None for the
+    deterministic ones (constant, bilinear). Raises UserError for an unknown type."""
+    kind = f.type or "constant"
+    if kind not in KNOWN:
+        raise UserError(f"unknown filler type {kind!r}; known: {', '.join(KNOWN)}")
+    if kind == "uniform":
+        return RandomSpec("uniform", float(f.min), float(f.max), 1.0)
+    if kind == "gaussian":
+        keep = 1.0
+        if f.sparse >= 0 and len(shape) >= 2:
+            keep = min(1.0, f.sparse / shape[0]) if shape[0] else 1.0
+        return RandomSpec("gaussian", float(f.mean), float(f.std), keep)
+    if kind == "xavier":
+        scale = float(np.sqrt(3.0 / _variance_n(f, shape)))
+        return RandomSpec("uniform", -scale, scale, 1.0)
+    if kind == "msra":
+        return RandomSpec("gaussian", 0.0, float(np.sqrt(2.0 / _variance_n(f, shape))), 1.0)
+    if kind == "positive_unitball":
+        return RandomSpec("uniform", 0.0, 1.0, 1.0, unit_rows=True)
+    return None
