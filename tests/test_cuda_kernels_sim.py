@@ -73,3 +73,36 @@ def test_fused_sgd_matches_cpu_rule():
     K.launch(sk.sgd, w.size)(w, g, h, np.float32(0.01), np.float32(0.9))
     for a, b in ((w, cw), (g, cg), (h, ch)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@simulated
+@pytest.mark.parametrize("shape,relu,global_stats", [((3, 2, 5, 6), True, False), ((2, 3, 300), False, False),
+                                                     ((3, 2, 4, 3), True, True)])
+def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats):
+    """The CUDA fused op (its kernels run by the simulator on host arrays) against the CPU fused op; the
+    shapes cover planes shorter and longer than a block."""
+    from superneurons.backend.cpu import fused as cpu_fused
+    from superneurons.backend.cuda.ops import fused as cuda_fused
+
+    rng = np.random.default_rng()
+    n, c = shape[0], shape[1]
+    dims = (n, c, int(np.prod(shape[2:])))
+    x = (rng.standard_normal(shape) * 1.5 + 0.4).astype(np.float32)
+    gamma, beta = (rng.standard_normal(c).astype(np.float32) for _ in range(2))
+    dy = rng.standard_normal(shape).astype(np.float32)
+    slope = 0.0 if relu else None
+    results = []
+    for op in (cpu_fused, cuda_fused):
+        running = [np.full(c, 0.75, np.float32), np.full(c, 1.25, np.float32),
+                   np.array([2.0], np.float32)]
+        y, x_hat = np.zeros_like(x), np.zeros_like(x)
+        stats = [np.zeros(c, np.float32) for _ in range(3)]
+        op.bn_affine_forward(x, y, x_hat, *stats, gamma, beta, *running, *dims, 1e-5, global_stats, True, 0.9,
+                             1.1, slope)
+        dx = dy.copy()
+        dgamma, dbeta = np.ones(c, np.float32), np.zeros(c, np.float32)
+        op.bn_affine_backward(x_hat, stats[2], gamma, beta, dx, dx, dgamma, dbeta, *dims, global_stats, slope)
+        results.append([y, x_hat, *stats, *running, dx, dgamma, dbeta])
+    names = ["y", "x_hat", "mean", "var", "inv_std", "mean_sum", "var_sum", "scale_factor", "dx", "dgamma", "dbeta"]
+    for name, got, want in zip(names, results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()), err_msg=name)

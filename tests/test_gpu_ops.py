@@ -253,6 +253,108 @@ def test_batch_norm(gpu, rng):
     close(dxg, dxc, rtol=1e-3, atol_scale=1e-4)
 
 
+@pytest.mark.parametrize("dims", [(32, 64, 28 * 28), (16, 256, 7 * 7)])
+@pytest.mark.parametrize("relu,global_stats", [(True, False), (False, False), (True, True)])
+def test_fused_batch_norm_scale_relu(gpu, rng, dims, relu, global_stats):
+    """bn_affine_forward/backward against test_fusion's independent float64 reference."""
+    from test_fusion import reference, reference_backward
+
+    outer, ch, inner = dims
+    x = randn(rng, outer, ch, inner) * 2 + 0.5
+    gamma, beta = randn(rng, ch), randn(rng, ch)
+    running = [np.abs(randn(rng, ch)), np.abs(randn(rng, ch)) + 0.5, np.array([2.0], f32)]
+    stats64 = (running[0].astype(np.float64) / 2, running[1].astype(np.float64) / 2) if global_stats else None
+    want, x_hat, mean, var = reference(x.astype(np.float64), gamma.astype(np.float64), beta.astype(np.float64), relu,
+                                       stats64)
+    d = {k: dev(gpu, a) for k, a in dict(x=x, y=np.zeros_like(x), x_hat=np.zeros_like(x), mean=np.zeros(ch, f32),
+                                         var=np.zeros(ch, f32), inv=np.zeros(ch, f32), gamma=gamma, beta=beta,
+                                         ms=running[0], vs=running[1], sf=running[2]).items()}
+    slope = 0.0 if relu else None
+    gpu.ops.bn_affine_forward(d["x"], d["x"], d["x_hat"], d["mean"], d["var"], d["inv"], d["gamma"], d["beta"],
+                              d["ms"], d["vs"], d["sf"], outer, ch, inner, 1e-5, global_stats, True, 0.9, 1.25, slope)
+    close(gpu.to_host(d["x"]), want, rtol=1e-4, atol_scale=1e-5)  # in place, as in ResNet
+    close(gpu.to_host(d["x_hat"]), x_hat, rtol=1e-4, atol_scale=1e-5)
+    inv_std = 1 / np.sqrt(var + 1e-5)
+    close(gpu.to_host(d["inv"]), inv_std, rtol=1e-5)
+    if not global_stats:
+        close(gpu.to_host(d["ms"]), 0.9 * running[0] + mean, rtol=1e-5)
+        close(gpu.to_host(d["vs"]), 0.9 * running[1] + 1.25 * var, rtol=1e-5)
+        assert gpu.to_host(d["sf"])[0] == np.float32(2.0 * 0.9 + 1)
+    dy = randn(rng, outer, ch, inner)
+    want_dx, want_dg, want_db = reference_backward(x_hat, gamma.astype(np.float64), beta.astype(np.float64),
+                                                   dy.astype(np.float64), relu, inv_std, not global_stats)
+    dg0, db0 = randn(rng, ch), randn(rng, ch)  # param diffs accumulate
+    ddy, ddg, ddb = dev(gpu, dy), dev(gpu, dg0), dev(gpu, db0)
+    gpu.ops.bn_affine_backward(d["x_hat"], d["inv"], d["gamma"], d["beta"], ddy, ddy, ddg, ddb, outer, ch, inner,
+                               global_stats, slope)
+    err = close(gpu.to_host(ddy), want_dx, rtol=1e-3, atol_scale=1e-4)
+    close(gpu.to_host(ddg), dg0 + want_dg, rtol=1e-4, atol_scale=1e-4)
+    close(gpu.to_host(ddb), db0 + want_db, rtol=1e-4, atol_scale=1e-4)
+    print(f"fused bn {dims} relu={relu} global={global_stats}: max |dx err| {err:.2e}")
+
+
+class RecordingWorkspace:
+    """A WorkspaceSource with a settable budget that records what convolutions acquire."""
+
+    def __init__(self, budget: int):
+        from numba import cuda
+
+        self.budget = budget
+        self.buf = cuda.device_array(max(budget, 1), np.uint8)
+        self.acquired: list[int] = []
+        self.held = False
+
+    def available(self) -> int:
+        return self.budget
+
+    def acquire(self, nbytes: int) -> int:
+        assert not self.held and nbytes <= self.budget
+        self.held = True
+        self.acquired.append(nbytes)
+        return self.buf.device_ctypes_pointer.value
+
+    def release(self) -> None:
+        assert self.held
+        self.held = False
+
+
+@pytest.mark.parametrize("find", [True, False])
+@pytest.mark.parametrize("budget", [0, 64 << 20])
+def test_conv_algorithms_respect_the_workspace_source(gpu, rng, budget, find, monkeypatch):
+    from superneurons.backend.cuda import cudnn
+    from superneurons.backend.cuda.device import current
+
+    monkeypatch.setenv("SUPERNEURONS_CUDNN_FIND", "1" if find else "0")
+    shape, m = (16, 32 + int(find), 28, 28), 48  # a shape per ranking mode: plans are cached per shape
+    geom = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), 1)
+    x = randn(rng, *shape)
+    w = (randn(rng, m, shape[1], 3, 3) / np.sqrt(shape[1] * 9)).astype(f32)
+    y = np.zeros((16, m, 28, 28), f32)
+    source = RecordingWorkspace(budget)
+    gpu.set_workspace_source(source)
+    try:
+        (_, _, _, yc), (_, _, _, yg) = run_both(gpu, "conv_forward", [x, w, None, y], geom)
+        close(yg, yc, rtol=1e-4, atol_scale=1e-4)
+        dy, dw0 = randn(rng, *y.shape), randn(rng, *w.shape)
+        host = [x, w, dy, np.zeros_like(x), dw0.copy(), None]
+        CPU.ops.conv_backward(*host, geom)
+        d = [dev(gpu, a) for a in (x, w, dy, np.zeros_like(x), dw0)] + [None]
+        gpu.ops.conv_backward(*d, geom)
+        close(gpu.to_host(d[3]), host[3], rtol=1e-4, atol_scale=1e-4)
+        close(gpu.to_host(d[4]), host[4], rtol=1e-4, atol_scale=1e-4)  # dw accumulated once (Find used a scratch)
+        assert all(n <= budget for n in source.acquired) and not source.held
+        plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
+        assert all(t is not None and t.measured == find for t in plan.tables)
+        assert all(c.workspace <= budget for c in plan.last)
+        label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
+        assert label.startswith("f:") and "-" not in label and ("~" in label) != find
+        print(f"budget {budget >> 20} MiB, find={find}: {label}")
+    finally:
+        gpu.set_workspace_source(None)
+    assert current().workspace_source is current().default_workspace
+    assert cudnn.FORWARD == 0
+
+
 def test_concat_and_eltwise(gpu, rng):
     a, b = randn(rng, 8, 16, 14, 14), randn(rng, 8, 48, 14, 14)
     top = np.zeros((8, 64, 14, 14), f32)

@@ -71,6 +71,8 @@ NEURONS = [("elu", (0.7,), (0.7,), True), ("absval", (), (), False), ("bnll", ()
 @pytest.mark.parametrize("name,fwd_args,bwd_args,reads_top", NEURONS)
 def test_neurons(gpu, rng, name, fwd_args, bwd_args, reads_top):
     x = randn(rng, *SHAPE)
+    if name in ("power", "log"):
+        x = np.clip(x, -4, 4)  # shift + scale * x stays > 0: a fractional power or log of a negative is NaN
     (_, yc), (_, yg) = run_both(gpu, f"{name}_forward", [x, np.zeros_like(x)], *fwd_args)
     assert np.isfinite(yc).all()
     close(yg, yc)

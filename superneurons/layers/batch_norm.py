@@ -4,6 +4,10 @@ Params are three running-statistic blobs the solver never touches: [mean_sum (C)
 scale_factor (1)]; the running mean is mean_sum / scale_factor. With batch statistics (TRAIN by
 default) every forward folds the batch into them, except a forward the memory runtime replays
 (`ctx.recomputing`), so recomputation leaves them bit-identical.
+
+The graph pass in graph/fuse.py may fuse the Scale (and ReLU) that follow in place into this layer
+(`fuse_affine`): it then writes relu(gamma * x_hat + beta) itself, keeps only x_hat for backward, and
+accumulates the Scale's parameter gradients, which stay owned by the Scale layer.
 """
 from __future__ import annotations
 
@@ -41,14 +45,38 @@ class BatchNorm(Layer):
         self.var = self.add_buffer("var", c, for_backward=False)
         self.inv_std = self.add_buffer("inv_std", c, for_backward=train)
         self.saved_x = self.add_buffer("x", shape) if train and batch and self.in_place else None
+        self.shape = tuple(shape)
+        self.affine = None  # the absorbed Scale layer, once fused
+        self.relu_slope = None  # the absorbed ReLU's negative_slope, or None
+        self.x_hat = None
         return [shape]
 
+    def fuse_affine(self, scale, relu, keep_for_backward: bool) -> None:
+        """Take over `scale` (a per-channel Scale with bias, in place on our top) and optionally `relu`.
+
+        Called by graph/fuse.py after setup: the buffers change here, before the Net declares tensors.
+        Only x_hat (and inv_std) are kept for backward; `keep_for_backward` False (no backward) keeps none.
+        """
+        self.affine = scale
+        self.relu_slope = relu.slope if relu is not None else None
+        self.buffers.pop("x", None)
+        self.saved_x = None
+        self.mean.for_backward = False
+        self.inv_std.for_backward = keep_for_backward
+        self.x_hat = self.add_buffer("x_hat", self.shape) if keep_for_backward else None
+        scale.absorb_into(self)
+        if relu is not None:
+            relu.absorb_into(self)
+
     def backward_needs(self):
-        if self.use_global_stats or self.saved_x is not None:
+        if self.use_global_stats or self.saved_x is not None or self.affine is not None:
             return frozenset()
         return frozenset({NEEDS_BOTTOM})
 
     def forward(self, bottom, top):
+        if self.affine is not None:
+            self._forward_fused(bottom[0], top[0])
+            return
         ops = self.ops
         x, y = bottom[0], top[0]
         dims = (self.outer, self.channels, self.inner)
@@ -65,6 +93,9 @@ class BatchNorm(Layer):
         ops.bn_normalize(x, mean, var, self.eps, self.inv_std.array, y, *dims)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        if self.affine is not None:
+            self._backward_fused(top_diff[0], bottom_diff[0] if propagate_down[0] else None)
+            return
         if not propagate_down[0]:
             return  # the running statistics get no gradient
         ops = self.ops
@@ -74,3 +105,21 @@ class BatchNorm(Layer):
         else:
             x = self.saved_x.array if self.saved_x is not None else bottom[0]
             ops.bn_backward(x, self.mean.array, self.inv_std.array, top_diff[0], bottom_diff[0], *dims)
+
+    # -- fused with the following Scale (+ ReLU) ---------------------------------------------------
+    def _forward_fused(self, x, y) -> None:
+        scale = self.affine
+        self.ops.bn_affine_forward(
+            x, y, self.x_hat.array if self.x_hat is not None else None, self.mean.array, self.var.array,
+            self.inv_std.array, scale.scale.data, scale.bias.data, self.mean_sum.data, self.var_sum.data,
+            self.scale_factor.data, self.outer, self.channels, self.inner, self.eps, self.use_global_stats,
+            not self.ctx.recomputing,  # a replayed forward has folded this batch in already
+            self.maf, self.var_correction, self.relu_slope)
+
+    def _backward_fused(self, dy, dx) -> None:
+        if self.x_hat is None:
+            raise RuntimeError(f"{self!r} was fused for a net without backward (phase TEST); it keeps no x_hat")
+        scale = self.affine
+        self.ops.bn_affine_backward(self.x_hat.array, self.inv_std.array, scale.scale.data, scale.bias.data, dy, dx,
+                                    scale.scale.diff, scale.bias.diff, self.outer, self.channels, self.inner,
+                                    self.use_global_stats, self.relu_slope)

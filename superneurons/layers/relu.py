@@ -1,4 +1,5 @@
-"""ReLU (with Caffe's leaky negative_slope)."""
+"""ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale
+(`absorb_into`); it is then a pass-through."""
 from __future__ import annotations
 
 from superneurons.layers.base import NEEDS_TOP, Layer, register
@@ -8,15 +9,23 @@ from superneurons.layers.base import NEEDS_TOP, Layer, register
 class ReLU(Layer):
     def setup(self, bottom_shapes):
         self.slope = float(self.param.relu_param.negative_slope)
+        self.fused_into = None  # the BatchNorm layer that applies this ReLU, once fused
         return [bottom_shapes[0]]
 
+    def absorb_into(self, owner) -> None:
+        self.fused_into = owner
+
     def backward_needs(self):
+        if self.fused_into is not None:
+            return frozenset()
         # y > 0 exactly where x > 0 (for any slope >= 0), so the output suffices and in-place works.
         return frozenset({NEEDS_TOP})
 
     def forward(self, bottom, top):
+        if self.fused_into is not None:
+            return
         self.ops.relu_forward(bottom[0], top[0], self.slope)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
+        if propagate_down[0] and self.fused_into is None:
             self.ops.relu_backward(top[0], top_diff[0], bottom_diff[0], self.slope)

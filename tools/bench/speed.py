@@ -69,7 +69,36 @@ def ours(batch: int, warmup: int, iterations: int) -> dict:
     elapsed = time.perf_counter() - t0
     return {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
             "build_s": build_s, "first_iteration_s": first_s, "losses": losses,
-            "loss_falls": bool(losses[-1] < losses[0]), "pool_bytes": solver.net.pool.capacity}
+            "loss_falls": bool(losses[-1] < losses[0]), "pool_bytes": solver.net.pool.capacity,
+            "host_ms_per_iter": host_breakdown(solver, backend, iterations)}
+
+
+def host_breakdown(solver, backend, iterations: int) -> dict:
+    """Host time (no device synchronization) spent issuing each layer type's forward and backward, per
+    iteration. When their sum is close to the iteration time, the run is bound by the host, not the GPU."""
+    spent: dict[str, float] = {}
+
+    def timed(fn, key):
+        def run(*args):
+            t = time.perf_counter()
+            fn(*args)
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+        return run
+
+    for node in solver.net.graph.nodes:
+        layer = node.layer
+        kind = layer.type_name
+        layer.forward = timed(layer.forward, kind + " fwd")
+        layer.backward = timed(layer.backward, kind + " bwd")
+    backend.synchronize()
+    t0 = time.perf_counter()
+    solver.step(iterations)
+    backend.synchronize()
+    total = time.perf_counter() - t0
+    out = {k: round(1e3 * v / iterations, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    out["all layers"] = round(1e3 * sum(spent.values()) / iterations, 3)
+    out["iteration (wall)"] = round(1e3 * total / iterations, 3)
+    return out
 
 
 def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool) -> dict:
@@ -143,6 +172,7 @@ def main() -> int:
     if not args.no_ours:
         result["superneurons"] = ours(args.batch, args.warmup, args.iterations)
         print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
+        print(f"host ms per iteration (no sync): {result['superneurons']['host_ms_per_iter']}", flush=True)
     if not args.no_torch:
         result["pytorch"] = {"benchmark_on": pytorch(args.batch, 10, args.iterations, True),
                              "benchmark_off": pytorch(args.batch, 10, args.iterations, False)}

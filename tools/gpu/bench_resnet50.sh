@@ -3,6 +3,7 @@
 #   1. the per-layer profile (`superneurons time`, 5 iterations, syncs around every layer),
 #   2. ours with the colleague's launch path and one-block-per-channel reductions (SUPERNEURONS_FAST_LAUNCH=0
 #      SUPERNEURONS_CUDA_SPREAD=0), ours as shipped, and PyTorch (cudnn.benchmark on and off).
+#   3. optional stages: "find" (algorithms measured by cudnnFind) and "unfused" (SUPERNEURONS_FUSE=0), ours only.
 # Logs and JSON go to $OUT (or ./gpu_logs). BENCH_STAGES picks stages (default "time legacy main").
 set -u
 OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
@@ -20,6 +21,12 @@ for stage in $STAGES; do
     legacy)
       SUPERNEURONS_FAST_LAUNCH=0 SUPERNEURONS_CUDA_SPREAD=0 timeout 240 python3 tools/bench/speed.py \
         --iterations "$ITER" --label legacy --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_legacy.log" | tail -6 ;;
+    find)
+      SUPERNEURONS_CUDNN_FIND=1 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label find \
+        --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_find.log" | tail -6 ;;
+    unfused)
+      SUPERNEURONS_FUSE=0 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label unfused \
+        --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_unfused.log" | tail -6 ;;
     main)
       timeout 300 python3 tools/bench/speed.py --iterations "$ITER" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -8 ;;
   esac

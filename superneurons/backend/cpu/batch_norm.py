@@ -63,8 +63,15 @@ def bn_backward(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, dy: np.nda
     """
     per_channel = (1, channels, 1)
     x_hat = (_view(x, outer, channels, inner) - mean.reshape(per_channel)) * inv_std.reshape(per_channel)
+    backward_from_x_hat(x_hat, inv_std, dy, dx, outer, channels, inner)
+
+
+def backward_from_x_hat(x_hat: np.ndarray, inv_std: np.ndarray, dy: np.ndarray, dx: np.ndarray,
+                        outer: int, channels: int, inner: int) -> None:
+    """bn_backward's formula given x_hat itself (the fused BatchNorm+Scale op keeps x_hat, not x)."""
+    x_hat = _view(x_hat, outer, channels, inner)
     dy3 = _view(dy, outer, channels, inner)
     avg_dy = dy3.mean(axis=(0, 2), keepdims=True)
     avg_dy_xhat = (dy3 * x_hat).mean(axis=(0, 2), keepdims=True)
-    result = (dy3 - avg_dy - x_hat * avg_dy_xhat) * inv_std.reshape(per_channel)
+    result = (dy3 - avg_dy - x_hat * avg_dy_xhat) * inv_std.reshape(1, channels, 1)
     np.copyto(_view(dx, outer, channels, inner), result)

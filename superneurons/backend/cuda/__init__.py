@@ -58,6 +58,11 @@ class CudaBackend:
         self._cuda = cuda
         self.ops = _collect_ops()
 
+    def set_workspace_source(self, source) -> None:
+        """Where convolutions take cuDNN workspace from (a device.WorkspaceSource); None: the default
+        FixedWorkspace (one private buffer of at most `workspace_limit` bytes)."""
+        self.device.workspace_source = source
+
     def arena(self, nbytes: int):
         """One device allocation of `nbytes` (uint8); the pool carves every tensor out of it."""
         return self._cuda.device_array(max(int(nbytes), 1), np.uint8)

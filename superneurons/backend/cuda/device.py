@@ -1,28 +1,80 @@
-"""The current GPU (handles, scratch) and zero-copy array views, shared by every CUDA op.
+"""The current GPU (handles, scratch, cuDNN workspace source) and zero-copy array views, shared by every CUDA op.
 
 Arrays are numba DeviceNDArrays. All of them are C-contiguous views onto pool arenas, so a reshape
 is a new header over the same `gpu_data` and a raw pointer is `device_ctypes_pointer`.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 from numba import cuda
-from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+try:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+except ImportError:  # the CUDA simulator (tests without a GPU): the ops then run on host arrays
+    DeviceNDArray = None
 
 from superneurons.backend.cuda import cublas, cudnn
 
 _current: "Device | None" = None
 
 
+class WorkspaceSource(Protocol):
+    """Where a cuDNN convolution gets its scratch memory (see FixedWorkspace; memory/workspace.py has a
+    pool-backed one). A convolution asks `available()`, picks the fastest algorithm that fits, then
+    `acquire`s that many bytes (only when it needs any) and `release`s them when the call is queued."""
+
+    def available(self) -> int: ...          # bytes a convolution may use right now
+    def acquire(self, nbytes: int) -> int: ... # device pointer (int) to >= nbytes, valid until release()
+    def release(self) -> None: ...
+
+
+class FixedWorkspace:
+    """The default source: one private device buffer, grown on demand up to `limit` bytes, never shrunk.
+
+    Everything runs on one stream in order, so the buffer can be reused as soon as a call is queued."""
+
+    def __init__(self, limit: int):
+        self.limit = int(limit)
+        self.nbytes = 0  # current size of the buffer
+        self._buf = None
+
+    def available(self) -> int:
+        return self.limit
+
+    def acquire(self, nbytes: int) -> int:
+        if nbytes > self.limit:
+            raise RuntimeError(f"cuDNN workspace of {nbytes} bytes asked for, over the {self.limit}-byte limit")
+        if nbytes > self.nbytes or self._buf is None:
+            self._buf = None  # free the old buffer before allocating the larger one
+            self._buf = cuda.device_array(max(int(nbytes), 1), np.uint8)
+            self.nbytes = int(nbytes)
+        return self._buf.device_ctypes_pointer.value
+
+    def release(self) -> None:
+        pass
+
+
 class Device:
-    """One GPU: cuDNN and cuBLAS handles on the default stream, the cuDNN workspace, small float64 scratch."""
+    """One GPU: cuDNN and cuBLAS handles on the default stream, the cuDNN workspace source, float64 scratch."""
 
     def __init__(self, index: int, tf32: bool, workspace_limit: int):
         cuda.select_device(index)
         self.index = index
-        self.cudnn = cudnn.Handle(0, tf32, workspace_limit)
+        self.default_workspace = FixedWorkspace(workspace_limit)
+        self.cudnn = cudnn.Handle(0, tf32, self.default_workspace)
         self.cublas = cublas.Handle(0)
         self._scratch: dict[int, DeviceNDArray] = {}
+
+    @property
+    def workspace_source(self) -> WorkspaceSource:
+        return self.cudnn.workspace_source
+
+    @workspace_source.setter
+    def workspace_source(self, source: WorkspaceSource | None) -> None:
+        """Install `source` for every convolution from now on; None restores the default FixedWorkspace."""
+        self.cudnn.workspace_source = source if source is not None else self.default_workspace
 
     def scratch(self, n: int) -> DeviceNDArray:
         """A float64 device array of `n` entries, reused across calls (allocated once per size)."""
@@ -60,6 +112,8 @@ def make(gpu_data, shape, dtype) -> DeviceNDArray:
 
 def reshape(x: DeviceNDArray, shape) -> DeviceNDArray:
     shape = tuple(int(d) for d in shape)
+    if DeviceNDArray is None:  # simulator
+        return x.reshape(shape)
     if -1 in shape:
         known = int(np.prod([d for d in shape if d != -1]))
         shape = tuple(x.size // max(known, 1) if d == -1 else d for d in shape)

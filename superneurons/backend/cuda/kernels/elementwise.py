@@ -27,6 +27,13 @@ def axpby(alpha, x, beta, y):
 
 
 @cuda.jit
+def weighted_sum2(alpha, a, beta, b, y):
+    """y = alpha * a + beta * b (y may be a or b): a two-input Eltwise SUM or Split backward in one pass."""
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        y[i] = alpha * a[i] + beta * b[i]
+
+
+@cuda.jit
 def axpy(alpha, x, y):
     """y += alpha * x."""
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):

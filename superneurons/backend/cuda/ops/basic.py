@@ -22,7 +22,10 @@ def copy(src, dst) -> None:
     if not dst.size:
         return
     if src.dtype == dst.dtype:
-        flat(dst).copy_to_device(flat(src))
+        if src.device_ctypes_pointer.value == dst.device_ctypes_pointer.value:
+            return  # the same memory (an in-place layer's diff)
+        if not K.memcpy_device(dst.device_ctypes_pointer.value, src.device_ctypes_pointer.value, dst.nbytes):
+            flat(dst).copy_to_device(flat(src))
     else:
         K.launch(ek.scale_copy, dst.size)(scalar(dst, 1.0), flat(src), flat(dst))
 

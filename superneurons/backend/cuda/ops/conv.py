@@ -1,6 +1,7 @@
-"""2-D convolution through cuDNN (grouped, dilated); algorithms chosen once per shape (see cudnn.py)."""
+"""2-D convolution through cuDNN (grouped, dilated); algorithms measured once per shape (see cudnn.py)."""
 from __future__ import annotations
 
+from superneurons.backend.cuda import cudnn
 from superneurons.backend.cuda.device import current
 from superneurons.backend.geometry import ConvGeometry
 
@@ -37,13 +38,18 @@ _BWD_FILTER = ("algo0", "algo1", "fft", "algo3", "winograd", "winograd_nonfused"
 
 
 def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
-    """The cuDNN algorithms (and workspace bytes) chosen for this shape, for the profiler."""
+    """The cuDNN algorithms (and workspace) this shape ran at its last call in each direction, for the
+    profiler; '-' for a direction not run yet, '~' after a name that was ranked by heuristics, not measured."""
     plan = current().cudnn.conv_plan(tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype)
 
-    def name(table, choice):
-        algo, ws, _math = choice
-        label = table[algo] if 0 <= algo < len(table) else str(algo)
-        return f"{label}" + (f"({ws >> 20}M)" if ws >= 1 << 20 else "")
+    def name(table, direction):
+        choice = plan.last[direction]
+        if choice is None:
+            return "-"
+        label = table[choice.algo] if 0 <= choice.algo < len(table) else str(choice.algo)
+        if not plan.tables[direction].measured:
+            label += "~"
+        return label + (f"({choice.workspace >> 20}M)" if choice.workspace >= 1 << 20 else "")
 
-    return (f"f:{name(_FWD, plan.fwd)} d:{name(_BWD_DATA, plan.bwd_data)} "
-            f"w:{name(_BWD_FILTER, plan.bwd_filter)}")
+    return (f"f:{name(_FWD, cudnn.FORWARD)} d:{name(_BWD_DATA, cudnn.BACKWARD_DATA)} "
+            f"w:{name(_BWD_FILTER, cudnn.BACKWARD_FILTER)}")

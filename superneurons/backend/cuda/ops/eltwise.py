@@ -26,8 +26,12 @@ def scaled_copy(alpha: float, x, y) -> None:
 
 
 def eltwise_sum(bottoms: Sequence, coeffs: Sequence[float], top) -> None:
-    scaled_copy(coeffs[0], bottoms[0], top)
-    for b, c in zip(bottoms[1:], coeffs[1:]):
+    """top = sum_i coeffs[i] * bottoms[i]: the first two in one pass (ResNet's shortcuts, Split's diffs)."""
+    if len(bottoms) == 1:
+        scaled_copy(coeffs[0], bottoms[0], top)
+        return
+    _run(ek.weighted_sum2, top, scalar(top, coeffs[0]), bottoms[0], scalar(top, coeffs[1]), bottoms[1], top)
+    for b, c in zip(bottoms[2:], coeffs[2:]):
         axpy(c, b, top)
 
 

@@ -1,0 +1,70 @@
+"""BatchNorm + Scale (+ ReLU) fused (see backend/cpu/fused.py): two passes over the activation forward
+(statistics; x_hat and y) and two backward (sums of dy' and dy' x_hat; dx), on numba kernels."""
+from __future__ import annotations
+
+import numpy as np
+
+from superneurons.backend.cuda import kernels as K
+from superneurons.backend.cuda.device import flat, scalar
+from superneurons.backend.cuda.kernels import elementwise as ek, fused as fk, reduce as rk
+
+__all__ = ["bn_affine_forward", "bn_affine_backward"]
+
+_sums: dict = {}  # channels -> float64 device array of 2 * channels partial sums, reused
+
+
+def _zeroed_sums(channels: int):
+    sums = _sums.get(channels)
+    if sums is None:
+        from numba import cuda
+
+        sums = _sums[channels] = cuda.device_array(2 * channels, np.float64)
+    K.launch(ek.fill, sums.size)(sums, np.float64(0.0))
+    return sums
+
+
+def _slope(relu_slope: float | None, like) -> tuple[bool, object]:
+    return relu_slope is not None, scalar(like, relu_slope or 0.0)
+
+
+def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, var_sum, scale_factor, outer: int,
+                      channels: int, inner: int, eps: float, use_global_stats: bool, update_running: bool,
+                      moving_average_fraction: float, var_correction: float, relu_slope: float | None) -> None:
+    if not y.size:
+        return
+    chunk, blocks = rk.chunking(outer, channels)
+    if use_global_stats:
+        sums, mode = mean_sum, fk.GLOBAL  # sums unused
+    else:
+        sums = _zeroed_sums(channels)
+        K.launch(fk.stats_partials, 0, blocks=blocks)(flat(x), sums, outer, channels, inner, chunk)
+        mode = fk.BATCH_UPDATE if update_running else fk.BATCH
+    K.launch(fk.channel_stats, channels)(sums, flat(mean_sum), flat(var_sum), flat(scale_factor), flat(mean),
+                                         flat(var), flat(inv_std), float(outer * inner), float(eps),
+                                         float(moving_average_fraction), float(var_correction), mode)
+    relu, slope = _slope(relu_slope, y)
+    fy = flat(y)
+    K.launch(fk.forward_apply, 0, blocks=blocks)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta),
+                                                 flat(x_hat) if x_hat is not None else fy, fy, outer, channels,
+                                                 inner, chunk, x_hat is not None, relu, slope)
+
+
+def bn_affine_backward(x_hat, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int, inner: int,
+                       use_global_stats: bool, relu_slope: float | None) -> None:
+    if not dy.size:
+        return
+    chunk, blocks = rk.chunking(outer, channels)
+    relu, slope = _slope(relu_slope, dy)
+    sums = _zeroed_sums(channels)
+    fh, fdy = flat(x_hat), flat(dy)
+    K.launch(fk.backward_partials, 0, blocks=blocks)(fh, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
+                                                     chunk, relu, slope)
+    grads = dgamma is not None and dbeta is not None
+    if dx is None:
+        if grads:
+            K.launch(fk.param_grads, channels)(sums, flat(dgamma), flat(dbeta))
+        return
+    fg = flat(dgamma) if grads else fh
+    K.launch(fk.backward_apply, 0, blocks=blocks)(fh, flat(inv_std), flat(gamma), flat(beta), sums, fdy, flat(dx),
+                                                  fg, flat(dbeta) if grads else fh, outer, channels, inner, chunk,
+                                                  float(outer * inner), not use_global_stats, relu, slope, grads)

@@ -1,0 +1,81 @@
+"""Graph pass: fuse BatchNorm -> Scale (-> ReLU) chains into the BatchNorm layer.
+
+ResNet-style nets follow almost every convolution with `BatchNorm` (in place or not), then a per-channel
+`Scale` with bias in place on the BatchNorm's top, then usually a `ReLU` in place on the same blob. Run
+separately they make 6-8 passes over the activation each way and copy it twice for backward; fused
+(backend op `bn_affine_forward/backward`) they make two each way and keep one copy (x_hat).
+
+A chain is fused only when the fused layer computes exactly what the chain did:
+- each layer's output is read by the next layer of the chain and by nothing else: in route order, the
+  next layer touching the BatchNorm's top blob is the Scale, and the next touching it after the Scale is
+  the ReLU (both in place, so there is nothing else to write);
+- the Scale multiplies by a learned per-channel vector (one bottom, axis 1, C values) and adds a bias;
+- the ReLU's negative_slope is >= 0 (its mask is then "pre-activation > 0");
+- all of them agree on whether they run backward (the BatchNorm's backward computes the Scale's
+  parameter gradients, so it must run exactly when the Scale's would).
+
+Params stay owned by their layers (caffemodel files and the solver see no change); the absorbed Scale and
+ReLU stay in the graph as pass-through steps. SUPERNEURONS_FUSE=0 turns the pass off.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from superneurons.proto import superneurons_pb2 as pb
+
+if TYPE_CHECKING:
+    from superneurons.graph.build import Node
+
+
+def fusion_enabled() -> bool:
+    return os.environ.get("SUPERNEURONS_FUSE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
+    """Fuse every eligible chain in `nodes` (route order); returns the fused chains' layer names."""
+    if not fusion_enabled():
+        return []
+    fused = []
+    for i, bn in enumerate(nodes):
+        if bn.layer.type_name != "BatchNorm" or len(bn.tops) != 1:
+            continue
+        blob = bn.tops[0]
+        j = _next_toucher(nodes, i, blob)
+        if j is None or not _is_fusable_scale(bn, nodes[j], blob):
+            continue
+        scale = nodes[j]
+        k = _next_toucher(nodes, j, blob)
+        relu = nodes[k] if k is not None and _is_fusable_relu(bn, nodes[k], blob) else None
+        # Nets of the TEST phase never run backward (runtime.Net(train=phase == TRAIN)): keep no x_hat.
+        bn.layer.fuse_affine(scale.layer, relu.layer if relu is not None else None,
+                             keep_for_backward=bn.need_backward and bn.layer.phase == pb.TRAIN)
+        fused.append(tuple(n.name for n in (bn, scale, relu) if n is not None))
+    return fused
+
+
+def _next_toucher(nodes: list["Node"], i: int, blob: str) -> int | None:
+    """The first node after `i` in route order that reads or writes `blob`."""
+    for j in range(i + 1, len(nodes)):
+        if blob in nodes[j].bottoms or blob in nodes[j].tops:
+            return j
+    return None
+
+
+def _in_place_on(node: "Node", blob: str) -> bool:
+    return node.bottoms == [blob] and node.tops == [blob]
+
+
+def _is_fusable_scale(bn: "Node", node: "Node", blob: str) -> bool:
+    layer = node.layer
+    if layer.type_name != "Scale" or not _in_place_on(node, blob) or node.need_backward != bn.need_backward:
+        return False
+    if layer.scale is None or layer.bias is None:
+        return False
+    return (layer.outer, layer.dim, layer.inner) == (bn.layer.outer, bn.layer.channels, bn.layer.inner) \
+        and layer.scale.shape == (bn.layer.channels,)
+
+
+def _is_fusable_relu(bn: "Node", node: "Node", blob: str) -> bool:
+    return (node.layer.type_name == "ReLU" and _in_place_on(node, blob) and node.layer.slope >= 0
+            and node.need_backward == bn.need_backward)

@@ -1,0 +1,346 @@
+"""The BatchNorm + Scale (+ ReLU) fusion (graph/fuse.py, backend op bn_affine_*) on the CPU backend.
+
+The fused op is checked against an independent float64 NumPy reference and central differences; fused nets
+against the same nets with SUPERNEURONS_FUSE=0 (the CPU fused op is bit-identical by construction); every
+memory mode against baseline on a fused net; and the pass's detection rules.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from harness import _numeric, make_layer
+from test_memory_modes import _check_modes, _input, _layer, conv
+
+from superneurons.backend.cpu import CpuBackend
+from superneurons.graph.build import build_graph
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
+
+OPS = CpuBackend().ops
+EPS = 1e-5
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
+
+
+# ---- the op against a float64 reference ---------------------------------------------------------
+
+def reference(x, gamma, beta, relu, stats=None, eps=EPS):
+    """y, x_hat, mean, biased var of relu(gamma * BN(x) + beta) over (N, C, ...) in float64."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    per_c = (1, -1) + (1,) * (x.ndim - 2)
+    mean, var = stats if stats is not None else (x.mean(axis=axes), x.var(axis=axes))
+    x_hat = (x - mean.reshape(per_c)) / np.sqrt(var.reshape(per_c) + eps)
+    pre = gamma.reshape(per_c) * x_hat + beta.reshape(per_c)
+    return (np.maximum(pre, 0) if relu else pre), x_hat, mean, var
+
+
+def reference_backward(x_hat, gamma, beta, dy, relu, inv_std, batch):
+    axes = (0,) + tuple(range(2, x_hat.ndim))
+    per_c = (1, -1) + (1,) * (x_hat.ndim - 2)
+    pre = gamma.reshape(per_c) * x_hat + beta.reshape(per_c)
+    g = dy * (pre > 0) if relu else dy
+    dbeta, dgamma = g.sum(axis=axes), (g * x_hat).sum(axis=axes)
+    d_xhat = g * gamma.reshape(per_c)
+    if batch:
+        d_xhat = d_xhat - d_xhat.mean(axis=axes, keepdims=True) - x_hat * (d_xhat * x_hat).mean(axis=axes,
+                                                                                                 keepdims=True)
+    return d_xhat * inv_std.reshape(per_c), dgamma, dbeta
+
+
+class Fused:
+    """Arrays for one call of the fused op on (N, C, H, W) float32/64 input."""
+
+    def __init__(self, rng, shape, dtype, relu, global_stats=False, keep=True):
+        self.shape, self.dtype, self.relu = shape, dtype, relu
+        c = shape[1]
+        self.dims = (shape[0], c, int(np.prod(shape[2:])))
+        self.x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+        self.gamma = rng.standard_normal(c).astype(dtype)
+        self.beta = rng.standard_normal(c).astype(dtype)
+        self.mean_sum = rng.uniform(0, 1, c).astype(dtype)
+        self.var_sum = rng.uniform(1, 2, c).astype(dtype)
+        self.scale_factor = np.array([1.5], dtype)
+        self.global_stats = global_stats
+        self.x_hat = np.zeros(shape, dtype) if keep else None
+        self.mean, self.var, self.inv_std = (np.zeros(c, dtype) for _ in range(3))
+
+    def forward(self, y=None, update=True, maf=0.9, correction=1.0):
+        y = np.zeros(self.shape, self.dtype) if y is None else y
+        OPS.bn_affine_forward(self.x, y, self.x_hat, self.mean, self.var, self.inv_std, self.gamma, self.beta,
+                              self.mean_sum, self.var_sum, self.scale_factor, *self.dims, EPS, self.global_stats,
+                              update, maf, correction, 0.0 if self.relu else None)
+        return y
+
+    def backward(self, dy, dx=None):
+        dx = np.zeros(self.shape, self.dtype) if dx is None else dx
+        dgamma, dbeta = np.full(self.shape[1], 0.25, self.dtype), np.full(self.shape[1], -0.5, self.dtype)
+        OPS.bn_affine_backward(self.x_hat, self.inv_std, self.gamma, self.beta, dy, dx, dgamma, dbeta, *self.dims,
+                               self.global_stats, 0.0 if self.relu else None)
+        return dx, dgamma - self.dtype(0.25), dbeta + self.dtype(0.5)  # diffs accumulate: remove the start values
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("global_stats", [False, True])
+def test_fused_op_matches_float64_reference(rng, relu, global_stats):
+    f = Fused(rng, (4, 3, 5, 6), np.float32, relu, global_stats)
+    sums = (f.mean_sum.astype(np.float64), f.var_sum.astype(np.float64))
+    y = f.forward()
+    x64 = f.x.astype(np.float64)
+    stats = (sums[0] / 1.5, sums[1] / 1.5) if global_stats else None
+    want, x_hat, mean, var = reference(x64, f.gamma.astype(np.float64), f.beta.astype(np.float64), relu, stats)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f.x_hat, x_hat, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f.inv_std, 1 / np.sqrt(var + EPS), rtol=1e-5)
+    if global_stats:  # the running sums are read, never written
+        np.testing.assert_array_equal(f.mean_sum, sums[0].astype(np.float32))
+    else:
+        np.testing.assert_allclose(f.mean_sum, 0.9 * sums[0] + mean, rtol=1e-5)
+        np.testing.assert_allclose(f.var_sum, 0.9 * sums[1] + var, rtol=1e-5)
+        assert f.scale_factor[0] == np.float32(0.9 * 1.5 + 1)
+    dy = rng.standard_normal(f.shape).astype(np.float32)
+    dx, dgamma, dbeta = f.backward(dy)
+    want_dx, want_dg, want_db = reference_backward(x_hat, f.gamma.astype(np.float64), f.beta.astype(np.float64),
+                                                   dy.astype(np.float64), relu, 1 / np.sqrt(var + EPS),
+                                                   not global_stats)
+    scale = np.abs(want_dx).max()
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-5 * scale)
+    np.testing.assert_allclose(dgamma, want_dg, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dbeta, want_db, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_op_in_place_and_without_saved_x_hat(rng):
+    f = Fused(rng, (3, 4, 2, 5), np.float32, relu=True)
+    y_sep = f.forward(update=False)
+    x = f.x.copy()
+    y_in_place = f.forward(y=f.x, update=False)  # y is x
+    np.testing.assert_array_equal(y_in_place, y_sep)
+    f.x = x
+    dy = rng.standard_normal(f.shape).astype(np.float32)
+    dx_sep = f.backward(dy.copy())
+    dy_in_place = dy.copy()
+    dx_in_place = f.backward(dy_in_place, dx=dy_in_place)  # dx is dy
+    for a, b in zip(dx_in_place, dx_sep):
+        np.testing.assert_array_equal(a, b)
+    g = Fused(rng, (3, 4, 2, 5), np.float32, relu=True, keep=False)  # TEST phase: no x_hat kept
+    g.x, g.gamma, g.beta = f.x, f.gamma, f.beta
+    np.testing.assert_array_equal(g.forward(update=False), y_sep)
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("global_stats", [False, True])
+def test_fused_op_gradient_by_central_differences(rng, relu, global_stats):
+    f = Fused(rng, (3, 2, 3, 4), np.float64, relu, global_stats)
+    weights = rng.standard_normal(f.shape)
+
+    def objective():
+        return float((f.forward(update=False) * weights).sum())
+
+    objective()
+    dx, dgamma, dbeta = f.backward(weights.copy())
+    for analytic, wrt, what in ((dx, f.x, "x"), (dgamma, f.gamma, "gamma"), (dbeta, f.beta, "beta")):
+        np.testing.assert_allclose(analytic, _numeric(objective, wrt, 1e-6), rtol=1e-4, atol=1e-6,
+                                   err_msg=f"gradient of {what}")
+
+
+def test_fused_layer_gradient_by_central_differences(rng):
+    """The layers themselves, fused by hand as the graph pass does: gradients of x, gamma and beta."""
+    shape = (4, 3, 2, 3)
+    bn, _ = make_layer("type: 'BatchNorm' bottom: 'a' top: 'a'", [shape], rng=rng)
+    scale, _ = make_layer("type: 'Scale' bottom: 'a' top: 'a' scale_param { bias_term: true }", [shape], rng=rng)
+    relu, _ = make_layer("type: 'ReLU' bottom: 'a' top: 'a'", [shape], rng=rng)
+    bn.fuse_affine(scale, relu, keep_for_backward=True)
+    assert bn.backward_needs() == frozenset() and scale.backward_needs() == frozenset() == relu.backward_needs()
+    assert set(bn.buffers) == {"mean", "var", "inv_std", "x_hat"} and not scale.buffers
+    assert bn.buffers["x_hat"].for_backward and bn.buffers["inv_std"].for_backward
+    assert not bn.buffers["mean"].for_backward
+    bn.x_hat.array = np.zeros(shape)
+    x = rng.standard_normal(shape) + 0.2
+    weights = rng.standard_normal(shape)
+
+    def objective():
+        top = x.copy()  # in place
+        for layer in (bn, scale, relu):
+            layer.forward([top], [top])
+        return float((top * weights).sum())
+
+    objective()
+    dy = weights.copy()
+    for layer in (relu, scale, bn):  # in place: one diff array
+        layer.backward([None], [dy], [True], [None], [dy])
+    np.testing.assert_allclose(dy, _numeric(objective, x, 1e-6), rtol=1e-4, atol=1e-6)
+    for decl in scale.params:
+        analytic = decl.diff.copy()
+        np.testing.assert_allclose(analytic, _numeric(objective, decl.data, 1e-6), rtol=1e-4, atol=1e-6)
+
+
+# ---- the graph pass -------------------------------------------------------------------------
+
+def _bn_chain(prefix, bottom, relu=True, bias=True, slope=0.0, scale_top=None):
+    top = scale_top or bottom
+    text = (_layer(f"bn_{prefix}", "BatchNorm", [bottom], [bottom],
+                   "batch_norm_param { moving_average_fraction: 0.8 }")
+            + _layer(f"sc_{prefix}", "Scale", [bottom], [top],
+                     f"scale_param {{ bias_term: {str(bias).lower()} filler {{ type: 'gaussian' std: 1 }} "
+                     f"bias_filler {{ type: 'gaussian' std: 0.5 }} }}"))
+    if relu:
+        text += _layer(f"relu_{prefix}", "ReLU", [top], [top], f"relu_param {{ negative_slope: {slope} }}")
+    return text
+
+
+def _resnet_block():
+    """conv -> BN -> Scale -> ReLU, twice, plus a shortcut BN -> Scale into an Eltwise; a softmax loss."""
+    return (_input((4, 3, 6, 6), 4)
+            + conv("c1", "data", "c1", 4) + _bn_chain("1", "c1")
+            + conv("c2", "c1", "c2", 4) + _bn_chain("2", "c2", relu=False)
+            + conv("cs", "data", "cs", 4, k=1, pad=0) + _bn_chain("s", "cs", relu=False)
+            + _layer("sum", "Eltwise", ["c2", "cs"], ["sum"]) + _layer("rs", "ReLU", ["sum"], ["sum"])
+            + _layer("pool", "Pooling", ["sum"], ["pool"], "pooling_param { pool: AVE global_pooling: true }")
+            + _layer("ip", "InnerProduct", ["pool"], ["ip"],
+                     "inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } }")
+            + _layer("loss", "SoftmaxWithLoss", ["ip", "label"], ["loss"]))
+
+
+def _graph(text, phase=pb.TRAIN):
+    return build_graph(text_format.Parse('name: "t"\n' + text, pb.NetParameter()), phase)
+
+
+def _fused(graph):
+    return {n.name: (n.layer.affine.name, n.layer.relu_slope) for n in graph.nodes
+            if n.layer.type_name == "BatchNorm" and n.layer.affine is not None}
+
+
+def test_pass_fuses_the_resnet_chains_and_nothing_else(monkeypatch):
+    g = _graph(_resnet_block())
+    assert _fused(g) == {"bn_1": ("sc_1", 0.0), "bn_2": ("sc_2", None), "bn_s": ("sc_s", None)}
+    assert g.node("relu_1").layer.fused_into is g.node("bn_1").layer
+    assert g.node("rs").layer.fused_into is None  # after an Eltwise, not a BatchNorm
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+    assert _fused(_graph(_resnet_block())) == {}
+
+
+def test_pass_leaves_chains_it_cannot_fuse():
+    base = _input((2, 3, 4, 4), 2) + conv("c", "data", "c", 3)
+    # Scale without bias; Scale not in place; leaky ReLU with a negative slope (its mask is not y > 0).
+    assert _fused(_graph(base + _bn_chain("a", "c", bias=False))) == {}
+    assert _fused(_graph(base + _bn_chain("a", "c", scale_top="s"))) == {}
+    assert _fused(_graph(base + _bn_chain("a", "c", slope=-0.5))) == {"bn_a": ("sc_a", None)}
+    assert _fused(_graph(base + _bn_chain("a", "c", slope=0.25))) == {"bn_a": ("sc_a", 0.25)}
+    # The BatchNorm's output read by another layer too (a Split goes in between): no fusion.
+    two_readers = (base + _layer("bn", "BatchNorm", ["c"], ["n"]) + _layer("other", "ReLU", ["n"], ["o"])
+                   + _layer("sc", "Scale", ["n"], ["n"], "scale_param { bias_term: true }"))
+    assert _fused(_graph(two_readers)) == {}
+    # Read after the Scale (its output, not the BatchNorm's): fused, the reader sees the fused result.
+    after = (base + _layer("bn", "BatchNorm", ["c"], ["n"])
+             + _layer("sc", "Scale", ["n"], ["n"], "scale_param { bias_term: true }")
+             + _layer("other", "ReLU", ["n"], ["o"]))
+    assert _fused(_graph(after)) == {"bn": ("sc", None)}
+
+
+def test_test_phase_is_fused_without_saved_x_hat():
+    g = _graph(_resnet_block(), pb.TEST)
+    layer = g.node("bn_1").layer
+    assert layer.affine is not None and layer.use_global_stats and "x_hat" not in layer.buffers
+    assert not any(b.for_backward for b in layer.buffers.values())
+
+
+# ---- nets: fused against unfused -------------------------------------------------------------
+
+def _train(text, fuse, monkeypatch, iters=3, memory="baseline"):
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "1" if fuse else "0")
+    net = Net(_graph(text), CpuBackend(), train=True, seed=5, memory=memory)
+    rng = np.random.default_rng(11)
+    losses = []
+    for it in range(iters):
+        net.ctx.iteration = it
+        net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape).astype(np.float32) + 0.3
+        net.data["label"].array[...] = rng.integers(0, 3, net.data["label"].shape).astype(np.float32)
+        net.clear_param_diffs()
+        losses.append(net.forward_backward())
+        for decl in net.learnable:
+            decl.data -= np.float32(0.05) * decl.diff
+    params = {t.key: t.array.copy() for t in net.tensors if t.kind == "param"}
+    return net, losses, params
+
+
+def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch):
+    fused, losses_f, params_f = _train(_resnet_block(), True, monkeypatch)
+    plain, losses_p, params_p = _train(_resnet_block(), False, monkeypatch)
+    assert _fused(fused.graph) and not _fused(plain.graph)
+    assert losses_f == losses_p
+    assert params_f.keys() == params_p.keys()
+    for key in params_f:  # weights, Scale params and BatchNorm running statistics alike
+        np.testing.assert_array_equal(params_f[key], params_p[key], err_msg=key)
+    # Fusion drops the in-place copies (BatchNorm's and Scale's saved inputs) for one x_hat each.
+    assert fused.baseline_bytes() < plain.baseline_bytes()
+
+
+def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
+    outs = []
+    for fuse in (True, False):
+        monkeypatch.setenv("SUPERNEURONS_FUSE", "1" if fuse else "0")
+        net = Net(_graph(_resnet_block(), pb.TEST), CpuBackend(), train=False, seed=5)
+        for name in ("bn_1", "bn_2", "bn_s"):  # non-trivial running statistics
+            mean_sum, var_sum, factor = net.layer(name).params
+            mean_sum.data[...] = np.linspace(-1, 1, mean_sum.data.size)
+            var_sum.data[...] = np.linspace(0.5, 2, var_sum.data.size)
+            factor.data[...] = 2.0
+        net.data["data"].array[...] = np.random.default_rng(3).standard_normal(net.data["data"].shape)
+        net.data["label"].array[...] = 1
+        outs.append((net.forward(), net.blob("ip")))
+    assert outs[0][0] == outs[1][0]
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+def test_every_memory_mode_trains_a_fused_net_like_baseline():
+    assert _fused(_graph(_resnet_block()))
+    _check_modes(_resnet_block())
+
+
+def test_solver_run_fused_matches_unfused(monkeypatch):
+    from test_solver import make_solver
+
+    net = """
+name: "bn_tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 }
+    shape { dim: 8 dim: 3 dim: 5 dim: 5 } shape { dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "msra" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+layer { name: "sc" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    results = []
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
+        solver = make_solver('base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" max_iter: 4 display: 0', net=net)
+        losses = []
+        solver.callbacks.append(lambda s, it, loss: losses.append(float(loss)))
+        solver.step(4)
+        assert (solver.net.layer("bn").affine is not None) == (fuse == "1")
+        results.append((losses, [p.copy() for layer in ("conv", "bn", "sc", "ip")
+                                 for p in (d.data for d in solver.net.layer(layer).params)]))
+    (losses_f, params_f), (losses_p, params_p) = results
+    np.testing.assert_allclose(losses_f, losses_p, rtol=1e-6)
+    for a, b in zip(params_f, params_p):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_recomputed_fused_forward_leaves_running_stats_unchanged(monkeypatch):
+    net, _, _ = _train(_resnet_block(), True, monkeypatch, iters=1)
+    stats = [p.data.copy() for p in net.layer("bn_1").params]
+    net.ctx.recomputing = True
+    net.forward()
+    net.ctx.recomputing = False
+    for before, p in zip(stats, net.layer("bn_1").params):
+        np.testing.assert_array_equal(p.data, before)
+    net.forward()
+    assert net.layer("bn_1").params[2].data[0] != stats[2][0]
+
