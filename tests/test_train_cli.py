@@ -120,3 +120,45 @@ def test_help_has_examples(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "examples:" in capsys.readouterr().out
+
+
+def test_memory_flags_and_memory_param_reach_the_nets(workdir, capsys, monkeypatch):
+    # Without --memory the solver's memory_param.mode applies (its default: auto); --gpu-memory sizes the
+    # training net's pool (test nets keep pools sized to their own need).
+    from superneurons.solver import Solver
+
+    built = []
+    real_init = Solver.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        built.append(self)
+
+    monkeypatch.setattr(Solver, "__init__", spy)
+    text = SOLVER.replace("max_iter: 6", "max_iter: 2").replace("snapshot: 4", "snapshot: 0")
+    (workdir / "conf/solver.prototxt").write_text(text + "memory_param { mode: LIVENESS }\n")
+    assert main(["train", "--solver", "conf/solver.prototxt", "--no-progress", "--gpu-memory", "4M"]) == 0
+    net = built[-1].net
+    assert net.memory.name == "liveness" and net.pool.capacity == 4 << 20
+    assert built[-1].test_nets[0].pool.capacity < 4 << 20
+    (workdir / "conf/solver.prototxt").write_text(text)
+    assert main(["train", "--solver", "conf/solver.prototxt", "--no-progress", "--memory", "offload"]) == 0
+    assert built[-1].net.memory.name == "offload"
+    assert main(["train", "--solver", "conf/solver.prototxt", "--no-progress"]) == 0
+    assert built[-1].net.memory.name == "baseline"  # auto: the default CPU pool holds everything
+    capsys.readouterr()
+    assert main(["train", "--solver", "conf/solver.prototxt", "--no-progress", "--memory", "liveness",
+                 "--gpu-memory", "4K"]) == 1
+    err = _error(capsys)
+    assert "cannot train this net" in err or "cannot hold" in err, err
+    assert main(["test", "--model", "conf/nets/tiny.prototxt", "--iterations", "1", "--gpu-memory", "4M",
+                 "--memory", "recompute"]) == 0
+
+
+def test_solver_takes_the_pool_size():
+    from test_solver import solver_param
+
+    from superneurons.solver import Solver
+
+    s = Solver(solver_param("base_lr: 0.1 max_iter: 1"), "s.prototxt", pool_bytes=3 << 20, memory="liveness")
+    assert s.net.pool.capacity == 3 << 20

@@ -139,19 +139,27 @@ def test_memory_param_gives_mode_checkpoints_and_pool():
     mp = pb.MemoryParameter(mode=pb.MemoryParameter.RECOMPUTE, pool_bytes=123 << 20, checkpoint_type=["Pooling"])
     assert resolve_memory(None, mp) == ("recompute", ("Pooling",), 123 << 20)
     assert resolve_memory("liveness", mp, ["Convolution"]) == ("liveness", ("Convolution",), 123 << 20)
-    assert resolve_memory(None, None) == ("baseline", ("Convolution",), None)
+    assert resolve_memory(None, None) == ("auto", ("Convolution",), None)  # MemoryParameter's default
     net = Net(_graph(CONV_FAN), CPU, memory=None, memory_param=mp)
     assert net.memory.name == "recompute" and net.memory.checkpoint_types == ("Pooling",)
     assert net.pool.capacity == 123 << 20
 
 
-def test_pool_too_small_for_the_parameters_says_setup():
-    with pytest.raises(PoolExhausted) as e:
+def test_pool_too_small_for_the_parameters_says_setup(monkeypatch):
+    monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "0")  # resident parameters: they fail to fit at setup
+    with pytest.raises(UserError) as e:
         Net(_graph(_mlp_with_loss()), CPU, memory="liveness", pool_bytes=2048)
-    assert "during setup" in str(e.value) and "forward step" not in str(e.value)
+    assert "cannot train this net" in str(e.value) and "20480 bytes of parameters" in str(e.value)
+    monkeypatch.delenv("SUPERNEURONS_PARAM_OFFLOAD")
+    # Streamed parameters need only the largest step's own: the error names that layer and its bytes.
+    with pytest.raises(UserError) as e:
+        Net(_graph(_mlp_with_loss()), CPU, memory="liveness", pool_bytes=2048)
+    msg = str(e.value)
+    assert "'fc3' (backward) needs 3072 bytes" in msg and "4096 bytes of its parameters streamed in" in msg
 
 
-def test_pool_below_the_largest_layer_fails_before_training():
+def test_pool_below_the_largest_layer_fails_before_training(monkeypatch):
+    monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "0")
     text = _mlp_with_loss()
     plan = make_plan(_graph(text), plan_backward=False)
     params = Net(_graph(text), CPU, memory="liveness").memory.param_bytes

@@ -20,11 +20,22 @@ def parse_size(text: str | None) -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
-def add_device_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", help="GPU id to run on (default: the CPU)")
-    p.add_argument("--memory", default="baseline",
-                   help="memory mode: baseline, liveness, offload, recompute or auto (default baseline)")
-    p.add_argument("--gpu-memory", help="size of the device memory pool, e.g. 12G (default: what the net needs)")
+MEMORY_HELP = "memory mode: baseline, liveness, offload, recompute or auto"
+
+
+def add_device_options(p: argparse.ArgumentParser, gpu: bool = True, memory_default: str | None = "auto",
+                       memory_help: str = f"{MEMORY_HELP} (default auto: the cheapest that fits the pool)") -> None:
+    """--gpu (unless the command has its own), --memory and --gpu-memory."""
+    if gpu:
+        p.add_argument("--gpu", help="GPU id to run on (default: the CPU)")
+    p.add_argument("--memory", default=memory_default, help=memory_help)
+    add_gpu_memory(p)
+
+
+def add_gpu_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-memory", metavar="SIZE",
+                   help="size of the device memory pool, e.g. 12G or 512M (default: on the GPU its free memory "
+                        "minus a margin, on the CPU what the net needs)")
 
 
 def make_backend(args):

@@ -10,7 +10,7 @@ from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
-from superneurons.memory.plan import PLAN_MODES, MemoryPlan, make_plan, offloaded_bytes, to_json
+from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -44,7 +44,12 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", metavar="SIZE", help="pool budget (12G, 512M, bytes): say what auto picks")
     p.add_argument("--checkpoints", default=",".join(DEFAULT_CHECKPOINTS),
                    help="layer types whose outputs are offloaded and never recomputed (default: %(default)s)")
+    p.add_argument("--history", type=int, default=1, metavar="N",
+                   help="solver history blobs per learnable parameter, in the pool with the weights "
+                        "(SGD with momentum: 1, Adam: 2; default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema in DESIGN.md)")
+    p.add_argument("--at-peak", action="store_true",
+                   help="list the tensors on the device at each shown mode's peak step, by kind and layer")
     p.add_argument("--plot", metavar="FILE.png", help="draw bytes and live tensors per step, one line per mode")
     p.set_defaults(func=run)
     return p
@@ -61,7 +66,7 @@ def run(args) -> int:
         set_batch(net, args.batch)
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model)
     types = tuple(t.strip() for t in args.checkpoints.split(",") if t.strip())
-    plan = make_plan(graph, train=args.phase == "TRAIN", checkpoint_types=types)
+    plan = make_plan(graph, train=args.phase == "TRAIN", checkpoint_types=types, solver_history=max(0, args.history))
     doc = to_json(plan, args.batch or _batch_of(graph), budget)
     shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
     if args.plot:
@@ -70,7 +75,30 @@ def run(args) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print(format_plan(plan, doc, shown))
+        if args.at_peak:
+            print(format_at_peak(plan, shown))
     return 0
+
+
+def format_at_peak(plan: MemoryPlan, modes: list[str]) -> str:
+    """Per mode: what is resident at its peak step, bytes per kind, then every tensor with its producer."""
+    p = plan.program
+    producer = {k: p.steps[ws[0]].node.name for k, ws in p.writers.items()}
+    lines = []
+    for m in modes:
+        peak, step = plan.peak(m)
+        st = p.steps[step]
+        keys = live_at(plan, m, step)
+        kinds: dict[str, int] = {}
+        for k in keys:
+            kinds[p.tensors[k].kind] = kinds.get(p.tensors[k].kind, 0) + p.tensors[k].nbytes
+        lines += ["", f"{m}: {_mib(peak)} at step {step + 1} ({st.node.name} {st.phase}): "
+                  + ", ".join(f"{kind} {_mib(n)}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))]
+        for k in keys:
+            t = p.tensors[k]
+            used = " (used by this step)" if k in st.uses else ""
+            lines.append(f"  {_mib(t.nbytes):>10}  {t.kind:<6}  {k}  [layer {producer.get(k, '-')}]{used}")
+    return "\n".join(lines)
 
 
 def _batch_of(graph) -> int | None:
@@ -84,7 +112,9 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
     mx = doc["max_layer"]
     lines = [f"Net {doc['net']!r}, batch {doc['batch']}: {len(doc['steps'])} steps "
              f"({plan.program.n_forward} forward), checkpoints: {', '.join(plan.checkpoint_types)}",
-             f"Parameters + gradients (resident, not below): {format_bytes(plan.param_bytes)}",
+             f"Parameters + gradients + solver history (resident, not below): {format_bytes(plan.param_bytes)}; "
+             f"streamed from the host instead, each step holds only its own (recompute then peaks at "
+             f"{_mib(plan.streamed_peak('recompute'))} with them)",
              f"max(l_i) = {_mib(mx['bytes'])} at {mx['name']} ({mx['phase']})", ""]
     rows = [("mode", "peak_m", "at step", "live tensors", "notes")]
     for m in modes:
@@ -104,7 +134,8 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     if doc.get("budget_bytes") is not None:
         lines.append("")
-        lines.append(f"--memory auto with {format_bytes(doc['budget_bytes'])}: {doc['auto']}")
+        streams = " (parameters streamed from the host)" if doc.get("auto_streams_params") else ""
+        lines.append(f"--memory auto with {format_bytes(doc['budget_bytes'])}: {doc['auto']}{streams}")
     return "\n".join(lines)
 
 

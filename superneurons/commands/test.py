@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 
+from superneurons.commands._options import add_device_options, parse_size
 from superneurons.commands.train import pick_backend
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 
 EXAMPLES = """examples:
   superneurons test --model lenet_train_test.prototxt --weights lenet_iter_10000.caffemodel --iterations 100
-  superneurons test --model M.prototxt --weights W.caffemodel --gpu 0
+  superneurons test --model M.prototxt --weights W.caffemodel --gpu 0 --gpu-memory 4G
 """
 
 
@@ -19,8 +20,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--weights", help="comma-separated .caffemodel files (without: the fillers' random weights)")
     p.add_argument("--iterations", type=int, default=50, help="number of batches to score (default 50)")
-    p.add_argument("--gpu", help="GPU id (default: the CPU)")
-    p.add_argument("--memory", default="baseline", help="memory mode (baseline, liveness, ...)")
+    add_device_options(p)
     p.add_argument("--level", type=int, default=0)
     p.add_argument("--stage", action="append", default=[])
     p.set_defaults(func=run)
@@ -39,7 +39,7 @@ def run(args) -> int:
         raise UserError(f"--iterations must be positive, got {args.iterations}")
     backend = pick_backend(args.gpu)
     graph = build_graph(read_net(args.model), pb.TEST, args.level, tuple(args.stage), source=args.model)
-    net = Net(graph, backend, train=False, seed=0, memory=args.memory)
+    net = Net(graph, backend, train=False, seed=0, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
     if args.weights:
         for line in load_weights_files(net, args.weights):
             print(line)

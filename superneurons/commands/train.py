@@ -1,9 +1,11 @@
-"""`superneurons train`: Caffe's `caffe train` (same flags), plus --memory, --log, --log-json and --no-progress."""
+"""`superneurons train`: Caffe's `caffe train` (same flags), plus --memory, --gpu-memory, --log, --log-json and
+--no-progress."""
 from __future__ import annotations
 
 import argparse
 
 from superneurons.backend import get_backend
+from superneurons.commands._options import MEMORY_HELP, add_device_options, parse_size
 from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
 from superneurons.proto import superneurons_pb2 as pb
@@ -15,6 +17,7 @@ EXAMPLES = """examples:
   superneurons train --solver S.prototxt --weights pretrained.caffemodel      # fine-tune
   superneurons train --solver S.prototxt --snapshot lenet_iter_5000.solverstate   # resume
   superneurons train --solver S.prototxt --gpu 0 --log train.log --log-json train.jsonl
+  superneurons train --solver S.prototxt --gpu 0 --memory auto --gpu-memory 12G   # train within 12 GiB
 
 Ctrl-C finishes the current iteration, writes a snapshot and stops; resume from it with --snapshot.
 On a terminal a progress bar (iterations, iter/s, ETA, smoothed loss) runs below the log lines; it is
@@ -29,7 +32,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--snapshot", help=".solverstate to resume training from")
     p.add_argument("--weights", help="comma-separated .caffemodel files to initialize from (fine-tuning)")
     p.add_argument("--gpu", help="GPU id to train on (overrides solver_mode; only one GPU is used)")
-    p.add_argument("--memory", default="baseline", help="memory mode (baseline, liveness, offload, recompute, auto)")
+    add_device_options(p, gpu=False, memory_default=None,
+                       memory_help=f"{MEMORY_HELP} (default: the solver's memory_param.mode, else auto)")
     p.add_argument("--log", help="also append the log lines to this file")
     p.add_argument("--log-json", dest="log_json", help="append one JSON object per display/test result to this file")
     p.add_argument("--no-progress", dest="progress", action="store_false",
@@ -63,7 +67,8 @@ def run(args) -> int:
     mode = param.solver_mode if param.HasField("solver_mode") else None
     backend = pick_backend(args.gpu, mode, param.device_id)
     with TrainLog(args.log, args.log_json) as log:
-        solver = Solver(param, args.solver, backend=backend, memory=args.memory, log=log)
+        solver = Solver(param, args.solver, backend=backend, memory=args.memory,
+                        pool_bytes=parse_size(args.gpu_memory), log=log)
         progress = TrainProgress(param.max_iter, log.stream, enabled=None if args.progress else False)
         progress.attach(solver, log)
         # The solver's own `weights:` entries (Caffe >= 1.0) apply unless the flag or a resume says otherwise.

@@ -24,6 +24,13 @@ class BaselineManager(MovementCounters):
 
     def setup(self) -> None:
         net = self.net
+        need = net.baseline_bytes()
+        if need > net.pool.capacity:  # say so before anything is placed, with the bytes a mode would need
+            from superneurons.memory.pool import format_bytes
+
+            raise UserError(f"a {net.pool.capacity}-byte pool ({format_bytes(net.pool.capacity)}) cannot train "
+                            f"{net.name or 'this net'} under --memory baseline, which holds every tensor at once: "
+                            f"{need} bytes ({format_bytes(need)}); give a larger pool/--gpu-memory or --memory auto")
         for t in net.tensors:
             if t.base is None:
                 net._materialize(t)
@@ -57,9 +64,11 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None) -> str:
                      checkpoint_types=checkpoint_types or DEFAULT_CHECKPOINTS)
     from superneurons.memory.pool import round_up
 
-    # The Net's own parameter tensors (shared ones are declared once), as the pool will hold them.
+    # The Net's own parameter tensors (shared ones are declared once) and solver history, as the pool holds them.
     plan.param_bytes = sum(round_up(t.nbytes) for t in net.tensors
-                           if t.base is None and t.kind in ("param", "param_diff"))
+                           if t.base is None and t.kind in ("param", "param_diff", "history"))
+    plan.update_bytes = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
+                             for i, d in enumerate(net.learnable)), default=0)
     return plan.pick(net.pool.capacity)
 
 
@@ -68,7 +77,7 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
     """(mode, checkpoint types, pool bytes or None) from a --memory flag and the solver's MemoryParameter.
 
     An explicit argument wins; then the MemoryParameter's field when it is set; then the defaults
-    (baseline, Convolution, the Net's default pool size).
+    (auto -- MemoryParameter's default mode, issue #4 --, Convolution, the Net's default pool size).
     """
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
@@ -80,7 +89,7 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
             types = tuple(memory_param.checkpoint_type)
         if memory_param.pool_bytes > 0:
             pool = int(memory_param.pool_bytes)
-    return (mode or "baseline").lower(), tuple(types or DEFAULT_CHECKPOINTS), pool
+    return (mode or "auto").lower(), tuple(types or DEFAULT_CHECKPOINTS), pool
 
 
 def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = None):

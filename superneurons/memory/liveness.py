@@ -47,7 +47,7 @@ class StepInfo:
     node: Node
     forward_index: int  # the node's position in the route
     uses: tuple[str, ...]  # roots read or written by this step
-    writes: tuple[str, ...] = ()  # forward only: roots whose contents this step (re)writes
+    writes: tuple[str, ...] = ()  # forward only: roots whose contents this step (re)writes (tops, buffers)
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Program:
         # What the caller reads after forward (losses, outputs) stays until the next iteration starts.
         out_blobs = list(graph.outputs) + [t for t, _w in graph.loss_blobs]
         self.pinned = {self.root[self.data_key[b]] for b in out_blobs if b in self.data_key} - self.resident
-        self.writers: dict[str, list[int]] = {}  # root -> forward steps that write it, in order
+        self.writers: dict[str, list[int]] = {}  # root (data or buffer) -> forward steps that write it, in order
         for s in self.steps[:self.n_forward]:
             for k in s.writes:
                 self.writers.setdefault(k, []).append(s.index)
@@ -155,7 +155,9 @@ class Program:
             uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
             uses += [k for k, _fb in self.buffer_keys[node.name]]
             view = node.layer.shares_data and not getattr(node.layer, "copy_data", False)
-            writes = () if view else tuple(dict.fromkeys(r[data[t]] for t in node.tops))
+            # A forward step (re)writes its tops and every buffer it keeps: a replay rebuilds them together.
+            tops = () if view else tuple(r[data[t]] for t in node.tops)
+            writes = tuple(dict.fromkeys(tops + tuple(k for k, _fb in self.buffer_keys[node.name])))
             self.steps.append(StepInfo(i, FORWARD, node, i, tuple(dict.fromkeys(uses)), writes))
         if not train:
             return

@@ -26,10 +26,11 @@ from typing import Any, Iterable
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.memory.counters import MovementCounters
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Schedule, simulate
-from superneurons.memory.offload import DEFAULT_CHECKPOINTS, HostStore, checkpoint_tensors
+from superneurons.memory.offload import DEFAULT_CHECKPOINTS, HostStore
+from superneurons.memory.params import PARAM_KINDS, OffloadedParams, ResidentParams
 from superneurons.memory.pool import BLOCK, format_bytes, round_up
 
-_PARAM_KINDS = ("param", "param_diff")
+_PARAM_KINDS = PARAM_KINDS  # parameters, their gradients, solver history: placed at setup or streamed
 
 
 class LivenessManager(MovementCounters):
@@ -67,9 +68,15 @@ class LivenessManager(MovementCounters):
                     r = r.base
                 self.views.setdefault(r.key, []).append(t)
         self.buffer_decl = {f"{n.name}#{name}": buf for n in net.graph.nodes for name, buf in n.layer.buffers.items()}
-        # Resident: parameters, their gradients, and the inputs data layers (or the caller) write.
-        for t in net.tensors:
-            if t.base is None and t.kind in _PARAM_KINDS:
+        self.nf = self.program.n_forward
+        params = [t for t in net.tensors if t.base is None and t.kind in _PARAM_KINDS]
+        all_params = sum(round_up(t.nbytes) for t in params)
+        self.param_store = self._param_store(params, all_params)
+        self._check_floor(all_params)
+        # Resident: parameters, their gradients and history (unless streamed), and the inputs data
+        # layers (or the caller) write.
+        if not self.param_store.offloaded:
+            for t in params:
                 self._place(t.key)
         self.param_bytes = net.pool.used_bytes
         for k in sorted(self.program.resident):
@@ -77,24 +84,48 @@ class LivenessManager(MovementCounters):
         for t in net.tensors:  # parameter views (none today) follow their base
             if t.base is not None and t.array is None and _root(t).array is not None:
                 net._materialize(t)
-        self.nf = self.program.n_forward
-        self._check_floor()
         self._compile(schedule)
         self.in_setup = False
 
-    def _check_floor(self) -> None:
-        """No layer-wise schedule runs in a pool below parameters + max(l_i): say so before training."""
+    def _param_store(self, params: list, all_params: int):
+        """Stream the parameters through the pool when the pool cannot hold them all beside this mode's
+        planned peak; keep them resident otherwise. SUPERNEURONS_PARAM_OFFLOAD=1 / 0 forces either."""
+        net = self.net
+        setting = os.environ.get("SUPERNEURONS_PARAM_OFFLOAD", "").strip()
+        fits = all_params + max(self.plan.traces[self.name].bytes, default=0) <= net.pool.capacity
+        stream = (not fits) if not setting else _env_flag("SUPERNEURONS_PARAM_OFFLOAD", False)
+        if net.train and params and stream:
+            return OffloadedParams(net, params)
+        return ResidentParams(net)
+
+    def _param_window(self) -> list[int]:
+        """Per global step, the parameter bytes streamed in for it (zeros while parameters are resident)."""
+        n = len(self.program.steps)
+        if not self.param_store.offloaded:
+            return [0] * n
+        fwd, bwd = self.param_store.step_lists(self.net.graph.nodes, self.net.train)
+        size = lambda uses: sum(round_up(t.nbytes) for t in uses[0])  # noqa: E731
+        return ([size(fwd[st.forward_index]) for st in self.program.steps[:self.nf]]
+                + [size(bwd[st.forward_index]) for st in self.program.steps[self.nf:]])
+
+    def _check_floor(self, all_params: int) -> None:
+        """No layer-wise schedule runs in a pool below max(l_i) plus what parameters need at that step:
+        say so before training, naming the layer and the bytes."""
         if not self.program.steps:
             return
-        s, need = self.plan.max_layer
-        total = self.param_bytes + need
+        window = self._param_window()
+        resident = 0 if self.param_store.offloaded else all_params
+        s = max(range(len(window)), key=lambda i: self.plan.layer_bytes[i] + window[i])
+        need = self.plan.layer_bytes[s]
+        total = resident + need + window[s]
         if total > self.net.pool.capacity:
             st = self.program.steps[s]
+            params = (f"{window[s]} bytes of its parameters streamed in (all {all_params} do not fit)"
+                      if self.param_store.offloaded else f"{all_params} bytes of parameters")
             raise UserError(
                 f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
                 f"under --memory {self.name}: layer {st.node.name!r} ({st.phase}) needs {need} bytes "
-                f"({format_bytes(need)}) at once, plus {self.param_bytes} bytes of parameters = {total} bytes; "
-                f"give a larger pool/--gpu-memory")
+                f"({format_bytes(need)}) at once, plus {params} = {total} bytes; give a larger pool/--gpu-memory")
 
     def _compile(self, schedule) -> None:
         do = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,
@@ -181,6 +212,13 @@ class LivenessManager(MovementCounters):
             buf.array = None
         self.on.discard(k)
 
+    def alloc_block(self, key: str, nbytes: int) -> None:
+        """A pool block for a streamed parameter tensor."""
+        try:
+            self.net.pool.alloc(key, nbytes)
+        except PoolExhausted as e:
+            raise PoolExhausted(f"{e} under --memory {self.name}{self._where()}") from None
+
     def _alloc(self, k: str) -> None:
         if k not in self.on:
             self.allocs += 1
@@ -232,8 +270,9 @@ class OffloadManager(LivenessManager):
         self.offloadable: set[str] = set()
         super().setup()
         live = self.plan.liveness
-        self.offloadable = {k for k in checkpoint_tensors(self.program, self.checkpoint_types)
-                            if k in live.backward_first and k not in self.program.pinned}
+        # What the Tensor Cache may evict: the plan's choice (checkpoints; under recompute also what no
+        # replay rebuilds), so that the runtime and `superneurons memory` agree.
+        self.offloadable = set(self.plan.schedules[self.name].info["offloadable"])
         self.host = HostStore(sum(round_up(self.tensors[k].nbytes) for k in self.offloadable) + BLOCK,
                               self.net.backend)
         for k in self.offloadable & self.on:
@@ -331,10 +370,20 @@ class OffloadManager(LivenessManager):
             self._revive(k)
             return
         net, t = self.net, self.tensors[k]
+        self.alloc_block(k, t.nbytes)
+        net._attach(t)
+        if t.zero_init:
+            net.ops.fill(t.array, 0.0)
+        self._bind(k, t)
+        if k in self.offloadable:
+            self.cache.insert(k, t.nbytes)
+
+    def alloc_block(self, key: str, nbytes: int) -> None:
+        """A pool block of `nbytes` for `key`, evicting cached tensors to the host until it fits."""
         while True:
             try:
-                net._materialize(t)
-                break
+                self.net.pool.alloc(key, nbytes)
+                return
             except PoolExhausted as e:
                 if self.leaving:  # blocks on their way out: wait for the oldest copy, then retry
                     self.host.settle(next(iter(self.leaving)))
@@ -345,9 +394,6 @@ class OffloadManager(LivenessManager):
                     raise PoolExhausted(f"{e} under --memory {self.name}, with nothing left to offload"
                                         f"{self._where()}") from None
                 self._evict(victim)
-        self._bind(k, t)
-        if k in self.offloadable:
-            self.cache.insert(k, t.nbytes)
 
     def _copy_out(self, k: str) -> None:
         """Start copying `k` to the host while it stays on the device (and in the cache)."""

@@ -12,6 +12,7 @@ Two halves:
 """
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Any, Iterable
 
@@ -28,40 +29,86 @@ def checkpoint_steps(program: Program, types: Iterable[str]) -> list[int]:
 
 
 def checkpoint_tensors(program: Program, types: Iterable[str]) -> set[str]:
-    """Roots first written by a checkpoint layer: what offload may move and recompute never drops."""
+    """What offload may move and recompute never drops: roots first written by a checkpoint layer, and
+    the buffers of the layers that rewrite such a root in place (a BatchNorm or Scale after a
+    convolution, fused or not). Those layers read an intermediate value of the root, which only re-running
+    the checkpoint layer could produce again, so their buffers cannot be rebuilt cheaply either."""
     cps = set(checkpoint_steps(program, types))
-    return {k for k, ws in program.writers.items() if ws[0] in cps}
+    roots = {k for k, ws in program.writers.items() if ws[0] in cps}
+    steps = program.steps
+    chained = {b for k in roots if program.tensors[k].kind == "data" for w in program.writers[k]
+               for b in steps[w].writes if program.tensors[b].kind == "buffer"}
+    return roots | chained
+
+
+def backward_reads(program: Program, live: Liveness, keys: Iterable[str]) -> set[str]:
+    """Of `keys`, the forward-produced tensors backward reads: the ones worth moving (outputs excepted,
+    which stay for the caller)."""
+    return {k for k in keys if k in live.backward_first and k in live.forward_last and k not in program.pinned}
 
 
 def plan_offload(program: Program, live: Liveness, types: Iterable[str],
-                 needed_by: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
+                 needed_by: dict[str, int] | None = None,
+                 candidates: Iterable[str] | None = None) -> dict[str, tuple[int, int]]:
     """key -> (step after which it leaves the device, step before which it is back).
 
-    `needed_by` lets recomputation ask for a tensor earlier than its own backward use (a replayed
-    forward step reads it).
+    `candidates` (default: the checkpoint tensors) are what may move. `needed_by` lets recomputation ask
+    for a tensor earlier than its own backward use (a replayed forward step reads it).
     """
-    cps = checkpoint_steps(program, types)
-    bstep = program.backward_step_of()
-    nf = program.n_forward
-    needed_by = needed_by or {}
     out: dict[str, tuple[int, int]] = {}
-    for k in sorted(checkpoint_tensors(program, types)):
-        if k not in live.backward_first or k in program.pinned:
-            continue  # backward never reads it: liveness frees it anyway
+    due = first_needed(live, needed_by)
+    ahead = one_checkpoint_ahead(program, types)
+    keys = checkpoint_tensors(program, types) if candidates is None else candidates
+    for k in sorted(backward_reads(program, live, keys)):
         prod = program.writers[k][0]
         off = max(prod + 1, live.forward_last.get(k, prod))
-        nxt = [c for c in cps if c > prod and c in bstep]
-        back = bstep[nxt[0]] if nxt else nf
-        back = min(back, live.backward_first[k], needed_by.get(k, back))
+        back = min(ahead(prod), due(k))
         if back > off + 1:  # at least one step spent off the device, or it is not worth moving
             out[k] = (off, back)
     return out
+
+
+def first_needed(live: Liveness, needed_by: dict[str, int] | None = None):
+    """key -> the first backward step that reads it (or a replay, per `needed_by`)."""
+    needed_by = needed_by or {}
+    return lambda k: min(live.backward_first[k], needed_by.get(k, live.backward_first[k]))
+
+
+def one_checkpoint_ahead(program: Program, types: Iterable[str]):
+    """forward step -> the backward step of the next checkpoint after it, where what it wrote comes back."""
+    cps = checkpoint_steps(program, types)
+    bstep = program.backward_step_of()
+    with_backward = [c for c in cps if c in bstep]
+
+    def ahead(prod: int) -> int:
+        i = bisect.bisect_right(with_backward, prod)
+        return bstep[with_backward[i]] if i < len(with_backward) else program.n_forward
+    return ahead
 
 
 def apply_offload(schedule: Schedule, moves: dict[str, tuple[int, int]]) -> None:
     for k, (off, back) in moves.items():
         schedule.after[off].append((OFFLOAD, k))
         schedule.before[back].insert(0, (PREFETCH, k))
+
+
+def delay_prefetches(program: Program, schedule: Schedule, moves: dict[str, tuple[int, int]],
+                     due: dict[str, int], limit: int) -> None:
+    """Cost-aware prefetching: a tensor brought back "one checkpoint ahead" that pushes a step on the way
+    to its use (`due[k]`) over `limit` bytes is brought back just before its use instead. The copy is then
+    less hidden, but the plan stays at `limit` where it can (`moves` is updated in place)."""
+    from superneurons.memory.liveness import simulate  # liveness imports nothing from here; keep it that way
+
+    while True:
+        peak = simulate(program, schedule).bytes
+        late = {k: (off, back) for k, (off, back) in moves.items()
+                if back < due[k] and max(peak[back:due[k]]) > limit}
+        if not late:
+            return
+        for k, (off, back) in late.items():
+            schedule.before[back].remove((PREFETCH, k))
+            schedule.before[due[k]].insert(0, (PREFETCH, k))
+            moves[k] = (off, due[k])
 
 
 def make_transfer(backend: Any) -> Any:

@@ -13,8 +13,10 @@ from typing import Any, Iterable
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.layers.base import count
-from superneurons.memory.liveness import (ALLOC, PREFETCH, RUN, Liveness, Program, Schedule, Trace, simulate)
-from superneurons.memory.offload import DEFAULT_CHECKPOINTS, apply_offload, plan_offload
+from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program, Schedule, Trace,
+                                         simulate)
+from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, backward_reads, checkpoint_tensors,
+                                        plan_offload)
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.recompute import RecomputePlanner
 
@@ -31,6 +33,11 @@ class MemoryPlan:
     param_bytes: int  # params + their gradients (+ solver history when given), resident
     checkpoint_types: tuple[str, ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    # When the parameters are streamed from the host instead (memory/params.py): the bytes each step
+    # brings in (its layer's weights; in backward also their gradients), and the update's need (one
+    # parameter's data, gradient and history at a time).
+    param_window: list[int] = field(default_factory=list)
+    update_bytes: int = 0
 
     @property
     def max_layer(self) -> tuple[int, int]:
@@ -44,18 +51,37 @@ class MemoryPlan:
         s = max(range(len(b)), key=lambda i: b[i])
         return b[s], s
 
+    def streamed_peak(self, mode: str) -> int:
+        """peak_m with the parameters streamed: every step's activations plus its own parameters, or the
+        update of the largest parameter beside what stays between iterations."""
+        b = self.traces[mode].bytes
+        window = self.param_window or [0] * len(b)
+        steps = max((x + w for x, w in zip(b, window)), default=0)
+        return max(steps, self.update_bytes + (b[-1] if b else 0))
+
+    def pick_streams(self, budget: int) -> bool:
+        """Whether the mode `pick(budget)` chooses needs the parameters streamed."""
+        mode = self.pick(budget)
+        return self.peak(mode)[0] + self.param_bytes > budget
+
     def pick(self, budget: int) -> str:
-        """`auto`: the cheapest mode whose peak, plus the resident parameters, fits `budget` bytes."""
+        """`auto`: the cheapest mode whose peak, plus the resident parameters, fits `budget` bytes; failing
+        that, the cheapest that fits with the parameters streamed from the host (deep nets)."""
         for mode in PLAN_MODES:
             if self.peak(mode)[0] + self.param_bytes <= budget:
+                return mode
+        for mode in PLAN_MODES[1:]:  # baseline holds everything, parameters included
+            if self.streamed_peak(mode) <= budget:
                 return mode
         s, need = self.max_layer
         step = self.program.steps[s]
         total = self.peak("recompute")[0] + self.param_bytes
+        streamed = self.streamed_peak("recompute")
         raise UserError(
             f"{self.program.graph.name or 'net'}: {format_bytes(budget)} ({budget} bytes) cannot hold even the "
             f"recompute plan: it needs {total} bytes ({format_bytes(total)}) = parameters {self.param_bytes} + "
-            f"peak {total - self.param_bytes}; the largest layer, {step.node.name!r} ({step.phase}), needs "
+            f"peak {total - self.param_bytes}, or {streamed} bytes ({format_bytes(streamed)}) with the parameters "
+            f"streamed from the host; the largest layer, {step.node.name!r} ({step.phase}), needs "
             f"{need} bytes ({format_bytes(need)}) on its own")
 
 
@@ -74,6 +100,25 @@ def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
             one = round_up(count(decl.shape) * 4)
             total += one * (1 + (1 if train else 0) + (history if decl.learnable else 0))
     return total
+
+
+def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int], int]:
+    """(bytes of parameters each global step streams in, bytes one parameter's update needs)."""
+    def size(decl) -> int:
+        return round_up(count(decl.shape) * 4)
+
+    def node_bytes(node, grads: bool) -> int:
+        owned = {}
+        specs = node.layer.param.param
+        for k, decl in enumerate(node.layer.params):
+            name = specs[k].name if k < len(specs) and specs[k].name else f"#{k}"
+            owned[name] = size(decl) * (2 if grads and decl.learnable else 1)
+        return sum(owned.values())
+
+    window = [node_bytes(st.node, train and st.phase == "backward") for st in program.steps]
+    update = max((size(d) * (2 + history) for n in program.graph.nodes for d in n.layer.params if d.learnable),
+                 default=0) if train else 0
+    return window, update
 
 
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
@@ -102,14 +147,16 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
             moves = plan_offload(program, live, types)
             apply_offload(sched, moves)
             sched.info["offloaded"] = moves
+            sched.info["offloadable"] = sorted(backward_reads(program, live, checkpoint_tensors(program, types)))
         elif mode == "recompute":
             sched = RecomputePlanner(program, live, types, l_peak).plan()
         else:
             raise UserError(f"memory mode {mode!r} has no plan; choose from {', '.join(PLAN_MODES)}")
         schedules[mode] = sched
     traces = {m: simulate(program, s) for m, s in schedules.items()}
+    window, update = _param_steps(program, train, solver_history)
     return MemoryPlan(program, live, schedules, traces, layer_bytes,
-                      param_bytes(graph, train, solver_history), types)
+                      param_bytes(graph, train, solver_history), types, param_window=window, update_bytes=update)
 
 
 def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:
@@ -136,6 +183,7 @@ def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str
     doc: dict[str, Any] = {
         "net": p.graph.name, "batch": batch, "budget_bytes": budget,
         "param_bytes": plan.param_bytes,
+        "streamed_param_peaks": {m: plan.streamed_peak(m) for m in plan.traces if m != "baseline"},
         "checkpoint_types": list(plan.checkpoint_types),
         "max_layer": {"name": p.steps[s_max].node.name, "phase": p.steps[s_max].phase, "bytes": b_max},
         "modes": modes,
@@ -148,7 +196,26 @@ def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str
     }
     if budget is not None:
         doc["auto"] = plan.pick(budget)
+        doc["auto_streams_params"] = plan.pick_streams(budget)
     return doc
+
+
+def live_at(plan: MemoryPlan, mode: str, step: int) -> list[str]:
+    """The roots on the device while `step` computes under `mode` (the set `simulate` counts)."""
+    sched = plan.schedules[mode]
+    live = set(plan.program.resident)
+    for s in range(step + 1):
+        for op, arg in sched.before[s]:
+            if op in (ALLOC, PREFETCH):
+                live.add(arg)
+            elif op in (FREE, OFFLOAD):
+                live.discard(arg)
+        if s == step:
+            break
+        for op, arg in sched.after[s]:
+            if op in (FREE, OFFLOAD):
+                live.discard(arg)
+    return sorted(live, key=lambda k: (-plan.program.tensors[k].nbytes, k))
 
 
 def replay_count(schedule: Schedule) -> int:

@@ -23,7 +23,8 @@ import bisect
 from typing import Iterable
 
 from superneurons.memory.liveness import (ALLOC, FREE, RUN, Liveness, Program, Schedule, simulate)
-from superneurons.memory.offload import apply_offload, checkpoint_steps, checkpoint_tensors, plan_offload
+from superneurons.memory.offload import (apply_offload, backward_reads, checkpoint_steps, checkpoint_tensors,
+                                        delay_prefetches, first_needed, plan_offload)
 
 SPEED, MEMORY = "speed", "memory"
 
@@ -31,8 +32,7 @@ SPEED, MEMORY = "speed", "memory"
 def droppable(program: Program, live: Liveness, kept: set[str]) -> set[str]:
     """Forward outputs that can be freed after forward and rebuilt exactly by replay."""
     steps = program.steps
-    cand = {k for k, ws in program.writers.items()
-            if program.tensors[k].kind == "data" and k not in kept and k in live.first}
+    cand = {k for k, ws in program.writers.items() if k not in kept and k in live.first}
     changed = True
     while changed:
         changed = False
@@ -58,7 +58,7 @@ def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: 
             if y in steps[w].writes:
                 if y not in cand:
                     return False  # a writer's tops are rebuilt together or not at all
-            elif kind == "data" and y not in cand:
+            elif kind != "diff" and y not in cand:
                 if y not in kept or live.last.get(y, -1) < need_until:
                     return False  # the replay's input would be gone by then
     return True
@@ -74,6 +74,11 @@ class RecomputePlanner:
         self.l_peak = l_peak
         self.kept = checkpoint_tensors(program, self.types) | program.resident | program.pinned
         self.drop = droppable(program, live, self.kept)
+        # Whatever backward reads and no replay can rebuild leaves the device between its uses: the
+        # checkpoints, and the tensors whose replay inputs would be gone by then (e.g. a ResNet's Eltwise
+        # sum, whose inputs backward never reads once BatchNorm keeps x_hat) -- moving them costs fewer
+        # bytes than keeping their inputs for a replay.
+        self.movable = backward_reads(program, live, set(program.writers) - self.drop)
         self.cps = checkpoint_steps(program, self.types)
         self.bwd_uses: dict[str, list[int]] = {}
         for s in program.steps[program.n_forward:]:
@@ -144,9 +149,12 @@ class RecomputePlanner:
             for op, k in sched.after[s]:
                 if op == FREE:
                     on.discard(k)
-        moves = plan_offload(p, live, self.types, reads_at)
+        moves = plan_offload(p, live, self.types, reads_at, candidates=self.movable)
         apply_offload(sched, moves)
-        sched.info.update(extra_forward_steps=extra, offloaded=moves, dropped=sorted(self.drop))
+        due = first_needed(live, reads_at)
+        delay_prefetches(p, sched, moves, {k: due(k) for k in moves}, self.l_peak)
+        sched.info.update(extra_forward_steps=extra, offloaded=moves, dropped=sorted(self.drop),
+                          offloadable=sorted(self.movable))
         return sched, spans
 
     def _closure(self, targets: set[str], on: set[str]) -> list[int]:

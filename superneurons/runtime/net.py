@@ -24,6 +24,7 @@ from superneurons.memory.pool import make_pool, round_up
 # kernels, the solver's history arena (sized below from the parameters), and test nets' own pools.
 GPU_MARGIN_MIN = 1 << 30  # bytes
 GPU_MARGIN_FRACTION = 1 / 16  # of the device's total memory, when that is more
+GPU_WORKSPACE_ALLOWANCE = 1 << 30  # bytes a pool that fits keeps beyond baseline's need, for workspace
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Tensor:
         self.array: Any = None
         self.base = base
         self.kind = kind
-        self.zero_init = kind in ("diff", "param_diff")
+        self.zero_init = kind in ("diff", "param_diff", "history")  # history starts at zero, as in Caffe
 
     def __repr__(self) -> str:
         return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
@@ -73,10 +74,12 @@ class Net:
     def __init__(self, graph: Graph, backend: Any, *, train: bool = True, seed: int = 0,
                  pool_bytes: int | None = None, share_params_with: "Net | None" = None,
                  memory: str | None = "baseline", checkpoint_types: Iterable[str] | None = None,
-                 memory_param: Any = None):
-        """`memory`: the mode (None: the solver's `memory_param.mode`, else baseline). `pool_bytes`: the
-        pool's size (None: `memory_param.pool_bytes` when set, else the default, see default_pool_bytes).
-        `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution)."""
+                 memory_param: Any = None, solver_history: int = 0):
+        """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default).
+        `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
+        borrowing another's parameters, else the default, see default_pool_bytes).
+        `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution). `solver_history`: history
+        sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest."""
         self.graph = graph
         self.name = graph.name
         self.backend = backend
@@ -89,22 +92,33 @@ class Net:
         self.learnable: list[ParamDecl] = []  # owned, learnable params in prototxt order (the solver's list)
         self._param_tensors: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._declare_tensors(share_params_with)
+        # The solver's history, one tensor per learnable parameter and set (Caffe's .solverstate order).
+        self.history: list[list[Tensor]] = [
+            [self._new(f"{decl.data_tensor.key}@history{j}", decl.shape, "history") for decl in self.learnable]
+            for j in range(solver_history)]
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
         mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types)
         if pool_bytes is None:
-            pool_bytes = param_pool if param_pool is not None else self.default_pool_bytes(share_params_with)
+            own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
+            pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
         self.pool = make_pool(pool_bytes, backend)
         self.memory = make_manager(mode, self, types)
         self.memory.setup()
+        from superneurons.memory.params import ResidentParams
+
+        self.params = getattr(self.memory, "param_store", None) or ResidentParams(self)
+        # A test net reads the train net's weights, so it streams them through the train net's store.
+        self._shared_params = share_params_with.params if share_params_with is not None else None
         self._install_workspace()
         self._fill_params(seed, share_params_with)
         self._build_steps()
 
     def default_pool_bytes(self, share: "Net | None" = None) -> int:
-        """On the GPU, a training net's pool is the free device memory minus a margin (GPU_MARGIN_*,
-        plus room for two solver history sets), so convolution workspace can use what the activations
-        leave. Elsewhere, and for nets that borrow another's parameters (test nets), what baseline needs."""
+        """On the GPU, a training net's pool is what baseline needs plus GPU_WORKSPACE_ALLOWANCE, or, when
+        that does not fit, the free device memory minus a margin (GPU_MARGIN_*, plus room for two solver
+        history sets), so the memory techniques and convolution workspace share what is there.
+        Elsewhere, and for nets that borrow another's parameters (test nets), what baseline needs."""
         need = self.baseline_bytes() + 4096
         if getattr(self.backend, "name", "cpu") != "cuda" or not self.train or share is not None:
             return need
@@ -113,7 +127,12 @@ class Net:
         free, total = device_memory()
         params = sum(round_up(t.nbytes) for t in self.tensors if t.base is None and t.kind == "param")
         margin = max(GPU_MARGIN_MIN, int(total * GPU_MARGIN_FRACTION)) + 2 * params
-        return max(free - margin, 0)
+        if free - margin <= 0:
+            raise UserError(f"net {self.name!r}: only {free / 2**20:.0f} MiB of device memory is free, under the "
+                            f"{margin / 2**20:.0f} MiB kept outside the pool; free the GPU or pass --gpu-memory SIZE")
+        # A net that fits takes what baseline needs plus room for convolution workspace, not the whole
+        # device: other nets in the process (a test net, a second run) need their own pools.
+        return min(free - margin, need + GPU_WORKSPACE_ALLOWANCE)
 
     def _install_workspace(self) -> None:
         """Convolutions borrow their workspace from the pool (when the backend supports it)."""
@@ -214,7 +233,8 @@ class Net:
         t.array = None
 
     def bind_params(self) -> None:
-        """Point every layer's ParamDecl/BufferDecl at its tensors' current arrays."""
+        """Point every layer's ParamDecl/BufferDecl at its tensors' current arrays (and tell the stores that
+        stream parameters which ParamDecls to re-point when a tensor moves)."""
         for node in self.graph.nodes:
             for decl in node.layer.params:
                 src = decl
@@ -222,15 +242,20 @@ class Net:
                     src = src.owner
                 decl.data = src.data_tensor.array
                 decl.diff = src.diff_tensor.array if getattr(src, "diff_tensor", None) is not None else None
+                for store in self._param_stores():
+                    store.register(decl)
             for buf in node.layer.buffers.values():
                 buf.array = buf.tensor.array
+
+    def _param_stores(self) -> list:
+        return [s for s in (self.params, self._shared_params) if s is not None and s.offloaded]
 
     def _fill_params(self, seed: int, share: "Net | None") -> None:
         rng = np.random.default_rng(seed)
         for node in sorted(self.graph.nodes, key=lambda n: n.layer.layer_index):
             for decl in node.layer.params:
                 if decl.owner is None:
-                    self.backend.from_host(decl.data_tensor.array, fill_host(decl.filler, decl.shape, rng))
+                    self.params.write(decl.data_tensor, fill_host(decl.filler, decl.shape, rng))
         self.bind_params()
 
     def _build_steps(self) -> None:
@@ -245,15 +270,33 @@ class Net:
             ))
         self.backward_steps = [s for s in reversed(self.forward_steps) if self.train and s.node.need_backward]
         self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in self.graph.loss_blobs]
+        # Streamed parameters: per step, (store, tensors it brings in); None when every parameter is resident.
+        self._param_fwd: list[list] | None = None
+        self._param_bwd: list[list] | None = None
+        stores = self._param_stores()
+        if stores:
+            per_store = [s.step_lists(self.graph.nodes, self.train) for s in stores]
+            self._param_fwd = [[(s, *f[i]) for s, (f, _b) in zip(stores, per_store) if f[i][0]]
+                               for i in range(len(self.graph.nodes))]
+            index = {id(n): i for i, n in enumerate(self.graph.nodes)}
+            self._param_bwd = [[(s, *b[index[id(st.node)]]) for s, (_f, b) in zip(stores, per_store)
+                                if b[index[id(st.node)]][0]] for st in self.backward_steps]
 
     # -- running ------------------------------------------------------------------------------
     def forward(self) -> float:
         """Run every forward step; returns the weighted sum of the losses."""
         mm = self.memory
         self._use_workspace()
+        streamed = self._param_fwd
         for i, step in enumerate(self.forward_steps):
             mm.before_forward(i, step)
+            if streamed is not None:
+                for store, tensors, _changed in streamed[i]:
+                    store.acquire(tensors)
             step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
+            if streamed is not None:
+                for store, tensors, changed in streamed[i]:
+                    store.release(tensors, changed)  # weights are unchanged; running statistics go home
             mm.after_forward(i, step)
         return self.loss_value()
 
@@ -270,8 +313,12 @@ class Net:
             if diff is not None:
                 mm.ensure(diff)
                 self.ops.fill(diff.array, w)
+        streamed = self._param_bwd
         for i, step in enumerate(self.backward_steps):
             mm.before_backward(i, step)
+            if streamed is not None:
+                for store, tensors, _changed in streamed[i]:
+                    store.acquire(tensors)
             node = step.node
             node.layer.backward(
                 [t.array for t in step.tops],
@@ -280,6 +327,9 @@ class Net:
                 [t.array for t in step.bottoms],
                 [t.array if t is not None else None for t in step.bottom_diffs],
             )
+            if streamed is not None:
+                for store, tensors, changed in streamed[i]:  # the gradients accumulated: copy them home
+                    store.release(tensors, changed)
             mm.after_backward(i, step)
 
     def forward_backward(self) -> float:
@@ -288,8 +338,7 @@ class Net:
         return loss
 
     def clear_param_diffs(self) -> None:
-        for decl in self.learnable:
-            self.ops.fill(decl.diff, 0.0)
+        self.params.clear_diffs(self.learnable)
 
     # -- access -------------------------------------------------------------------------------
     def layer(self, name: str):

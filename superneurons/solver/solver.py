@@ -21,7 +21,6 @@ from superneurons.backend import get_backend
 from superneurons.graph.build import build_graph
 from superneurons.io.caffemodel import load_weights_files
 from superneurons.layers.base import count
-from superneurons.memory.pool import round_up
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog, num, output_line
 from superneurons.runtime.net import Net
@@ -41,8 +40,12 @@ def clock_seed() -> int:
 
 class Solver:
     def __init__(self, param: pb.SolverParameter, solver_path: str = "", *, backend: Any = None,
-                 memory: str = "baseline", log: TrainLog | None = None):
+                 memory: str | None = None, pool_bytes: int | None = None, log: TrainLog | None = None):
+        """`memory`: the mode (None: the solver's `memory_param.mode`, whose default is auto).
+        `pool_bytes`: the training net's pool size in bytes, what `--gpu-memory` gives (None:
+        `memory_param.pool_bytes` when set, else the Net's default). Test nets size their own pools."""
         self.param = param
+        self.pool_bytes = pool_bytes
         self.where = solver_path or "<solver>"
         self.rule = get_rule(param, self.where)
         self.lr_policy = LrPolicy(param, self.where)
@@ -58,41 +61,28 @@ class Solver:
         self.test_nets = [self._build(src, pb.TEST, memory, share=self.net)
                           for src in test_net_sources(param, self.where)]
         self.test_passes = [0] * len(self.test_nets)  # forward passes each test net has run (its data position)
-        self._history = self._allocate_history()
+        self._history = self.net.history  # pool tensors (zeroed), `n_history` sets of one per learnable param
         self._losses: list[float] = []
         self.smoothed_loss = 0.0
         self._stop_requested = False
 
     # -- construction -------------------------------------------------------------------------
-    def _build(self, src: NetSource, phase: int, memory: str, share: Net | None = None) -> Net:
+    def _build(self, src: NetSource, phase: int, memory: str | None, share: Net | None = None) -> Net:
         graph = build_graph(src.param, phase, src.level, src.stages, source=src.where)
+        memory_param = self.param.memory_param if self.param.HasField("memory_param") else None
+        # The budget is the training net's; a test net (sharing its parameters) sizes its pool to its need.
+        pool = self.pool_bytes if share is None else None
         return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
-                   memory=memory)
-
-    def _allocate_history(self) -> list[list[Any]]:
-        """Zeroed history arrays, `n_history` sets of one per learnable param, carved from one arena.
-
-        They live outside the net's pool because they outlive every iteration; one arena means one
-        device allocation however many parameters there are.
-        """
-        shapes = [decl.shape for _ in range(self.rule.n_history) for decl in self.net.learnable]
-        sizes = [round_up(4 * count(shape)) for shape in shapes]
-        arena = self.backend.arena(max(1, sum(sizes)))
-        arrays, offset = [], 0
-        for shape, size in zip(shapes, sizes):
-            arr = self.backend.view(arena, offset, shape)
-            self.ops.fill(arr, 0.0)
-            arrays.append(arr)
-            offset += size
-        n = len(self.net.learnable)
-        return [arrays[k * n:(k + 1) * n] for k in range(self.rule.n_history)]
+                   memory=memory, memory_param=memory_param, pool_bytes=pool,
+                   solver_history=self.rule.n_history if phase == pb.TRAIN else 0)
 
     def all_nets(self) -> list[tuple[str, Net]]:
         return [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
 
     def history_blobs(self) -> list[Any]:
-        """Caffe's .solverstate order: the first history set for every parameter, then the second set."""
-        return [h for hist_set in self._history for h in hist_set]
+        """Caffe's .solverstate order: the first history set for every parameter, then the second set.
+        (With streamed parameters these are the host copies, current between iterations.)"""
+        return [h.array for hist_set in self._history for h in hist_set]
 
     def set_seed(self, seed: int) -> None:
         self.seed = seed
@@ -195,33 +185,69 @@ class Solver:
 
     # -- the update ---------------------------------------------------------------------------
     def apply_update(self, display: bool = False) -> float:
-        p, ops = self.param, self.ops
+        p = self.param
         rate = self.lr_policy.rate(self.iter)
         if display:
             self.log.info(f"Iteration {self.iter}, lr = {num(rate)}")
+        store = self.net.params
+        if store.offloaded:
+            self._update_streamed(store, rate, display and p.debug_info)
+            return rate
         self.clip_gradients()
-        l1 = p.regularization_type == "L1"
         for i, decl in enumerate(self.net.learnable):
-            if self.iter_size > 1:
-                ops.scal(1.0 / self.iter_size, decl.diff)
-            decay = float(p.weight_decay) * decl.decay_mult
-            if decay:
-                ops.regularize(decl.data, decl.diff, decay, l1)
-            hists = [hist_set[i] for hist_set in self._history]
-            self.rule.apply(ops, decl.data, decl.diff, hists, rate * decl.lr_mult, p, self.iter)
+            self._update_one(i, decl, rate, 1.0)
         if display and p.debug_info:
             self._update_debug_info()
         return rate
 
+    def _update_one(self, i: int, decl: Any, rate: float, clip_scale: float) -> None:
+        """Caffe's ApplyUpdate for one parameter: clip, normalize by iter_size, regularize, the rule."""
+        p, ops = self.param, self.ops
+        if clip_scale != 1.0:
+            ops.scal(clip_scale, decl.diff)
+        if self.iter_size > 1:
+            ops.scal(1.0 / self.iter_size, decl.diff)
+        decay = float(p.weight_decay) * decl.decay_mult
+        if decay:
+            ops.regularize(decl.data, decl.diff, decay, p.regularization_type == "L1")
+        hists = [hist_set[i].array for hist_set in self._history]
+        self.rule.apply(ops, decl.data, decl.diff, hists, rate * decl.lr_mult, p, self.iter)
+
+    def _update_streamed(self, store: Any, rate: float, debug: bool) -> None:
+        """The update when parameters live on the host between uses: one parameter at a time on the
+        device (its data, gradient and history), in the same order and with the same ops as the resident
+        update, so the weights are identical. Clipping needs the global norm first: a first pass brings
+        each gradient in to sum its squares (Caffe sums them in the same order)."""
+        clip_scale = 1.0
+        if float(self.param.clip_gradients) >= 0:
+            total = 0.0
+            for decl in self.net.learnable:
+                store.acquire([decl.diff_tensor])
+                total += self.ops.sumsq(decl.diff)
+                store.release([decl.diff_tensor])
+            clip_scale = self._clip_scale(math.sqrt(total))
+        for i, decl in enumerate(self.net.learnable):
+            tensors = [decl.data_tensor, decl.diff_tensor] + [hist_set[i] for hist_set in self._history]
+            store.acquire(tensors)
+            self._update_one(i, decl, rate, clip_scale)
+            if debug:
+                self._debug_line(decl)
+            changed = [decl.data_tensor] + [hist_set[i] for hist_set in self._history]
+            store.release(tensors, changed=changed)  # the gradient is cleared before its next use
+
     def _update_debug_info(self) -> None:
         """Caffe's [Update] lines: mean |w| and mean |update| of every learnable blob."""
-        owners = {id(decl): (node.name, k) for node in self.net.layers_in_prototxt_order()
-                  for k, decl in enumerate(node.layer.params)}
         for decl in self.net.learnable:
-            layer, k = owners[id(decl)]
-            n = max(1, count(decl.shape))
-            self.log.info(f"    [Update] Layer {layer}, param {k} data: {num(self.ops.asum(decl.data) / n)}; "
-                          f"diff: {num(self.ops.asum(decl.diff) / n)}")
+            self._debug_line(decl)
+
+    def _debug_line(self, decl: Any) -> None:
+        if not hasattr(self, "_owners"):
+            self._owners = {id(d): (node.name, k) for node in self.net.layers_in_prototxt_order()
+                            for k, d in enumerate(node.layer.params)}
+        layer, k = self._owners[id(decl)]
+        n = max(1, count(decl.shape))
+        self.log.info(f"    [Update] Layer {layer}, param {k} data: {num(self.ops.asum(decl.data) / n)}; "
+                      f"diff: {num(self.ops.asum(decl.diff) / n)}")
 
     def clip_gradients(self) -> None:
         """Scale every diff by clip / ||all diffs||_2 when that norm exceeds clip_gradients (Caffe: before iter_size)."""
@@ -229,12 +255,20 @@ class Solver:
         if clip < 0:
             return
         norm = math.sqrt(sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable))
-        if norm > clip:
-            scale = clip / norm
-            self.log.info(f"Gradient clipping: scaling down gradients (L2 norm {num(norm)} > {num(clip)}) "
-                          f"by scale factor {num(scale)}")
+        scale = self._clip_scale(norm)
+        if scale != 1.0:
             for decl in self.net.learnable:
                 self.ops.scal(scale, decl.diff)
+
+    def _clip_scale(self, norm: float) -> float:
+        """clip_gradients / norm when the global L2 norm exceeds it (logged, as Caffe does), else 1."""
+        clip = float(self.param.clip_gradients)
+        if clip < 0 or norm <= clip:
+            return 1.0
+        scale = clip / norm
+        self.log.info(f"Gradient clipping: scaling down gradients (L2 norm {num(norm)} > {num(clip)}) "
+                      f"by scale factor {num(scale)}")
+        return scale
 
     # -- testing and snapshots ----------------------------------------------------------------
     def test_all(self) -> None:
