@@ -12,6 +12,7 @@ Run with `make gpu-test` (or `pytest -q -s -m gpu tests/test_gpu_memory.py`) on 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -121,19 +122,39 @@ def train(gpu, graph_fn, mode, iters, pool_bytes=None, lr=0.002) -> Run:
     gc.collect()  # the previous run's Net (and its arena) must be gone first
     net = Net(graph_fn(), gpu, train=True, seed=11, memory=mode,
               pool_bytes=pool_bytes if pool_bytes is not None else unconstrained(graph_fn))
-    losses = []
+    losses, first = [], None
     for it in range(iters):
         net.ctx.iteration = it
         net.clear_param_diffs()
         losses.append(net.forward_backward())
         for decl in net.learnable:
             net.ops.axpy(-lr, decl.diff, decl.data)
+        if it == 0:
+            first = _weights(gpu, net)
     gpu.synchronize()
-    weights = [gpu.to_host(t.array) for t in net.tensors if t.kind == "param" and t.array is not None]
-    run = Run(net, weights, losses)
+    run = Run(net, _weights(gpu, net), losses)
+    run.first_weights = first
     del net
     gc.collect()
     return run
+
+
+def _weights(gpu, net) -> list:
+    return [gpu.to_host(t.array) for t in net.tensors if t.kind == "param" and t.array is not None]
+
+
+@contextlib.contextmanager
+def no_workspace():
+    """Every convolution gets zero workspace bytes, in every mode: the algorithm choice then no longer
+    depends on what the pool has free, so a difference between modes is the memory runtime's alone."""
+    from superneurons.memory.workspace import PoolWorkspace
+
+    saved = PoolWorkspace.available
+    PoolWorkspace.available = lambda self: 0
+    try:
+        yield
+    finally:
+        PoolWorkspace.available = saved
 
 
 def weight_error(got, ref) -> tuple[float, int]:
@@ -195,20 +216,38 @@ def test_resnet50_trains_under_a_budget_that_needs_offload(gpu):
     report("resnet50 budget", budget, f"batch {RESNET_BATCH}: params {params}, baseline peak "
                                       f"{plan.peak('baseline')[0]}, liveness {live}, offload {off}, "
                                       f"recompute {plan.peak('recompute')[0]}")
-    t0 = time.perf_counter()
-    ref = train(gpu, resnet_graph, "baseline", RESNET_ITERS)
-    t_ref = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    run = train(gpu, resnet_graph, "auto", RESNET_ITERS, pool_bytes=budget)
-    t_auto = time.perf_counter() - t0
+    with no_workspace():
+        t0 = time.perf_counter()
+        ref = train(gpu, resnet_graph, "baseline", RESNET_ITERS)
+        t_ref = time.perf_counter() - t0
+        # Run-to-run noise of the same mode: cuDNN's zero-workspace backward algorithms and the float64
+        # atomics of the per-channel reductions add in a different order every run.
+        noise = weight_error(train(gpu, resnet_graph, "baseline", RESNET_ITERS).weights, ref.weights)[0]
+        t0 = time.perf_counter()
+        run = train(gpu, resnet_graph, "auto", RESNET_ITERS, pool_bytes=budget)
+        t_auto = time.perf_counter() - t0
     assert run.mode in ("offload", "recompute"), f"auto picked {run.mode} for a {budget}-byte pool"
     moved = run.stats
     report("resnet50 auto mode", run.mode, f"{RESNET_ITERS} iterations: {t_auto:.1f}s vs baseline {t_ref:.1f}s")
     report("resnet50 bytes moved/iter", moved["iteration"]["bytes_offloaded"] + moved["iteration"]["bytes_prefetched"],
            str(moved["iteration"]))
-    assert_weights_match(f"resnet50 auto({run.mode})", run, ref)
+    first_err, first_at = weight_error(run.first_weights, ref.first_weights)
+    report("resnet50 after 1 iteration", f"{first_err:.2e}", f"worst tensor #{first_at}")
+    report("resnet50 baseline vs baseline", f"{noise:.2e}", f"after {RESNET_ITERS} iterations (the noise floor)")
+    tolerance = max(RTOL, 10 * noise)
+    err, where = weight_error(run.weights, ref.weights)
+    report(f"weights resnet50 auto({run.mode})", f"{err:.2e}",
+           f"worst tensor #{where}; tolerance {tolerance:.1e}; final loss {run.losses[-1]:.6f} vs {ref.losses[-1]:.6f}")
+    assert first_err <= 1e-4, f"one iteration of auto({run.mode}) already differs from baseline by {first_err:.3e}"
+    assert err <= tolerance, (f"auto({run.mode}): parameter tensor #{where} differs from baseline by {err:.3e} of "
+                              f"its scale (tolerance {tolerance:.1e}, baseline's own run-to-run noise {noise:.1e}); "
+                              f"losses {run.losses} vs baseline {ref.losses}")
     assert moved["total"]["bytes_offloaded"] > 0, f"auto ({run.mode}) in a {budget}-byte pool moved nothing"
     assert run.capacity <= budget
+    # With the dynamic workspace on, the algorithms differ between the runs: reported, not asserted.
+    dyn = train(gpu, resnet_graph, "auto", RESNET_ITERS, pool_bytes=budget)
+    report("resnet50 auto, dynamic workspace", f"{weight_error(dyn.weights, ref.weights)[0]:.2e}",
+           "vs the zero-workspace baseline (different conv algorithms round differently)")
 
 
 # -- (c) a budget that fits: nothing moves -----------------------------------------------------------
