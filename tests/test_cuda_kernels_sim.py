@@ -65,6 +65,36 @@ def test_max_pool_ceil_mode_forward_and_backward():
 
 
 @simulated
+@pytest.mark.parametrize("x_shape,kernel,stride,pad", [
+    ((2, 3, 9, 8), (3, 3), (2, 2), (0, 0)),  # ceil mode: the last windows hang over
+    ((1, 2, 7, 7), (3, 3), (2, 2), (1, 1)),  # ResNet's pool1 geometry
+    ((1, 2, 6, 5), (2, 3), (2, 1), (1, 0)),  # overlapping along one axis only
+    ((2, 1, 5, 5), (2, 2), (3, 3), (0, 0)),  # stride over the kernel: some pixels in no window
+])
+def test_max_pool_backward_by_columns_matches_cpu(x_shape, kernel, stride, pad):
+    """The column-walking backward (the one the op launches) against the CPU op, on geometries that exercise
+    its window-range bookkeeping."""
+    rng = np.random.default_rng()
+    geom = PoolGeometry("max", kernel, stride, pad)
+
+    def pooled(n, k, st, p):  # Caffe's ceil rounding, the last window starting inside the image or its padding
+        out = -(-(n + 2 * p - k) // st) + 1
+        return out - 1 if p and (out - 1) * st >= n + p else out
+
+    oh, ow = (pooled(*a) for a in zip(x_shape[2:], kernel, stride, pad))
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y, mask = np.empty((*x_shape[:2], oh, ow), np.float32), np.empty((*x_shape[:2], oh, ow), np.int32)
+    cpu_pool.pool_forward(x, y, mask, geom)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    want, got = np.empty_like(x), np.full_like(x, np.nan)
+    cpu_pool.pool_backward(dy, mask, want, geom)
+    planes = x_shape[0] * x_shape[1]
+    dims = (x_shape[2], x_shape[3], oh, ow, *kernel, *stride, *pad)
+    K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@simulated
 def test_fused_sgd_matches_cpu_rule():
     rng = np.random.default_rng()
     w, g, h = (rng.standard_normal(50).astype(np.float32) for _ in range(3))

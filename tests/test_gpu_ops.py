@@ -125,7 +125,13 @@ def test_bias_and_channel_ops(gpu, rng):
     ((8, 3, 227, 227), (11, 11), (4, 4), (0, 0), 1),  # AlexNet conv1
     ((16, 32, 28, 28), (5, 5), (1, 1), (2, 2), 4),    # grouped
 ])
-def test_conv(gpu, rng, shape, kernel, stride, pad, group):
+@pytest.mark.parametrize("graph", [True, False])
+def test_conv(gpu, rng, shape, kernel, stride, pad, group, graph, monkeypatch):
+    """Through cuDNN's graph API (execution plans; grouped convolutions stay on the legacy API) and the legacy one."""
+    from superneurons.backend.cuda.device import current
+
+    monkeypatch.setenv("SUPERNEURONS_CUDNN_GRAPH", "1" if graph else "0")
+    current().cudnn._convs.clear()  # plans are cached per shape: set this one up under the setting above
     m = 64
     geom = ConvGeometry(kernel, stride, pad, (1, 1), group)
     oh, ow = geom.out_size(shape[2:])
@@ -142,8 +148,11 @@ def test_conv(gpu, rng, shape, kernel, stride, pad, group):
     d = [dev(gpu, a) for a in (x, w, dy, np.zeros_like(x), dw0, db0)]
     gpu.ops.conv_backward(*d, geom)
     errs = [close(gpu.to_host(d[i]), host[i], rtol=1e-4, atol_scale=1e-4) for i in (3, 4, 5)]
-    print(f"conv {shape} k{kernel} g{group}: max |err| fwd {err_f:.2e} dx {errs[0]:.2e} dw {errs[1]:.2e} "
-          f"db {errs[2]:.2e}")
+    plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
+    assert [runner.graph for runner in plan.tables] == [graph and group == 1] * 3
+    label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
+    print(f"conv {shape} k{kernel} g{group} graph={graph} ({label}): max |err| fwd {err_f:.2e} dx {errs[0]:.2e} "
+          f"dw {errs[1]:.2e} db {errs[2]:.2e}")
 
 
 @pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra", [

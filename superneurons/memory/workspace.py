@@ -36,6 +36,11 @@ class PoolWorkspace:
         self._held = 0
         self.acquires = 0
         self.peak_bytes = 0  # largest workspace handed out
+        # A pool with one arena (HeapPool) returns arena offsets from alloc: the workspace's address is then
+        # the arena's plus the offset, with no array view built per convolution call (a numba view costs
+        # tens of microseconds). Other pools (MallocPool: one allocation per key) go through a view.
+        arena = getattr(pool, "arena", None)
+        self._base = pointer(arena) if arena is not None else None
 
     def available(self) -> int:
         """Bytes a convolution may use right now: the largest free contiguous extent of the pool."""
@@ -48,10 +53,13 @@ class PoolWorkspace:
         self.release()
         if nbytes <= 0:
             return 0
-        self.pool.alloc(WORKSPACE_KEY, nbytes)
+        offset = self.pool.alloc(WORKSPACE_KEY, nbytes)
         self._held = round_up(nbytes)
         self.acquires += 1
-        self.peak_bytes = max(self.peak_bytes, self._held)
+        if self._held > self.peak_bytes:
+            self.peak_bytes = self._held
+        if self._base is not None:
+            return self._base + offset
         return pointer(self.pool.view(WORKSPACE_KEY, (self._held,), np.uint8))
 
     def release(self) -> None:

@@ -70,7 +70,70 @@ def ours(batch: int, warmup: int, iterations: int) -> dict:
     return {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
             "build_s": build_s, "first_iteration_s": first_s, "losses": losses,
             "loss_falls": bool(losses[-1] < losses[0]), "pool_bytes": solver.net.pool.capacity,
-            "host_ms_per_iter": host_breakdown(solver, backend, iterations)}
+            "host_ms_per_iter": host_breakdown(solver, backend, iterations),
+            "gpu_ms_per_iter": gpu_breakdown(solver, backend, min(iterations, 5)), "conv_paths": conv_paths()}
+
+
+def gpu_breakdown(solver, backend, iterations: int) -> dict:
+    """GPU time per layer type and direction, per iteration: CUDA events recorded on the compute stream around
+    each layer's forward and backward (created beforehand and recorded through the driver, ~1 us each, so the
+    host is barely slowed). A span covers the layer's kernels and any time the GPU waited for the host inside
+    it; 'outside layers' is the rest of the iteration (solver update, clearing diffs, idle gaps)."""
+    from cuda.bindings import driver as drv
+
+    stream = drv.CUstream(0)
+    nodes = solver.net.graph.nodes
+    events = [drv.cuEventCreate(0)[1] for _ in range(8 * len(nodes) * iterations + 2)]  # 4 per layer and iteration, with room
+    marks: list = []
+    free = iter(events)
+
+    def timed(fn, key):
+        def run(*args):
+            start = next(free)
+            drv.cuEventRecord(start, stream)
+            fn(*args)
+            end = next(free)
+            drv.cuEventRecord(end, stream)
+            marks.append((key, start, end))
+        return run
+
+    originals = []
+    for node in nodes:
+        layer = node.layer
+        originals.append((layer, layer.forward, layer.backward))
+        layer.forward = timed(layer.forward, layer.type_name + " fwd")
+        layer.backward = timed(layer.backward, layer.type_name + " bwd")
+    backend.synchronize()
+    begin, finish = next(free), next(free)
+    drv.cuEventRecord(begin, stream)
+    solver.step(iterations)
+    drv.cuEventRecord(finish, stream)
+    drv.cuEventSynchronize(finish)
+    for layer, fwd, bwd in originals:
+        layer.forward, layer.backward = fwd, bwd
+    spent: dict[str, float] = {}
+    for key, start, end in marks:
+        spent[key] = spent.get(key, 0.0) + drv.cuEventElapsedTime(start, end)[1]
+    total = drv.cuEventElapsedTime(begin, finish)[1]
+    for e in events:
+        drv.cuEventDestroy(e)
+    out = {k: round(v / iterations, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    out["all layers"] = round(sum(spent.values()) / iterations, 3)
+    out["outside layers"] = round((total - sum(spent.values())) / iterations, 3)
+    out["iteration"] = round(total / iterations, 3)
+    return out
+
+
+def conv_paths() -> dict:
+    """How many (shape, direction) convolution setups run on cuDNN's graph API and how many on the legacy one."""
+    from superneurons.backend.cuda.device import current
+
+    counts = {"graph": 0, "legacy": 0}
+    for plan in current().cudnn._convs.values():
+        for runner in plan.tables:
+            if runner is not None:
+                counts["graph" if runner.graph else "legacy"] += 1
+    return counts
 
 
 def host_breakdown(solver, backend, iterations: int) -> dict:
@@ -101,7 +164,26 @@ def host_breakdown(solver, backend, iterations: int) -> dict:
     return out
 
 
-def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool) -> dict:
+def torch_kernels(step, iterations: int, top: int = 15) -> dict:
+    """PyTorch's GPU time per iteration by kernel (torch.profiler), the `top` largest, for comparison."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            step()
+        torch.cuda.synchronize()
+    def device_us(e) -> float:
+        return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0)
+
+    rows = [(e.key, device_us(e) / 1e3 / iterations) for e in prof.key_averages() if device_us(e) > 0]
+    rows.sort(key=lambda kv: -kv[1])
+    out = {name[:80]: round(ms, 3) for name, ms in rows[:top]}
+    out["all kernels"] = round(sum(ms for _n, ms in rows), 3)
+    return out
+
+
+def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool, profile: bool = False) -> dict:
     import torch
     import torchvision
 
@@ -132,6 +214,12 @@ def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool) -> dict:
     out = {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
            "cudnn_benchmark": benchmark, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+    if profile:
+        try:
+            out["gpu_ms_per_iter_by_kernel"] = torch_kernels(step, 5)
+        except Exception as e:  # the profiler is a diagnostic: never lose the timing for it
+            out["gpu_ms_per_iter_by_kernel"] = {"error": repr(e)}
+        print(f"PyTorch GPU ms per iteration by kernel: {out['gpu_ms_per_iter_by_kernel']}", flush=True)
     del model, opt, x
     torch.cuda.empty_cache()
     return out
@@ -173,8 +261,10 @@ def main() -> int:
         result["superneurons"] = ours(args.batch, args.warmup, args.iterations)
         print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
         print(f"host ms per iteration (no sync): {result['superneurons']['host_ms_per_iter']}", flush=True)
+        print(f"GPU ms per iteration (events around layers): {result['superneurons']['gpu_ms_per_iter']}", flush=True)
+        print(f"convolution directions by cuDNN API: {result['superneurons']['conv_paths']}", flush=True)
     if not args.no_torch:
-        result["pytorch"] = {"benchmark_on": pytorch(args.batch, 10, args.iterations, True),
+        result["pytorch"] = {"benchmark_on": pytorch(args.batch, 10, args.iterations, True, profile=True),
                              "benchmark_off": pytorch(args.batch, 10, args.iterations, False)}
     try:
         import torch

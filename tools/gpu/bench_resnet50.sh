@@ -3,7 +3,9 @@
 #   1. the per-layer profile (`superneurons time`, 5 iterations, syncs around every layer),
 #   2. ours with the colleague's launch path and one-block-per-channel reductions (SUPERNEURONS_FAST_LAUNCH=0
 #      SUPERNEURONS_CUDA_SPREAD=0), ours as shipped, and PyTorch (cudnn.benchmark on and off).
-#   3. optional stages: "find" (algorithms measured by cudnnFind) and "unfused" (SUPERNEURONS_FUSE=0), ours only.
+#   3. optional stages: "find" (algorithms measured by cudnnFind) and "unfused" (SUPERNEURONS_FUSE=0), ours only;
+#      "overhead" (tools/bench/conv_overhead.py: host microseconds per cuDNN convolution call, legacy vs graph API);
+#      "legacy_api" (convolutions on cuDNN's legacy API, SUPERNEURONS_CUDNN_GRAPH=0), ours only.
 # Logs and JSON go to $OUT (or ./gpu_logs). BENCH_STAGES picks stages (default "time legacy main").
 set -u
 OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
@@ -27,6 +29,11 @@ for stage in $STAGES; do
     unfused)
       SUPERNEURONS_FUSE=0 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label unfused \
         --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_unfused.log" | tail -6 ;;
+    overhead)
+      timeout 120 python3 tools/bench/conv_overhead.py --out "$OUT" 2>&1 | tee "$OUT/conv_overhead.log" | tail -30 ;;
+    legacy_api)
+      SUPERNEURONS_CUDNN_GRAPH=0 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label legacy_api \
+        --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_legacy_api.log" | tail -6 ;;
     main)
       timeout 300 python3 tools/bench/speed.py --iterations "$ITER" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -8 ;;
   esac

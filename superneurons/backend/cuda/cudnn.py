@@ -1,10 +1,11 @@
-"""cuDNN (legacy API) through ctypes: descriptors, convolution with measured algorithms, softmax.
+"""cuDNN through ctypes: descriptors, convolutions, softmax.
 
 Every call's status is checked; a failure raises RuntimeError naming the function and cuDNN's message.
-Descriptors are cached per shape. Convolution algorithms are ranked once per (shapes, geometry) and
-direction, by cuDNN's heuristics or, with SUPERNEURONS_CUDNN_FIND=1, measured with cudnnFind*AlgorithmEx
-(see ConvPlan); workspace comes from the device's workspace source
-(device.WorkspaceSource: by default one private buffer grown on demand up to a limit).
+Descriptors are cached per shape. Each convolution direction of each (shapes, geometry) runs either through
+cuDNN's graph API (cudnn_graph.py: execution plans built once; the default, because cuDNN 9's legacy calls
+spend ~3x the host time per call) or through the legacy API with algorithms ranked by cuDNN's heuristics or,
+with SUPERNEURONS_CUDNN_FIND=1, measured with cudnnFind*AlgorithmEx (see ConvPlan). Workspace comes from the
+device's workspace source (device.WorkspaceSource: by default one private buffer grown on demand up to a limit).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from superneurons.backend.cuda import libs
+from superneurons.backend.cuda import cudnn_graph, libs
+from superneurons.backend.cuda.cudnn_graph import Candidates, NoFit
+from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.geometry import ConvGeometry
 
 _c = ctypes
@@ -41,10 +44,24 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def call(fn: str, *args) -> None:
-    status = getattr(_lib(), fn)(*args)
+_functions: dict[str, ctypes._CFuncPtr] = {}
+
+
+def function(fn: str):
+    """cuDNN's `fn`, looked up once (the hot calls also get argtypes: see _bind_convolutions)."""
+    f = _functions.get(fn)
+    if f is None:
+        f = _functions[fn] = getattr(_lib(), fn)
+    return f
+
+
+def check(status: int, fn: str) -> None:
     if status != 0:
         raise RuntimeError(f"{fn} failed: cuDNN status {status} ({_lib().cudnnGetErrorString(status).decode()})")
+
+
+def call(fn: str, *args) -> None:
+    check(function(fn)(*args), fn)
 
 
 def version() -> int:
@@ -100,17 +117,13 @@ class Handle:
         desc = self.tensor((dims[0], dims[1], dims[2], 1), x.dtype)
         one, zero = _scalars(x.dtype)
         call("cudnnSoftmaxForward", self.value, SOFTMAX_ACCURATE, SOFTMAX_MODE_CHANNEL, _c.byref(one), desc,
-             _ptr(x), _c.byref(zero), desc, _ptr(y))
+             _c.c_void_p(pointer(x)), _c.byref(zero), desc, _c.c_void_p(pointer(y)))
 
     def softmax_backward(self, y, dy, dx, dims) -> None:
         desc = self.tensor((dims[0], dims[1], dims[2], 1), y.dtype)
         one, zero = _scalars(y.dtype)
         call("cudnnSoftmaxBackward", self.value, SOFTMAX_ACCURATE, SOFTMAX_MODE_CHANNEL, _c.byref(one), desc,
-             _ptr(y), desc, _ptr(dy), _c.byref(zero), desc, _ptr(dx))
-
-
-def _ptr(a) -> _c.c_void_p:
-    return _c.c_void_p(a.device_ctypes_pointer.value or 0)
+             _c.c_void_p(pointer(y)), desc, _c.c_void_p(pointer(dy)), _c.byref(zero), desc, _c.c_void_p(pointer(dx)))
 
 
 class AlgoChoice(NamedTuple):
@@ -119,41 +132,32 @@ class AlgoChoice(NamedTuple):
     math: int  # cudnnMathType_t to set on the descriptor for this algorithm
 
 
-class AlgoTable:
-    """The usable algorithms of one convolution direction, fastest first, and the choice per workspace limit.
-
-    Only the Pareto front matters (each entry faster than every later one that needs less workspace), so
-    choosing for a new limit walks a few entries; choices are then cached per limit.
-    """
+class AlgoTable(Candidates):
+    """The usable legacy algorithms of one convolution direction, fastest first; `pick(available)` (Candidates)
+    returns the fastest whose workspace fits. Only the Pareto front matters (each entry faster than every later
+    one that needs less workspace), so only that is scanned."""
 
     def __init__(self, ranked: list[AlgoChoice], measured: bool):
         if not ranked:
             raise RuntimeError("cuDNN offers no usable convolution algorithm")
         self.ranked = ranked
         self.measured = measured
-        self.front: list[AlgoChoice] = []
+        front: list[AlgoChoice] = []
         for choice in ranked:
-            if not self.front or choice.workspace < self.front[-1].workspace:
-                self.front.append(choice)
-        self._by_limit: dict[int, AlgoChoice] = {}
+            if not front or choice.workspace < front[-1].workspace:
+                front.append(choice)
+        super().__init__(iter(()), front)
 
-    def pick(self, available: int) -> AlgoChoice:
-        choice = self._by_limit.get(available)
-        if choice is None:
-            choice = next((c for c in self.front if c.workspace <= available), None)
-            if choice is None:
-                raise RuntimeError(f"no convolution algorithm fits in {available} bytes of workspace "
-                                   f"(the smallest needs {self.front[-1].workspace})")
-            if len(self._by_limit) >= 64:  # a pool-backed source may report many different sizes
-                self._by_limit.clear()
-            self._by_limit[available] = choice
-        return choice
+    @property
+    def front(self) -> list[AlgoChoice]:
+        return self.items
 
 
 def _find_enabled() -> bool:
     """SUPERNEURONS_CUDNN_FIND=1 measures algorithms; the default ranks by cuDNN's heuristics, because on an
     H200 (cuDNN 9.19, ResNet-50 batch 64) the measured choices trained slower end to end: 1120 against 1350
-    img/s (docs/BENCHMARKS.md, issue 3), Find timing each algorithm alone on an idle GPU."""
+    img/s (docs/BENCHMARKS.md, issue 3), Find timing each algorithm alone on an idle GPU. Measuring uses the
+    legacy API (the graph path ranks by heuristics only)."""
     return os.environ.get("SUPERNEURONS_CUDNN_FIND", "0").strip().lower() not in ("", "0", "false", "no", "off")
 
 
@@ -166,24 +170,71 @@ _FUNCTIONS = (
     ("cudnnGetConvolutionBackwardFilterAlgorithm_v7", "cudnnFindConvolutionBackwardFilterAlgorithmEx",
      "cudnnConvolutionBackwardFilter"),
 )
+_bound: list | None = None
+
+
+def _bind_convolutions() -> list:
+    """The three legacy convolution calls with argtypes set once: (handle, alpha, a_desc, a, b_desc, b, conv,
+    algo, workspace, workspace bytes, beta, out_desc, out), every pointer passed as a plain int."""
+    global _bound
+    if _bound is None:
+        vp = _c.c_void_p
+        _bound = []
+        for names in _FUNCTIONS:
+            fn = function(names[2])
+            fn.argtypes = [vp, vp, vp, vp, vp, vp, vp, _c.c_int, vp, _c.c_size_t, vp, vp, vp]
+            fn.restype = _c.c_int
+            _bound.append(fn)
+    return _bound
+
+
+class LegacyDirection:
+    """One direction of a ConvPlan on the legacy API: its ranked algorithms and the call."""
+
+    graph = False
+
+    def __init__(self, plan: "ConvPlan", direction: int, table: AlgoTable, beta: int):
+        self.plan = plan
+        self.table = table
+        self.measured = table.measured
+        self._fn = _bind_convolutions()[direction]
+        self._name = _FUNCTIONS[direction][2]
+        a_desc, b_desc, out_desc = plan.descriptors(direction)
+        self._descs = (a_desc.value, b_desc.value, out_desc.value)
+        self._beta = beta  # address of the host scalar
+
+    def pick(self, available: int) -> AlgoChoice:
+        return self.table.pick(available)
+
+    def execute(self, choice: AlgoChoice, a: int, b: int, out: int, ws: int) -> None:
+        plan = self.plan
+        plan._set_math(choice.math)
+        a_desc, b_desc, out_desc = self._descs
+        status = self._fn(plan.h.value.value, plan.one_ptr, a_desc, a, b_desc, b, plan.conv.value, choice.algo,
+                          ws, choice.workspace, self._beta, out_desc, out)
+        if status != 0:
+            check(status, self._name)
 
 
 class ConvPlan:
     """Descriptors and algorithms of one convolution shape (forward, backward data, backward filter).
 
-    Algorithms are measured with cudnnFind*AlgorithmEx at the first call of each direction (the real
-    operands are needed; Find writes its output, so forward measures into y and backward data into dx,
-    which the call then overwrites, and backward filter into a scratch dw, because dw accumulates), as
-    PyTorch's cudnn.benchmark does. Every call then takes the fastest measured algorithm whose workspace
-    fits what the device's workspace source has available. Measuring is opt-in (SUPERNEURONS_CUDNN_FIND=1,
-    see _find_enabled); by default the ranking is cuDNN's _v7 heuristics (nothing is run), with the same
-    per-call choice against the workspace source.
+    Each direction is set up at its first call: on the graph API (cudnn_graph.GraphDirection, the default
+    for ungrouped convolutions) or, where that is off (SUPERNEURONS_CUDNN_GRAPH=0, or SUPERNEURONS_CUDNN_FIND=1)
+    or cannot run the convolution, on the legacy API (LegacyDirection). Legacy algorithms are ranked by
+    cuDNN's _v7 heuristics (nothing is run) or, with SUPERNEURONS_CUDNN_FIND=1, measured with
+    cudnnFind*AlgorithmEx on the real operands, as PyTorch's cudnn.benchmark does (Find writes its output, so
+    forward measures into y and backward data into dx, which the call then overwrites, and backward filter
+    into a scratch dw, because dw accumulates). Every call then takes the first choice whose workspace fits
+    what the device's workspace source has available.
     """
 
     def __init__(self, h: Handle, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype):
         self.h = h
         self.dtype = dtype
-        self.w_shape = tuple(int(d) for d in w_shape)
+        self.geom = geom
+        self.shapes = (tuple(int(d) for d in x_shape), tuple(int(d) for d in w_shape), tuple(int(d) for d in y_shape))
+        self.w_shape = self.shapes[1]
         self.x = h.tensor(x_shape, dtype)
         self.y = h.tensor(y_shape, dtype)
         self.bias = h.tensor((1, y_shape[1], 1, 1), dtype)
@@ -204,11 +255,21 @@ class ConvPlan:
         if dims != tuple(y_shape):
             raise RuntimeError(f"cuDNN computes output {dims} for input {x_shape}, weights {w_shape}, "
                                f"{geom}; the layer expects {tuple(y_shape)}")
-        self.tables: list[AlgoTable | None] = [None, None, None]
-        self.last: list[AlgoChoice | None] = [None, None, None]  # what each direction ran last (profiler)
+        self.tables: list = [None, None, None]  # per direction: a GraphDirection or a LegacyDirection
+        self._legacy: list[LegacyDirection | None] = [None, None, None]
+        self.last: list = [None, None, None]  # what each direction ran last (profiler)
         one, zero = _scalars(dtype)
         self._one, self._zero = _c.byref(one), _c.byref(zero)
+        self.one_ptr, self.zero_ptr = _c.addressof(one), _c.addressof(zero)
         self._keep = (one, zero)
+
+    def descriptors(self, direction: int) -> tuple:
+        """The legacy (a, b, out) descriptors of `direction`, in the call's operand order."""
+        return ((self.x, self.w, self.y), (self.w, self.y, self.x), (self.x, self.y, self.w))[direction]
+
+    def operand_shapes(self, direction: int) -> tuple:
+        x, w, y = self.shapes
+        return ((x, w, y), (w, y, x), (x, y, w))[direction]
 
     # -- choosing ----------------------------------------------------------------------------------
     def _usable(self, perfs, count: int) -> list[tuple[float, AlgoChoice]]:
@@ -223,30 +284,30 @@ class ConvPlan:
             out.append((float(p.time), AlgoChoice(p.algo, int(p.memory), math)))
         return out
 
-    def _heuristics(self, direction: int, descs) -> list[AlgoChoice]:
-        """cuDNN's ranking without running anything; `descs` = (a, b, out) as in _run."""
+    def _heuristics(self, direction: int) -> list[AlgoChoice]:
+        """cuDNN's ranking without running anything."""
         perfs = (_Perf * _MAX_ALGOS)()
         count = _c.c_int()
         self._set_math(self.h.math)
-        a_desc, b_desc, out_desc = descs
+        a_desc, b_desc, out_desc = self.descriptors(direction)
         call(_FUNCTIONS[direction][0], self.h.value, a_desc, b_desc, self.conv, out_desc, _MAX_ALGOS,
              _c.byref(count), perfs)
         return [choice for _t, choice in self._usable(perfs, count.value)]  # heuristic order
 
-    def _measure(self, direction: int, operands) -> AlgoTable:
-        """Rank the algorithms of `direction` on the real operands [(desc, ptr) x 3, the last the output]."""
-        descs = [d for d, _p in operands]
-        guesses = self._heuristics(direction, descs)
-        if not _find_enabled():
+    def _measure(self, direction: int, pointers: tuple[int, int, int], measure: bool) -> AlgoTable:
+        """Rank the legacy algorithms of `direction` on the real operands (a, b, out) when `measure`."""
+        guesses = self._heuristics(direction)
+        if not measure:
             return AlgoTable(guesses, measured=False)
+        descs = self.descriptors(direction)
         source = self.h.workspace_source
         size = min(source.available(), max((g.workspace for g in guesses), default=0))
-        args = [v for pair in operands for v in pair]
         perfs = (_Perf * _MAX_ALGOS)()
         count = _c.c_int()
         ws = source.acquire(size) if size else 0
         try:
-            call(_FUNCTIONS[direction][1], self.h.value, *args[:4], self.conv, *args[4:], _MAX_ALGOS,
+            call(_FUNCTIONS[direction][1], self.h.value, descs[0], _c.c_void_p(pointers[0]), descs[1],
+                 _c.c_void_p(pointers[1]), self.conv, descs[2], _c.c_void_p(pointers[2]), _MAX_ALGOS,
                  _c.byref(count), perfs, _c.c_void_p(ws), _c.c_size_t(size))
         finally:
             if size:
@@ -260,45 +321,74 @@ class ConvPlan:
             call("cudnnSetConvolutionMathType", self.conv, math)
             self._math = math
 
-    def _run(self, direction: int, a_desc, a, b_desc, b, beta, out_desc, out, measure_out=None) -> None:
-        table = self.tables[direction]
-        if table is None:
+    def _beta(self, direction: int) -> int:
+        return self.one_ptr if direction == BACKWARD_FILTER else self.zero_ptr
+
+    def legacy(self, direction: int, pointers: tuple[int, int, int], measure: bool = False) -> LegacyDirection:
+        d = self._legacy[direction]
+        if d is None:
+            d = self._legacy[direction] = LegacyDirection(self, direction, self._measure(direction, pointers, measure),
+                                                          self._beta(direction))
+        return d
+
+    def _setup(self, direction: int, pointers: tuple[int, int, int]):
+        """The direction's runner, chosen once (see the class docstring)."""
+        measure = _find_enabled()
+        if cudnn_graph.enabled() and not measure:
+            try:
+                return cudnn_graph.GraphDirection(self.h.value.value, direction, self.operand_shapes(direction),
+                                                  self.geom, _dtype_code(self.dtype), self.h.math != FMA_MATH,
+                                                  1.0 if direction == BACKWARD_FILTER else 0.0)
+            except cudnn_graph.Unsupported:
+                pass
+        return self.legacy(direction, pointers, measure)
+
+    def _run(self, direction: int, a: int, b: int, out: int, measure_out: int | None = None) -> None:
+        runner = self.tables[direction]
+        if runner is None:
             scratch = measure_out if measure_out is not None else out
-            table = self.tables[direction] = self._measure(direction, ((a_desc, a), (b_desc, b), (out_desc, scratch)))
+            runner = self.tables[direction] = self._setup(direction, (a, b, scratch))
+        if runner.graph and (a | b | out) % cudnn_graph.ALIGNMENT:
+            runner = self.legacy(direction, (a, b, out))  # the plans were built for aligned operands
         source = self.h.workspace_source
-        choice = table.pick(source.available())
+        available = source.available()
+        try:
+            choice = runner.pick(available)
+        except NoFit:
+            if not runner.graph:
+                raise
+            runner = self.legacy(direction, (a, b, out))
+            choice = runner.pick(available)
         self.last[direction] = choice
-        self._set_math(choice.math)
         nbytes = choice.workspace
         ws = source.acquire(nbytes) if nbytes else 0
         try:
-            call(_FUNCTIONS[direction][2], self.h.value, self._one, a_desc, a, b_desc, b, self.conv, choice.algo,
-                 _c.c_void_p(ws), _c.c_size_t(nbytes), beta, out_desc, out)
+            runner.execute(choice, a, b, out, ws)
         finally:
             if nbytes:
                 source.release()
 
     # -- the calls -----------------------------------------------------------------------------------
     def forward(self, x, w, y) -> None:
-        self._run(FORWARD, self.x, _ptr(x), self.w, _ptr(w), self._zero, self.y, _ptr(y))
+        self._run(FORWARD, pointer(x), pointer(w), pointer(y))
 
     def backward_data(self, w, dy, dx) -> None:
-        self._run(BACKWARD_DATA, self.w, _ptr(w), self.y, _ptr(dy), self._zero, self.x, _ptr(dx))
+        self._run(BACKWARD_DATA, pointer(w), pointer(dy), pointer(dx))
 
     def backward_filter(self, x, dy, dw) -> None:
         """dw += the filter gradient (beta = 1: parameter diffs accumulate, as in Caffe)."""
         scratch = None
-        if self.tables[BACKWARD_FILTER] is None:  # Find overwrites its output: measure into a scratch dw
+        if self.tables[BACKWARD_FILTER] is None and _find_enabled():  # Find overwrites its output: a scratch dw
             from numba import cuda
 
             scratch = cuda.device_array(self.w_shape, np.dtype(self.dtype))
-        self._run(BACKWARD_FILTER, self.x, _ptr(x), self.y, _ptr(dy), self._one, self.w, _ptr(dw),
-                  measure_out=_ptr(scratch) if scratch is not None else None)
+        self._run(BACKWARD_FILTER, pointer(x), pointer(dy), pointer(dw),
+                  measure_out=pointer(scratch) if scratch is not None else None)
 
     def add_bias(self, b, y) -> None:
-        call("cudnnAddTensor", self.h.value, self._one, self.bias, _ptr(b), self._one, self.y, _ptr(y))
+        call("cudnnAddTensor", self.h.value, self._one, self.bias, _c.c_void_p(pointer(b)), self._one, self.y,
+             _c.c_void_p(pointer(y)))
 
     def backward_bias(self, dy, db) -> None:
-        call("cudnnConvolutionBackwardBias", self.h.value, self._one, self.y, _ptr(dy), self._one, self.bias,
-             _ptr(db))
-
+        call("cudnnConvolutionBackwardBias", self.h.value, self._one, self.y, _c.c_void_p(pointer(dy)), self._one,
+             self.bias, _c.c_void_p(pointer(db)))

@@ -16,6 +16,7 @@ except ImportError:  # the CUDA simulator (tests without a GPU): the ops then ru
     DeviceNDArray = None
 
 from superneurons.backend.cuda import cublas, cudnn
+from superneurons.backend.cuda.pointers import pointer  # also re-exported: the ops' helpers live here
 
 _current: "Device | None" = None
 
@@ -26,7 +27,7 @@ class WorkspaceSource(Protocol):
     `acquire`s that many bytes (only when it needs any) and `release`s them when the call is queued."""
 
     def available(self) -> int: ...          # bytes a convolution may use right now
-    def acquire(self, nbytes: int) -> int: ... # device pointer (int) to >= nbytes, valid until release()
+    def acquire(self, nbytes: int) -> int: ... # device pointer (int, 16-byte aligned) to >= nbytes, valid until release()
     def release(self) -> None: ...
 
 
@@ -50,7 +51,7 @@ class FixedWorkspace:
             self._buf = None  # free the old buffer before allocating the larger one
             self._buf = cuda.device_array(max(int(nbytes), 1), np.uint8)
             self.nbytes = int(nbytes)
-        return self._buf.device_ctypes_pointer.value
+        return pointer(self._buf)
 
     def release(self) -> None:
         pass

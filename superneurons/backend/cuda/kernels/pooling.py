@@ -1,7 +1,10 @@
 """Pooling kernels with Caffe's window rules (the same windows as backend/cpu/pooling.py).
 
-Forward: one thread per output. Backward: one thread per input pixel, gathering from the outputs whose
-windows hold it (no atomics). Shapes arrive as ints: n*c planes of (h, w) in, (oh, ow) out.
+Forward: one thread per output. Backward: each input pixel gathers from the outputs whose windows hold it
+(no atomics, so the sums are deterministic). Max backward walks down columns (`max_backward_columns`): 64-bit
+integer division is a software routine on the GPU, and per-pixel index arithmetic made the per-pixel version
+(`max_backward`) compute-bound (~1.5 ms for ResNet-50's pool1 backward at batch 64 on an H200).
+Shapes arrive as ints: n*c planes of (h, w) in, (oh, ow) out.
 """
 from __future__ import annotations
 
@@ -81,6 +84,34 @@ def max_backward(dy, mask, dx, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
                 if mask[o] == me:
                     grad += dy[o]
         dx[i] = grad
+
+
+@cuda.jit
+def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+    """max_backward with one thread per (plane, input column) walking down the column: the column's output
+    range is computed once, and the row range [lo, hi) of the windows holding row r only moves forward as r
+    grows, so it advances by comparisons instead of divisions."""
+    for t in range(cuda.grid(1), planes * w, cuda.gridsize(1)):
+        plane = t // w
+        s = t - plane * w
+        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
+        src = plane * h * w + s
+        out_plane = plane * oh
+        lo = 0  # first window whose rows [q*sh - ph, q*sh - ph + kh) reach row r
+        hi = 0  # first window starting below row r (capped at oh)
+        for r in range(h):
+            while lo < oh and lo * sh - ph + kh <= r:
+                lo += 1
+            while hi < oh and hi * sh - ph <= r:
+                hi += 1
+            me = r * w + s
+            grad = 0.0
+            for qh in range(lo, hi):
+                row = (out_plane + qh) * ow
+                for qw in range(lo_w, hi_w):
+                    if mask[row + qw] == me:
+                        grad += dy[row + qw]
+            dx[src + r * w] = grad
 
 
 @cuda.jit

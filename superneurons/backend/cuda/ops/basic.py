@@ -5,6 +5,7 @@ import numpy as np
 
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import current, flat, reshape, scalar
+from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
@@ -22,9 +23,10 @@ def copy(src, dst) -> None:
     if not dst.size:
         return
     if src.dtype == dst.dtype:
-        if src.device_ctypes_pointer.value == dst.device_ctypes_pointer.value:
+        src_ptr, dst_ptr = pointer(src), pointer(dst)
+        if src_ptr == dst_ptr:
             return  # the same memory (an in-place layer's diff)
-        if not K.memcpy_device(dst.device_ctypes_pointer.value, src.device_ctypes_pointer.value, dst.nbytes):
+        if not K.memcpy_device(dst_ptr, src_ptr, dst.nbytes):
             flat(dst).copy_to_device(flat(src))
     else:
         K.launch(ek.scale_copy, dst.size)(scalar(dst, 1.0), flat(src), flat(dst))
@@ -55,8 +57,8 @@ def gemm(trans_a: bool, trans_b: bool, alpha: float, a, b, beta: float, c) -> No
             (b.shape[1] if trans_b else b.shape[0]) != k:
         raise ValueError(f"gemm shapes do not match: a {a.shape} (T={trans_a}), b {b.shape} (T={trans_b}), "
                          f"c {c.shape}")
-    current().cublas.gemm(trans_a, trans_b, m, n, k, alpha, a.device_ctypes_pointer.value, a.shape[1],
-                          b.device_ctypes_pointer.value, b.shape[1], beta, c.device_ctypes_pointer.value, c.dtype)
+    current().cublas.gemm(trans_a, trans_b, m, n, k, alpha, pointer(a), a.shape[1], pointer(b), b.shape[1], beta,
+                          pointer(c), c.dtype)
 
 
 def add_bias(y, b, outer: int, dim: int, inner: int) -> None:

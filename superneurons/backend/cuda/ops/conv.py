@@ -1,4 +1,4 @@
-"""2-D convolution through cuDNN (grouped, dilated); algorithms measured once per shape (see cudnn.py)."""
+"""2-D convolution through cuDNN (grouped, dilated); plans and algorithms chosen once per shape (see cudnn.py)."""
 from __future__ import annotations
 
 from superneurons.backend.cuda import cudnn
@@ -39,14 +39,19 @@ _BWD_FILTER = ("algo0", "algo1", "fft", "algo3", "winograd", "winograd_nonfused"
 
 def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
     """The cuDNN algorithms (and workspace) this shape ran at its last call in each direction, for the
-    profiler; '-' for a direction not run yet, '~' after a name that was ranked by heuristics, not measured."""
+    profiler; '-' for a direction not run yet, '~' after a name that was ranked by heuristics, not measured;
+    `engN` is engine N of cuDNN's graph API."""
     plan = current().cudnn.conv_plan(tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype)
 
     def name(table, direction):
         choice = plan.last[direction]
         if choice is None:
             return "-"
-        label = table[choice.algo] if 0 <= choice.algo < len(table) else str(choice.algo)
+        engine = getattr(choice, "engine", None)
+        if engine is not None:
+            label = f"eng{engine}"
+        else:
+            label = table[choice.algo] if 0 <= choice.algo < len(table) else str(choice.algo)
         if not plan.tables[direction].measured:
             label += "~"
         return label + (f"({choice.workspace >> 20}M)" if choice.workspace >= 1 << 20 else "")

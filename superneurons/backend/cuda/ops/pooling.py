@@ -30,7 +30,8 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None) -> None:
 def pool_backward(dy, mask, dx, geom: PoolGeometry) -> None:
     dims = _dims(dx.shape, dy.shape, geom)
     if geom.method == "max":
-        K.launch(pk.max_backward, dx.size)(flat(dy), flat(mask), flat(dx), *dims)
+        planes = dx.shape[0] * dx.shape[1]
+        K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims)
     elif geom.method == "ave":
         K.launch(pk.ave_backward, dx.size)(flat(dy), flat(dx), *dims)
     else:
