@@ -37,7 +37,8 @@ def _dummy(net_text: str) -> str:
 
 
 def _train(net_text: str, solver_text: str, memory: str, pool_bytes=None, test_nets: bool = False):
-    text = solver_text + (" test_iter: 1 test_interval: 2" if test_nets else "")
+    # No final snapshot: it would land in the working directory, and these tests compare weights in memory.
+    text = solver_text + " snapshot_after_train: false" + (" test_iter: 1 test_interval: 2" if test_nets else "")
     solver = Solver(solver_param(text, net=net_text), "s.prototxt", memory=memory, pool_bytes=pool_bytes, log=Quiet())
     solver.solve()
     weights = [t.array.tobytes() for t in solver.net.tensors if t.kind == "param"]
