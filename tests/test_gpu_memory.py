@@ -190,8 +190,11 @@ def test_every_mode_matches_baseline_small_net(gpu, monkeypatch):
     plan, params = budgets(small_graph)
     live = plan.peak("liveness")[0]
     runs = [(m, None) for m in ("liveness", "offload", "recompute", "auto")]
-    # One block under liveness's peak: offload and recompute must move bytes through pinned memory.
-    runs += [(m + " tight", params + live - 1024) for m in ("offload", "recompute")]
+    # Below what each mode needs when nothing moves (offload: liveness's peak; recompute: its replays
+    # alone), above its planned peak with moves: the bytes must go through pinned memory.
+    for m in ("offload", "recompute"):
+        still = max(simulate(plan.program, _without_moves(plan.schedules[m])).bytes)
+        runs.append((m + " tight", params + (still + plan.peak(m)[0]) // 2))
     for label, pool in runs:
         run = train(gpu, small_graph, label.split()[0], 10, pool_bytes=pool)
         assert_weights_match(label, run, ref)
@@ -222,7 +225,9 @@ def test_resnet50_trains_under_a_budget_that_needs_offload(gpu):
         t_ref = time.perf_counter() - t0
         # Run-to-run noise of the same mode: cuDNN's zero-workspace backward algorithms and the float64
         # atomics of the per-channel reductions add in a different order every run.
-        noise = weight_error(train(gpu, resnet_graph, "baseline", RESNET_ITERS).weights, ref.weights)[0]
+        again = train(gpu, resnet_graph, "baseline", RESNET_ITERS)
+        noise = weight_error(again.weights, ref.weights)[0]
+        noise_first = weight_error(again.first_weights, ref.first_weights)[0]
         t0 = time.perf_counter()
         run = train(gpu, resnet_graph, "auto", RESNET_ITERS, pool_bytes=budget)
         t_auto = time.perf_counter() - t0
@@ -232,13 +237,16 @@ def test_resnet50_trains_under_a_budget_that_needs_offload(gpu):
     report("resnet50 bytes moved/iter", moved["iteration"]["bytes_offloaded"] + moved["iteration"]["bytes_prefetched"],
            str(moved["iteration"]))
     first_err, first_at = weight_error(run.first_weights, ref.first_weights)
-    report("resnet50 after 1 iteration", f"{first_err:.2e}", f"worst tensor #{first_at}")
+    report("resnet50 after 1 iteration", f"{first_err:.2e}",
+           f"worst tensor #{first_at}; baseline vs baseline {noise_first:.2e}")
     report("resnet50 baseline vs baseline", f"{noise:.2e}", f"after {RESNET_ITERS} iterations (the noise floor)")
     tolerance = max(RTOL, 10 * noise)
     err, where = weight_error(run.weights, ref.weights)
     report(f"weights resnet50 auto({run.mode})", f"{err:.2e}",
            f"worst tensor #{where}; tolerance {tolerance:.1e}; final loss {run.losses[-1]:.6f} vs {ref.losses[-1]:.6f}")
-    assert first_err <= 1e-4, f"one iteration of auto({run.mode}) already differs from baseline by {first_err:.3e}"
+    first_tol = max(1e-4, 10 * noise_first)
+    assert first_err <= first_tol, (f"one iteration of auto({run.mode}) already differs from baseline by "
+                                    f"{first_err:.3e} (tolerance {first_tol:.1e}, run-to-run noise {noise_first:.1e})")
     assert err <= tolerance, (f"auto({run.mode}): parameter tensor #{where} differs from baseline by {err:.3e} of "
                               f"its scale (tolerance {tolerance:.1e}, baseline's own run-to-run noise {noise:.1e}); "
                               f"losses {run.losses} vs baseline {ref.losses}")
