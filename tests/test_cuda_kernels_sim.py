@@ -28,7 +28,8 @@ if not config.ENABLE_CUDASIM:
 simulated = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="runs in the subprocess test above")
 from superneurons.backend.cpu import dropout as cpu_dropout, pooling as cpu_pool, solver_ops  # noqa: E402
 from superneurons.backend.cuda import kernels as K  # noqa: E402
-from superneurons.backend.cuda.kernels import dropout as dk, pooling as pk, solver as sk  # noqa: E402
+from superneurons.backend.cuda.kernels import (  # noqa: E402
+    dropout as dk, elementwise as ek, pooling as pk, solver as sk)
 from superneurons.backend.geometry import PoolGeometry  # noqa: E402
 
 
@@ -71,9 +72,9 @@ def test_max_pool_ceil_mode_forward_and_backward():
     ((1, 2, 6, 5), (2, 3), (2, 1), (1, 0)),  # overlapping along one axis only
     ((2, 1, 5, 5), (2, 2), (3, 3), (0, 0)),  # stride over the kernel: some pixels in no window
 ])
-def test_max_pool_backward_by_columns_matches_cpu(x_shape, kernel, stride, pad):
-    """The column-walking backward (the one the op launches) against the CPU op, on geometries that exercise
-    its window-range bookkeeping."""
+def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad):
+    """The column-walking forward and backward (the ones the op launches) against the CPU op, on geometries
+    that exercise their window-range bookkeeping."""
     rng = np.random.default_rng()
     geom = PoolGeometry("max", kernel, stride, pad)
 
@@ -90,8 +91,35 @@ def test_max_pool_backward_by_columns_matches_cpu(x_shape, kernel, stride, pad):
     cpu_pool.pool_backward(dy, mask, want, geom)
     planes = x_shape[0] * x_shape[1]
     dims = (x_shape[2], x_shape[3], oh, ow, *kernel, *stride, *pad)
+    y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
+    K.launch(pk.max_forward_columns, planes * ow)(x.ravel(), y_got.ravel(), mask_got.ravel(), planes, *dims)
+    assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
     K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@simulated
+@pytest.mark.parametrize("n", [1, 3, 1029, 5000])
+def test_unrolled_elementwise_kernels_match_cpu_in_place(n):
+    """ReLU forward/backward and the two-input sum take four elements per thread per trip; sizes that leave
+    the last trip partly masked, and in place (output = input), as the layers call them."""
+    from superneurons.backend.cpu import activation as cpu_act
+
+    rng = np.random.default_rng()
+    x, dy, b = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    want = np.empty_like(x)
+    cpu_act.relu_forward(x, want, 0.1)
+    got = x.copy()
+    K.launch_unrolled(ek.relu_forward, n)(got, got, np.float32(0.1))
+    assert np.array_equal(got, want)
+    want_dx = np.empty_like(x)
+    cpu_act.relu_backward(want, dy, want_dx, 0.1)
+    got_dx = dy.copy()
+    K.launch_unrolled(ek.relu_backward, n)(got, got_dx, got_dx, np.float32(0.1))
+    assert np.array_equal(got_dx, want_dx)
+    got_sum = x.copy()
+    K.launch_unrolled(ek.weighted_sum2, n)(np.float32(1.0), got_sum, np.float32(-2.0), b, got_sum)
+    np.testing.assert_allclose(got_sum, x - 2 * b, rtol=1e-6, atol=1e-6)
 
 
 @simulated
@@ -107,10 +135,12 @@ def test_fused_sgd_matches_cpu_rule():
 
 @simulated
 @pytest.mark.parametrize("shape,relu,global_stats", [((3, 2, 5, 6), True, False), ((2, 3, 300), False, False),
-                                                     ((3, 2, 4, 3), True, True)])
+                                                     ((3, 2, 4, 3), True, True),
+                                                     ((2, 2, 33, 40), True, False)])
 def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats):
     """The CUDA fused op (its kernels run by the simulator on host arrays) against the CPU fused op; the
-    shapes cover planes shorter and longer than a block."""
+    shapes cover planes shorter and longer than a block, and a plane over four blocks' worth (several
+    four-element trips per thread, the last one partly masked)."""
     from superneurons.backend.cpu import fused as cpu_fused
     from superneurons.backend.cuda.ops import fused as cuda_fused
 

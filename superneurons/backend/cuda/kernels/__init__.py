@@ -155,3 +155,11 @@ def launch(kernel, n: int, blocks: int | None = None):
     if cfg is None:
         cfg = _configured[key] = _Launcher(kernel, grid)
     return cfg
+
+
+UNROLL = 4  # elements per thread per trip in the unrolled elementwise kernels (elementwise.four_indices)
+
+
+def launch_unrolled(kernel, n: int):
+    """A launcher for a kernel that handles UNROLL elements per thread per trip: a quarter of the grid."""
+    return launch(kernel, -(-n // UNROLL))

@@ -8,6 +8,8 @@ from numba import cuda, float64
 
 from superneurons.backend.cuda.kernels import BLOCK
 
+PAIR_SCRATCH = 2 * BLOCK  # float64 entries of block_sum2's shared scratch (a shared array's size must be a constant)
+
 
 @cuda.jit(device=True)
 def block_sum(value, shared):
@@ -24,6 +26,27 @@ def block_sum(value, shared):
     total = shared[0]
     cuda.syncthreads()
     return total
+
+
+@cuda.jit(device=True)
+def block_sum2(a, b, shared):
+    """(sum of a, sum of b) over the block's BLOCK threads, to every thread: two sums in one tree, so half
+    the barriers of two block_sum calls. `shared` holds PAIR_SCRATCH float64."""
+    tid = cuda.threadIdx.x
+    shared[tid] = a
+    shared[BLOCK + tid] = b
+    cuda.syncthreads()
+    step = BLOCK // 2
+    while step > 0:
+        if tid < step:
+            shared[tid] += shared[tid + step]
+            shared[BLOCK + tid] += shared[BLOCK + tid + step]
+        cuda.syncthreads()
+        step //= 2
+    ta = shared[0]
+    tb = shared[BLOCK]
+    cuda.syncthreads()
+    return ta, tb
 
 
 @cuda.jit(device=True)

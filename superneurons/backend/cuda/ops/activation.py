@@ -14,11 +14,13 @@ def _run(kernel, out, *args) -> None:
 
 
 def relu_forward(x, y, slope: float) -> None:
-    _run(ek.relu_forward, y, x, y, scalar(y, slope))
+    if y.size:
+        K.launch_unrolled(ek.relu_forward, y.size)(flat(x), flat(y), scalar(y, slope))
 
 
 def relu_backward(y, dy, dx, slope: float) -> None:
-    _run(ek.relu_backward, dx, y, dy, dx, scalar(dx, slope))
+    if dx.size:
+        K.launch_unrolled(ek.relu_backward, dx.size)(flat(y), flat(dy), flat(dx), scalar(dx, slope))
 
 
 def sigmoid_forward(x, y) -> None:

@@ -30,7 +30,9 @@ def eltwise_sum(bottoms: Sequence, coeffs: Sequence[float], top) -> None:
     if len(bottoms) == 1:
         scaled_copy(coeffs[0], bottoms[0], top)
         return
-    _run(ek.weighted_sum2, top, scalar(top, coeffs[0]), bottoms[0], scalar(top, coeffs[1]), bottoms[1], top)
+    if top.size:
+        K.launch_unrolled(ek.weighted_sum2, top.size)(scalar(top, coeffs[0]), flat(bottoms[0]), scalar(top, coeffs[1]),
+                                                      flat(bottoms[1]), flat(top))
     for b, c in zip(bottoms[2:], coeffs[2:]):
         axpy(c, b, top)
 

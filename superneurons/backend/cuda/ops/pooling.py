@@ -18,7 +18,8 @@ def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
 def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None) -> None:
     dims = _dims(x.shape, y.shape, geom)
     if geom.method == "max":
-        K.launch(pk.max_forward, y.size)(flat(x), flat(y), flat(mask), *dims)
+        planes = y.shape[0] * y.shape[1]
+        K.launch(pk.max_forward_columns, planes * y.shape[3])(flat(x), flat(y), flat(mask), planes, *dims)
         if top_mask is not None:
             copy(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
