@@ -62,11 +62,6 @@ GPU = {name: getattr(m, name) for m in (g_embed, g_loss, g_mvn, g_neuron, g_fill
        for name in m.__all__}
 
 
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
-
-
 def run_both(op, arrays, *scalars):
     """ops.<op> on host copies (CPU) and simulator copies (GPU) of `arrays`; both results as host arrays."""
     host = [None if a is None else np.array(a, copy=True) for a in arrays]

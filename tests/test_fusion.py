@@ -21,11 +21,6 @@ OPS = CpuBackend().ops
 EPS = 1e-5
 
 
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
-
-
 # ---- the op against a float64 reference ---------------------------------------------------------
 
 def reference(x, gamma, beta, relu, stats=None, eps=EPS):

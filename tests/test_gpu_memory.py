@@ -44,13 +44,6 @@ def report(name: str, value, detail: str = "") -> None:
     print(f"\nREPORT|{name}|{value}|{detail}", flush=True)
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from superneurons.backend.cuda import CudaBackend
-
-    return CudaBackend(0, tf32=False)
-
-
 def _layer(name, type_, bottoms, tops, extra=""):
     b = "".join(f' bottom: "{x}"' for x in bottoms)
     t = "".join(f' top: "{x}"' for x in tops)

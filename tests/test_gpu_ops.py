@@ -11,54 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from superneurons.backend.cpu import CpuBackend
-from superneurons.backend.cuda.probe import gpu_available
 from superneurons.backend.geometry import ConvGeometry, LRNGeometry, PoolGeometry
+from gpu_harness import CPU, GPU_ONLY, close, dev, f32, randn, run_both
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")]
-
-CPU = CpuBackend()
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from superneurons.backend.cuda import CudaBackend
-
-    return CudaBackend(0, tf32=False)
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
-
-
-def dev(gpu, a):
-    a = np.asarray(a)
-    d = gpu.view(gpu.arena(max(a.nbytes, 1)), 0, a.shape, a.dtype)
-    gpu.from_host(d, a)
-    return d
-
-
-def run_both(gpu, op, arrays, *scalars):
-    """Run ops.<op> on host copies and device copies of `arrays`; return (cpu arrays, gpu arrays as host)."""
-    host = [None if a is None else np.array(a, copy=True) for a in arrays]
-    getattr(CPU.ops, op)(*host, *scalars)
-    d = [None if a is None else dev(gpu, a) for a in arrays]
-    getattr(gpu.ops, op)(*d, *scalars)
-    return host, [None if a is None else gpu.to_host(a) for a in d]
-
-
-def close(got, want, rtol=1e-5, atol_scale=1e-5):
-    atol = atol_scale * max(1.0, float(np.abs(want).max(initial=0)))
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    return float(np.abs(got.astype(np.float64) - want).max(initial=0))
-
-
-f32 = np.float32
-
-
-def randn(rng, *shape):
-    return rng.standard_normal(shape).astype(f32)
+pytestmark = GPU_ONLY
 
 
 @pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh"])

@@ -1,0 +1,43 @@
+"""Shared pieces of the GPU op tests: `run_both` runs one op on the CPU backend and on the GPU
+from the same inputs.
+
+The `gpu` and `rng` fixtures live in conftest.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.cuda.probe import gpu_available
+
+GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")]
+CPU = CpuBackend()
+f32 = np.float32
+
+
+def randn(rng, *shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(f32)
+
+
+def dev(gpu, a):
+    """A device copy of host array `a` in an arena of its own."""
+    a = np.asarray(a)
+    d = gpu.view(gpu.arena(max(a.nbytes, 1)), 0, a.shape, a.dtype)
+    gpu.from_host(d, a)
+    return d
+
+
+def run_both(gpu, op, arrays, *scalars):
+    """ops.<op> on host copies and device copies of `arrays`; (cpu arrays, gpu arrays copied to the host)."""
+    host = [None if a is None else np.array(a, copy=True) for a in arrays]
+    getattr(CPU.ops, op)(*host, *scalars)
+    d = [None if a is None else dev(gpu, a) for a in arrays]
+    getattr(gpu.ops, op)(*d, *scalars)
+    return host, [None if a is None else gpu.to_host(a) for a in d]
+
+
+def close(got, want, rtol=1e-5, atol_scale=1e-5) -> float:
+    """assert_allclose with an absolute floor relative to the output's scale; returns the max abs error."""
+    atol = atol_scale * max(1.0, float(np.abs(want).max(initial=0)))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return float(np.abs(got.astype(np.float64) - want).max(initial=0))
