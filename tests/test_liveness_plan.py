@@ -105,8 +105,10 @@ def test_l_i_counts_inputs_outputs_buffers_and_diffs():
     plan = make_plan(_graph(_mlp_with_loss()))
     p = plan.program
     s = next(st for st in p.steps if st.node.name == "fa" and st.phase == "backward")
-    # InnerProduct backward: bottom (fc1 view -> root fc1), top diff, bottom diff.
-    assert set(s.uses) == {"fc1", "fa@diff", "fc1_relu1_0_split_0@diff"}
+    # InnerProduct backward: bottom (fc1 view -> root fc1), top diff, bottom diff (the Split's first top
+    # gradient, which shares the Split's bottom gradient's memory: root fc1@diff).
+    assert set(s.uses) == {"fc1", "fa@diff", "fc1@diff"}
+    assert p.root["fc1_relu1_0_split_0@diff"] == "fc1@diff"
     assert plan.layer_bytes[s.index] == sum(p.tensors[k].nbytes for k in s.uses)
 
 

@@ -112,3 +112,41 @@ def test_make_resnet_with_more_parameters_than_the_budget_trains(monkeypatch):
     params = sum(t.nbytes for t in base.net.tensors if t.kind in ("param", "param_diff", "history"))
     solver, w, h = _train(net_text, text, "recompute", pool_bytes=params // 3)
     assert solver.net.params.offloaded and w == ref_w and h == ref_h
+
+
+def test_snapshots_and_weight_files_of_streamed_parameters_read_the_host_homes(monkeypatch, tmp_path):
+    """With streamed parameters, weights and history live in host homes between steps. Weight files and
+    snapshots reach them through the Net's backend (runtime.net.HostAwareBackend), never through the device
+    backend's to_host/from_host, which on the GPU take device arrays only."""
+    from superneurons.backend.cpu import CpuBackend
+    from superneurons.solver.snapshot import restore_snapshot, write_snapshot
+
+    homes: set[int] = set()
+
+    class DeviceOnly(CpuBackend):
+        def to_host(self, src):
+            assert id(src) not in homes, "a host home reached the device backend's to_host"
+            return super().to_host(src)
+
+        def from_host(self, dst, src):
+            assert id(dst) not in homes, "a host home reached the device backend's from_host"
+            super().from_host(dst, src)
+
+    monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "1")
+    text = SOLVERS["sgd"] + f' snapshot_after_train: false snapshot_prefix: "{tmp_path}/s"'
+
+    def solver():
+        s = Solver(solver_param(text, net=_dummy(CONV_FAN)), "s.prototxt", memory="liveness", log=Quiet(),
+                   backend=DeviceOnly())
+        assert s.net.params.offloaded
+        homes.update(id(h) for h in s.net.params.home.values())
+        return s
+
+    first = solver()
+    first.solve()
+    _model, state = write_snapshot(first)
+    second = solver()
+    restore_snapshot(second, state)
+    weights = lambda s: [t.array.tobytes() for t in s.net.tensors if t.kind == "param"]  # noqa: E731
+    assert weights(second) == weights(first)
+    assert [h.tobytes() for h in second.history_blobs()] == [h.tobytes() for h in first.history_blobs()]

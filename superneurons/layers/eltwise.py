@@ -12,6 +12,9 @@ _OP = pb.EltwiseParameter
 @register("Eltwise")
 class Eltwise(Layer):
     n_bottoms = (2, None)
+    # Set by the runtime (memory/aliases.py): under SUM with coefficient 1, the bottom whose gradient is
+    # the top gradient's memory, so backward writes nothing for it; None: every bottom has its own.
+    diff_alias: int | None = None
 
     def setup(self, bottom_shapes):
         p = self.param.eltwise_param
@@ -55,7 +58,7 @@ class Eltwise(Layer):
         dy = top_diff[0]
         # Last bottom first: in place, bottom 0's diff is the top diff, so it must be written last.
         for i in reversed(range(len(bottom))):
-            if not propagate_down[i]:
+            if not propagate_down[i] or i == self.diff_alias:
                 continue
             if self.op == _OP.SUM:
                 ops.scaled_copy(self.coeffs[i], dy, bottom_diff[i])

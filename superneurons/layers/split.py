@@ -13,6 +13,9 @@ class Split(Layer):
         super().__init__(param, phase)
         # Set by the graph builder when a consumer works in place on a top: then tops need their own copy.
         self.copy_data = False
+        # Set by the runtime (memory/aliases.py): the top whose gradient memory is also the bottom's
+        # gradient, so backward adds the other top gradients into it; None: the bottom has its own.
+        self.diff_alias: int | None = None
 
     def setup(self, bottom_shapes):
         self._ones = [1.0] * len(self.param.top)
@@ -29,5 +32,8 @@ class Split(Layer):
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if not propagate_down[0]:
             return
-        # The sum of the top diffs; eltwise_sum adds the first two in one pass on the GPU.
-        self.ops.eltwise_sum(top_diff, self._ones, bottom_diff[0])
+        # The sum of the top diffs; eltwise_sum adds the first two in one pass on the GPU. When the bottom
+        # diff is top `a`'s memory, that diff goes first: eltwise_sum may write its output over bottoms[0].
+        a = self.diff_alias
+        diffs = top_diff if not a else [top_diff[a]] + [d for k, d in enumerate(top_diff) if k != a]
+        self.ops.eltwise_sum(diffs, self._ones, bottom_diff[0])

@@ -20,6 +20,7 @@ import numpy as np
 
 from superneurons.graph.build import Graph, Node
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, count
+from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.pool import round_up
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -75,6 +76,13 @@ class Program:
         self.diff_key: dict[str, str] = {}  # blob name -> diff tensor key
         self.buffer_keys: dict[str, list[tuple[str, bool]]] = {}  # node name -> [(key, for_backward)]
         self.need_backward, self.propagate_down = self._backward_flags(graph, plan_backward)
+        # Gradients the loss seeds (Net.backward fills them before the first backward step); a deploy net
+        # planned with backward seeds its outputs.
+        self.seed_blobs = ([t for t, _w in graph.loss_blobs] or (list(graph.outputs) if plan_backward else [])
+                           if train else [])
+        # Split / Eltwise SUM top gradients that are views of a bottom gradient (as the Net declares them).
+        self.aliases = (diff_aliases(graph, self.need_backward, self.propagate_down, self.seed_blobs)
+                        if train else DiffAliases())
         self._declare(train)
         self.steps: list[StepInfo] = []
         self.seeds: list[str] = []
@@ -129,6 +137,8 @@ class Program:
                 for t, shape in zip(node.tops, node.top_shapes):
                     if t not in diff:
                         base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
+                        if t in self.aliases.views:
+                            base = self._bottom_diff(self.aliases.views[t])
                         key = t + "@diff"
                         if base is not None:
                             self.root[key] = self.root[base]
@@ -137,15 +147,21 @@ class Program:
                         diff[t] = key
             if train:
                 for b, pd in zip(node.bottoms, self.propagate_down[node.name]):
-                    if pd and b not in diff:
-                        self._add(b + "@diff", self.graph.blob_shapes[b], "diff")
-                        diff[b] = b + "@diff"
+                    if pd:
+                        self._bottom_diff(b)
             bufs = []
             for name, buf in layer.buffers.items():
                 key = f"{node.name}#{name}"
                 self._add(key, buf.shape, "buffer", buf.dtype)
                 bufs.append((key, bool(buf.for_backward)))
             self.buffer_keys[node.name] = bufs
+
+    def _bottom_diff(self, b: str) -> str:
+        """The key of blob `b`'s gradient, declared now if this is its first consumer."""
+        if b not in self.diff_key:
+            self._add(b + "@diff", self.graph.blob_shapes[b], "diff")
+            self.diff_key[b] = b + "@diff"
+        return self.diff_key[b]
 
     # -- per-step uses ---------------------------------------------------------------------------
     def _build_steps(self, train: bool, plan_backward: bool) -> None:
@@ -161,9 +177,7 @@ class Program:
             self.steps.append(StepInfo(i, FORWARD, node, i, tuple(dict.fromkeys(uses)), writes))
         if not train:
             return
-        # Gradients the loss seeds (Net.backward fills them before the first backward step).
-        seed_blobs = [t for t, _w in self.graph.loss_blobs] or (list(self.graph.outputs) if plan_backward else [])
-        self.seeds = [r[diff[b]] for b in seed_blobs if b in diff]
+        self.seeds = [r[diff[b]] for b in self.seed_blobs if b in diff]
         first = True
         for i in reversed(range(len(nodes))):
             node = nodes[i]

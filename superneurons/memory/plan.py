@@ -17,6 +17,7 @@ from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, L
                                          simulate)
 from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, backward_reads, checkpoint_tensors,
                                         plan_offload)
+from superneurons.memory.params import layers_computed_by
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.recompute import RecomputePlanner
 
@@ -107,15 +108,17 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
     def size(decl) -> int:
         return round_up(count(decl.shape) * 4)
 
-    def node_bytes(node, grads: bool) -> int:
+    def node_bytes(layers, grads: bool) -> int:
         owned = {}
-        specs = node.layer.param.param
-        for k, decl in enumerate(node.layer.params):
-            name = specs[k].name if k < len(specs) and specs[k].name else f"#{k}"
-            owned[name] = size(decl) * (2 if grads and decl.learnable else 1)
+        for layer in layers:
+            specs = layer.param.param
+            for k, decl in enumerate(layer.params):
+                name = specs[k].name if k < len(specs) and specs[k].name else f"{layer.name}#{k}"
+                owned[name] = size(decl) * (2 if grads and decl.learnable else 1)
         return sum(owned.values())
 
-    window = [node_bytes(st.node, train and st.phase == "backward") for st in program.steps]
+    computed_by = layers_computed_by(program.graph.nodes)
+    window = [node_bytes(computed_by[st.forward_index], train and st.phase == "backward") for st in program.steps]
     update = max((size(d) * (2 + history) for n in program.graph.nodes for d in n.layer.params if d.learnable),
                  default=0) if train else 0
     return window, update

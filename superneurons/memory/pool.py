@@ -49,18 +49,26 @@ class HeapPool:
         self.n_frees = 0
 
     # -- allocation -----------------------------------------------------------------------
-    def alloc(self, key: Hashable, nbytes: int) -> int:
-        """Reserve `nbytes` for `key`; returns the byte offset into the arena."""
+    def alloc(self, key: Hashable, nbytes: int, high: bool = False) -> int:
+        """Reserve `nbytes` for `key`; returns the byte offset into the arena. First fit from the bottom;
+        with `high`, last fit from the top, so that short-lived blocks of another kind (streamed
+        parameters) do not split the extents the activations are carved from."""
         if key in self._used:
             raise KeyError(f"{key!r} is already allocated")
         size = round_up(nbytes)
-        for i, off in enumerate(self._free_offsets):
+        order = reversed(range(len(self._free_offsets))) if high else range(len(self._free_offsets))
+        for i in order:
+            off = self._free_offsets[i]
             free = self._free_sizes[off]
             if free >= size:
-                del self._free_sizes[off]
                 if free == size:
+                    del self._free_sizes[off]
                     del self._free_offsets[i]
+                elif high:  # take the top of the extent; the bottom stays free
+                    self._free_sizes[off] = free - size
+                    off += free - size
                 else:
+                    del self._free_sizes[off]
                     self._free_offsets[i] = off + size
                     self._free_sizes[off + size] = free - size
                 self._used[key] = Block(off, size)
@@ -139,7 +147,7 @@ class MallocPool:
         self.n_frees = 0
         self._release = _release_hook(backend)
 
-    def alloc(self, key: Hashable, nbytes: int) -> int:
+    def alloc(self, key: Hashable, nbytes: int, high: bool = False) -> int:
         if key in self._arrays:
             raise KeyError(f"{key!r} is already allocated")
         size = round_up(nbytes)

@@ -17,6 +17,8 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph, Node
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
+from superneurons.memory.aliases import DiffAliases, diff_aliases
+from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.pool import make_pool, round_up
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
@@ -59,6 +61,46 @@ class Tensor:
         return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
 
 
+class HostAwareBackend:
+    """The Net's backend, for code that reads or writes parameters between steps (weight files, snapshots,
+    `net.backend.to_host(decl.data)`). A streamed parameter then lives in its host home (a NumPy array,
+    pinned on the GPU), which the device backend's to_host/from_host need not accept: such arrays are read
+    and written here directly, once the copies into them have landed. Everything else is the backend's."""
+
+    def __init__(self, backend: Any, net: "Net"):
+        self._backend = backend
+        self._net = net
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    @property
+    def raw(self) -> Any:
+        """The device backend itself."""
+        return self._backend
+
+    def _home_of(self, array: Any):
+        for store in self._net._param_stores():
+            key = store.home_key(array)
+            if key is not None:
+                store.settle()
+                return store, key
+        return None
+
+    def to_host(self, src: Any) -> np.ndarray:
+        if self._home_of(src) is not None:
+            return np.array(src, copy=True)
+        return self._backend.to_host(src)
+
+    def from_host(self, dst: Any, src: np.ndarray) -> None:
+        home = self._home_of(dst)
+        if home is None:
+            self._backend.from_host(dst, src)
+            return
+        store, key = home
+        store.write(store.by_key[key], src)
+
+
 @dataclass
 class Step:
     """One forward or backward step of the route, with the tensors it reads and writes."""
@@ -82,7 +124,7 @@ class Net:
         sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest."""
         self.graph = graph
         self.name = graph.name
-        self.backend = backend
+        self.backend = HostAwareBackend(backend, self)
         self.ops = backend.ops
         self.train = train
         self.ctx = RunContext(seed=seed)
@@ -157,6 +199,14 @@ class Net:
     def _declare_tensors(self, share: "Net | None") -> None:
         by_name = {n.name: n for n in self.graph.nodes}
         shared_owner: dict[str, ParamDecl] = {}
+        # Split and Eltwise SUM gradients that share memory (the planner asks the same question).
+        aliases = DiffAliases()
+        if self.train:
+            graph = self.graph
+            aliases = diff_aliases(graph, {n.name: n.need_backward for n in graph.nodes},
+                                   {n.name: list(n.propagate_down) for n in graph.nodes},
+                                   [t for t, _w in graph.loss_blobs])
+        install_aliases(self.graph, aliases)
         for node in self.graph.nodes:
             layer = node.layer
             layer.ops = self.ops
@@ -179,6 +229,8 @@ class Net:
                 for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
                     if t not in self.diff:
                         base = self.diff.get(node.bottoms[0]) if layer.shares_diff else None
+                        if t in aliases.views:
+                            base = self.diff[aliases.views[t]]
                         self.diff[t] = self._new(t + "@diff", shape, "diff", base=base)
             for name, buf in layer.buffers.items():
                 buf.tensor = self._new(f"{node.name}#{name}", buf.shape, "buffer", dtype=buf.dtype)
@@ -248,7 +300,19 @@ class Net:
                 buf.array = buf.tensor.array
 
     def _param_stores(self) -> list:
-        return [s for s in (self.params, self._shared_params) if s is not None and s.offloaded]
+        stores = (getattr(self, "params", None), getattr(self, "_shared_params", None))
+        return [s for s in stores if s is not None and s.offloaded]
+
+    def _prefetch_params(self, streamed: list, i: int) -> None:
+        """Start bringing step `i`'s streamed parameters in while the current step computes."""
+        if i < len(streamed):
+            for store, tensors, _changed in streamed[i]:
+                store.prefetch(tensors)
+
+    def _settle_params(self) -> None:
+        """Wait for the parameter copies home still in flight, so host code may read the homes."""
+        for store in self._param_stores():
+            store.settle()
 
     def _fill_params(self, seed: int, share: "Net | None") -> None:
         rng = np.random.default_rng(seed)
@@ -293,11 +357,14 @@ class Net:
             if streamed is not None:
                 for store, tensors, _changed in streamed[i]:
                     store.acquire(tensors)
+                self._prefetch_params(streamed, i + 1)  # queued before this step's kernels, so it overlaps them
             step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
             if streamed is not None:
                 for store, tensors, changed in streamed[i]:
                     store.release(tensors, changed)  # weights are unchanged; running statistics go home
             mm.after_forward(i, step)
+        if streamed is not None:
+            self._settle_params()
         return self.loss_value()
 
     def loss_value(self) -> float:
@@ -319,6 +386,7 @@ class Net:
             if streamed is not None:
                 for store, tensors, _changed in streamed[i]:
                     store.acquire(tensors)
+                self._prefetch_params(streamed, i + 1)
             node = step.node
             node.layer.backward(
                 [t.array for t in step.tops],
@@ -331,6 +399,8 @@ class Net:
                 for store, tensors, changed in streamed[i]:  # the gradients accumulated: copy them home
                     store.release(tensors, changed)
             mm.after_backward(i, step)
+        if streamed is not None:
+            self._settle_params()
 
     def forward_backward(self) -> float:
         loss = self.forward()

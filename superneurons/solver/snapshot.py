@@ -83,7 +83,7 @@ def write_snapshot(solver: "Solver") -> tuple[str, str]:
     }
     state = pb.SolverState(iter=solver.iter, learned_net=model_path, current_step=solver.lr_policy.current_step)
     for hist in solver.history_blobs():
-        array_to_blob(solver.backend.to_host(hist), state.history.add())
+        array_to_blob(solver.net.backend.to_host(hist), state.history.add())  # streamed: the host home
     solver.log.info(f"Snapshotting solver state to {'HDF5' if hdf5 else 'binary proto'} file {state_path}")
     try:
         write_atomic(state_path + EXTRA_SUFFIX, json.dumps(extra, default=_json_default).encode())
@@ -122,7 +122,7 @@ def restore_snapshot(solver: "Solver", state_path: str) -> None:
         if blob_shape(blob) != tuple(hist.shape):
             raise UserError(f"{state_path}: history blob {k} has shape {blob_shape(blob)}, the parameter has "
                             f"{tuple(hist.shape)}")
-        solver.backend.from_host(hist, blob_to_array(blob, f"{state_path}: history blob {k}"))
+        solver.net.backend.from_host(hist, blob_to_array(blob, f"{state_path}: history blob {k}"))
     _restore_extra(solver, state_path + EXTRA_SUFFIX)
 
 

@@ -229,11 +229,15 @@ class Solver:
         for i, decl in enumerate(self.net.learnable):
             tensors = [decl.data_tensor, decl.diff_tensor] + [hist_set[i] for hist_set in self._history]
             store.acquire(tensors)
+            if i + 1 < len(self.net.learnable):  # the next parameter comes in while this one updates
+                nxt = self.net.learnable[i + 1]
+                store.prefetch([nxt.data_tensor, nxt.diff_tensor] + [h[i + 1] for h in self._history])
             self._update_one(i, decl, rate, clip_scale)
             if debug:
                 self._debug_line(decl)
             changed = [decl.data_tensor] + [hist_set[i] for hist_set in self._history]
             store.release(tensors, changed=changed)  # the gradient is cleared before its next use
+        store.settle()  # the weights and history are home before anyone reads them (tests, snapshots)
 
     def _update_debug_info(self) -> None:
         """Caffe's [Update] lines: mean |w| and mean |update| of every learnable blob."""

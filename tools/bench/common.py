@@ -8,8 +8,9 @@ the process or fragment the device (an OOM probe, a different allocator, a large
 it cannot poison the next one.
 
 Budgets: under `--budget 12G` our process may use 12 GiB of device memory in all: the Net's pool
-(activations, parameters, their gradients), the solver's history (momentum) and the cuDNN workspace. So
-the pool gets budget - history - workspace, and the cuDNN workspace limit is set to `--workspace`.
+(activations, parameters, their gradients and the solver's history, all pool tensors, streamed from the
+host when they do not fit beside the activations) and the cuDNN workspace. So the pool gets
+budget - workspace, and the cuDNN workspace limit is set to `--workspace`.
 PyTorch gets `torch.cuda.set_per_process_memory_fraction(budget / total)`, which caps its caching
 allocator (parameters, gradients, momentum, activations, cuDNN workspace). Neither counts the CUDA
 context.
@@ -187,39 +188,70 @@ def solver_history(net: str) -> int:
 
 @dataclass
 class Need:
-    """What the planner says a net needs on the device, bytes."""
+    """What the planner says a net needs on the device (and, when parameters stream, on the host), bytes."""
 
     batch: int
     mode: str | None  # what `--memory auto` picks for the pool (None: nothing fits)
     peaks: dict[str, int]  # activation peak per mode
-    params: int  # parameters + gradients (in the pool)
-    history: int  # solver history (outside the pool)
+    params: int  # parameters + gradients (in the pool, or streamed from the host)
+    history: int  # solver history (in the pool with them, or streamed)
     offloaded: int  # bytes the offload plan moves per iteration
+    streams: bool = False  # the picked mode needs the parameters streamed from the host
+    streamed_peak: int = 0  # the picked mode's device peak with streamed parameters (activations + one step's)
+    host: int = 0  # pinned host bytes the picked mode may use: the host store's arena, plus streamed parameters
 
     def total(self, mode: str, workspace: int) -> int:
+        """Device bytes: the pool (activations, and parameters with history unless streamed) + workspace."""
+        if self.streams and mode == self.mode:
+            return self.streamed_peak + workspace
         return self.peaks[mode] + self.params + self.history + workspace
 
 
-def history_of(net: str, batch: int) -> int:
-    """Bytes of solver history (momentum) for the net's learnable parameters: outside our pool."""
+# Pinned host memory the planner lets our run use: the GPU machine has 128 GiB of RAM.
+HOST_PINNED_LIMIT = 100 * GiB
+
+
+def host_bytes(plan: Any, mode: str, streams: bool) -> int:
+    """Pinned host memory `mode` may take: the host store holds every tensor the Tensor Cache may evict
+    (`OffloadManager` sizes its arena so), and streamed parameters, gradients and history live on the host."""
+    from superneurons.memory.pool import BLOCK
+
+    keys = plan.schedules[mode].info.get("offloadable", ()) if mode in ("offload", "recompute") else ()
+    store = sum(plan.program.tensors[k].nbytes for k in keys) + (BLOCK if keys else 0)
+    return store + (plan.param_bytes if streams else 0)
+
+
+def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 0,
+              host_limit: int = HOST_PINNED_LIMIT) -> Need:
+    """The planner's figures; with a budget, the mode `--memory auto` picks in a pool of budget - workspace
+    (parameters, gradients and history are pool tensors, streamed from the host when they do not fit
+    beside the activations), provided the host memory that mode pins stays within `host_limit`."""
+    from superneurons.errors import UserError
+    from superneurons.memory.plan import make_plan, offloaded_bytes
+
+    graph = train_graph(net, batch)
+    plan = make_plan(graph, train=True, solver_history=solver_history(net))
+    history = plan.param_bytes - param_bytes_of(graph)
+    peaks = {m: plan.peak(m)[0] for m in plan.traces}
+    need = Need(batch, None, peaks, plan.param_bytes - history, history, offloaded_bytes(plan, "offload"))
+    if budget is None:
+        return need
+    pool = budget - workspace
+    try:
+        mode = plan.pick(pool)
+    except UserError:
+        return need
+    need.streams = plan.pick_streams(pool)
+    need.streamed_peak = plan.streamed_peak(mode) if need.streams else 0
+    need.host = host_bytes(plan, mode, need.streams)
+    need.mode = mode if need.host <= host_limit else None
+    return need
+
+
+def param_bytes_of(graph: Any) -> int:
     from superneurons.memory.plan import param_bytes
 
-    graph = train_graph(net, batch)
-    return param_bytes(graph, True, solver_history(net)) - param_bytes(graph, True, 0)
-
-
-def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 0) -> Need:
-    from superneurons.memory.plan import make_plan, offloaded_bytes, param_bytes
-
-    graph = train_graph(net, batch)
-    plan = make_plan(graph, train=True)
-    history = param_bytes(graph, True, solver_history(net)) - param_bytes(graph, True, 0)
-    peaks = {m: plan.peak(m)[0] for m in plan.traces}
-    mode = None
-    if budget is not None:
-        pool = budget - history - workspace
-        mode = next((m for m in peaks if peaks[m] + plan.param_bytes <= pool), None)
-    return Need(batch, mode, peaks, plan.param_bytes, history, offloaded_bytes(plan, "offload"))
+    return param_bytes(graph, True, 0)
 
 
 def largest_fitting(fits: Callable[[int], bool], step: int = 8, start: int = 64, limit: int = 1 << 16) -> int:
@@ -291,15 +323,17 @@ def predict_widest(net: str, budget: int, workspace: int, step: int = 8) -> tupl
     return best, cache.get(best)
 
 
-def predict_deepest(budget: int, workspace: int, batch: int = 16, step: int = 8) -> tuple[int, Need | None]:
-    """The largest N (multiple of `step`) for which make_resnet 6,32,N,6 at `batch` fits the budget."""
+def predict_deepest(budget: int, workspace: int, batch: int = 16, step: int = 8,
+                    host_limit: int = HOST_PINNED_LIMIT) -> tuple[int, Need | None]:
+    """The largest N (multiple of `step`) for which make_resnet 6,32,N,6 at `batch` fits the budget; with
+    parameter streaming the device need hardly grows with N, so the host's pinned memory bounds it."""
     cache: dict[int, Need] = {}
 
     def fits(n: int) -> bool:
-        cache[n] = plan_need(f"deep:{n}", batch, budget, workspace)
+        cache[n] = plan_need(f"deep:{n}", batch, budget, workspace, host_limit)
         return cache[n].mode is not None
 
-    best = largest_fitting(fits, step, start=64, limit=8192)
+    best = largest_fitting(fits, step, start=64, limit=1 << 14)
     return best, cache.get(best)
 
 
@@ -494,7 +528,8 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     backend = make_backend(device, workspace)
     pool_bytes = None
     if budget is not None:
-        pool_bytes = budget - history_of(net, batch) - (workspace or 0)
+        # Solver history is a pool tensor like the weights (streamed with them when they do not fit).
+        pool_bytes = budget - (workspace or 0)
     try:
         t0 = time.perf_counter()
         solver = make_solver(net, batch, backend, memory, pool_bytes)

@@ -3,8 +3,12 @@ trains at batch 16 under a memory budget (default 12G). Depth = 3 * (44 + N) + 2
 
     python3 tools/bench/deeper.py [--budget 12G] [--batch 16] [--step 8] [--torch-variants plain,checkpoint] [--quick]
 
-Ours: the planner predicts the largest N (a multiple of --step) whose cheapest mode fits the budget (pool +
-solver history + cuDNN workspace); a worker trains 2 iterations there and steps down by --step on failure.
+Ours: the planner predicts the largest N (a multiple of --step) whose cheapest mode fits the budget (pool,
+which holds parameters, gradients and solver history, + cuDNN workspace). When the parameters do not fit
+beside the activations they stream from the host, one layer at a time, so the device need hardly grows
+with N and the host's pinned memory (--host-limit, default 100 GiB of the GPU machine's 128) bounds the
+depth: the host store for evicted activations plus every parameter, gradient and history blob. A worker
+trains 2 iterations there and steps down by --step on failure.
 PyTorch: the same prototxt turned into a torch module (tools/bench/torch_nets.py), capped with
 set_per_process_memory_fraction, probed from the H200 figures of /work/shared/GPU.md (N = 176 plain,
 544 checkpointed, i.e. 662 / 1766 layers). --quick: ours and PyTorch checkpointed only.
@@ -28,14 +32,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=8, help="granularity of N, blocks of stage 4 (default %(default)s)")
     ap.add_argument("--torch-variants", default="plain,checkpoint")
     ap.add_argument("--predict-only", action="store_true", help="print the planner's prediction; no device")
+    ap.add_argument("--host-limit", default=f"{common.HOST_PINNED_LIMIT >> 30}G",
+                    help="pinned host memory our run may use (default %(default)s)")
     args = ap.parse_args(argv)
     variants = ["checkpoint"] if args.quick else [v for v in args.torch_variants.split(",") if v]
     budget = common.parse_size(args.budget)
     workspace = common.parse_size(args.workspace)
     log = common.log_path(args, "deeper")
-    predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step)
+    predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step,
+                                             common.parse_size(args.host_limit))
     print(f"planner: N = {predicted} ({common.deep_depth(predicted) if predicted else 0} layers, "
-          f"{need.mode if need else '-'}) under {args.budget} at batch {args.batch}", flush=True)
+          f"{need.mode if need else '-'}{', parameters streamed' if need and need.streams else ''}) under "
+          f"{args.budget} at batch {args.batch}; {_explain(need, predicted, budget)}", flush=True)
     ours: dict = {}
     if predicted and not (args.no_ours or args.predict_only):
         ours = common.run_worker([dict(kind="ours_deepest", start=predicted, budget=budget, workspace=workspace,
@@ -69,6 +77,11 @@ def _explain(need, n: int, budget: int) -> str:
     if need is None:
         return ""
     mode = need.mode or "recompute"
+    if need.streams:
+        return (f"at N={n}: {mode} with parameters streamed from the host: device peak "
+                f"{need.streamed_peak / common.GiB:.2f} GiB of {budget / common.GiB:.0f} GiB; pinned host "
+                f"{need.host / common.GiB:.1f} GiB (params/grads {need.params / common.GiB:.2f} + history "
+                f"{need.history / common.GiB:.2f} + host store) of {common.HOST_PINNED_LIMIT / common.GiB:.0f} GiB")
     per_block = "parameters, gradients and momentum of one 14x14 block: ~13 MiB"
     return (f"at N={n}: {mode} peak {need.peaks[mode] / common.GiB:.2f} GiB + params/grads "
             f"{need.params / common.GiB:.2f} + history {need.history / common.GiB:.2f} GiB of "

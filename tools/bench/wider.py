@@ -3,8 +3,9 @@
     python3 tools/bench/wider.py [--nets resnet50,...] [--budget 12G] [--torch-variants plain,checkpoint] [--quick]
 
 Ours: the planner (superneurons.memory.plan, no device) predicts the widest batch, a multiple of --step,
-at which the cheapest mode `--memory auto` can pick fits the budget (pool + solver history + cuDNN
-workspace); a worker then trains 2 iterations there and steps down ~3 % at a time until one succeeds.
+at which the cheapest mode `--memory auto` can pick fits the budget (pool, which holds parameters,
+gradients and solver history or streams them from the host, + cuDNN workspace) while the pinned host
+memory it takes (the host store for evicted activations) stays within 100 GiB; a worker then trains 2 iterations there and steps down ~3 % at a time until one succeeds.
 PyTorch: torch.cuda.set_per_process_memory_fraction(budget / device memory), probing from the H200
 figures of /work/shared/GPU.md up or down in whole --step batches (catching OutOfMemoryError,
 empty_cache between probes), plain for every net and with per-block checkpointing for the ResNets.
@@ -92,6 +93,10 @@ def _explain(need, budget: int, workspace: int) -> str:
     if need is None:
         return ""
     mode = need.mode or "recompute"
+    if need.streams:
+        return (f"at batch {need.batch}: {mode} with parameters streamed from the host: device peak "
+                f"{need.streamed_peak / common.GiB:.2f} GiB + workspace {workspace / common.GiB:.2f} of "
+                f"{budget / common.GiB:.0f} GiB; pinned host {need.host / common.GiB:.1f} GiB")
     return (f"at batch {need.batch}: {mode} peak {need.peaks[mode] / common.GiB:.2f} GiB + params/grads "
             f"{need.params / common.GiB:.2f} + history {need.history / common.GiB:.2f} + workspace "
             f"{workspace / common.GiB:.2f} of {budget / common.GiB:.0f} GiB")

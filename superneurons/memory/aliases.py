@@ -1,0 +1,114 @@
+"""Gradient aliasing: layers whose backward only forwards or sums gradients write no gradient of their own.
+
+- **Split** (bottom b, tops t_0..t_n-1): b's gradient is the sum of the tops' gradients. The bottom
+  gradient shares the memory of one top gradient t_a@diff and the others are added into it (Caffe
+  overwrites bottom gradients, so the sum *is* the value it would have written).
+- **Eltwise SUM** with coefficient 1 for bottom j: bottom j's gradient equals the top gradient, so it is
+  the top gradient's memory and backward writes nothing for it.
+
+Both the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) ask `diff_aliases` which top
+gradients become views of which bottom gradients, so they agree on the roots; the layers are told which
+index shares memory (`Split.diff_alias`, `Eltwise.diff_alias`).
+
+An alias is only taken when it is provably safe, with the same arithmetic in every memory mode:
+- the shared memory is (re)written every iteration before the aliasing layer's backward reads it: some
+  later consumer of the top overwrites its gradient (`_rewritten`); otherwise baseline, which never
+  re-zeroes gradients, would read last iteration's value;
+- nothing else writes the bottom's gradient in the window: the aliasing layer is the bottom's last
+  consumer (in-place layers before it run *after* it in backward, when the top gradient is dead);
+- no loss seeds either gradient, no blob name repeats among the layer's bottoms or tops.
+`SUPERNEURONS_DIFF_ALIAS=0` turns aliasing off (every mode then sums into separate memory, as before).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from superneurons.graph.build import Graph
+from superneurons.proto import superneurons_pb2 as pb
+
+COEFF_ONE = 1.0
+
+
+@dataclass
+class DiffAliases:
+    """`views[top blob] = bottom blob`: the top's gradient is a view of the bottom's gradient.
+    `index[node name]`: Split -> the top whose gradient memory is the bottom gradient; Eltwise -> the
+    bottom whose gradient memory is the top gradient."""
+
+    views: dict[str, str] = field(default_factory=dict)
+    index: dict[str, int] = field(default_factory=dict)
+
+
+def enabled() -> bool:
+    value = os.environ.get("SUPERNEURONS_DIFF_ALIAS", "").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: dict[str, list[bool]],
+                 seeds: Iterable[str]) -> DiffAliases:
+    """The gradient aliases of `graph` under the given backward flags; `seeds` are the blobs whose
+    gradients the loss fills before backward."""
+    out = DiffAliases()
+    if not enabled():
+        return out
+    nodes = graph.nodes
+    seeded = set(seeds)
+    consumers: dict[str, list[int]] = {}  # blob -> route indexes of the nodes reading it
+    first_seen: dict[str, int] = {}  # blob -> first route index naming it (as top or bottom)
+    for i, n in enumerate(nodes):
+        for b in n.bottoms:
+            consumers.setdefault(b, []).append(i)
+            first_seen.setdefault(b, i)
+        for t in n.tops:
+            first_seen.setdefault(t, i)
+
+    def rewritten(blob: str, after: int) -> bool:
+        """Some consumer after route index `after` overwrites `blob`'s gradient in every backward pass (an
+        in-place one only transforms what is there, so it does not count)."""
+        for c in consumers.get(blob, ()):
+            node = nodes[c]
+            if c <= after or not need_backward[node.name] or blob in node.tops:
+                continue
+            if any(pd and b == blob for b, pd in zip(node.bottoms, propagate_down[node.name])):
+                return True
+        return False
+
+    def last_consumer(blob: str, i: int) -> bool:
+        return max(consumers.get(blob, [i])) == i and nodes[i].bottoms.count(blob) == 1
+
+    def fresh_top(t: str, i: int) -> bool:
+        """Top `t` of node `i` gets a gradient of its own that is rewritten before node i's backward."""
+        return first_seen[t] == i and t not in seeded and nodes[i].tops.count(t) == 1 and rewritten(t, i)
+
+    for i, n in enumerate(nodes):
+        layer = n.layer
+        pdown = propagate_down[n.name]
+        if not need_backward[n.name] or n.layer.in_place:
+            continue
+        if layer.type_name == "Split" and len(n.tops) >= 2 and pdown[0]:
+            b = n.bottoms[0]
+            if b in seeded or not last_consumer(b, i):
+                continue
+            a = next((k for k, t in enumerate(n.tops) if fresh_top(t, i)), None)
+            if a is not None:
+                out.views[n.tops[a]] = b
+                out.index[n.name] = a
+        elif layer.type_name == "Eltwise" and layer.op == pb.EltwiseParameter.SUM:
+            t = n.tops[0]
+            if not fresh_top(t, i):
+                continue
+            j = next((k for k, b in enumerate(n.bottoms)
+                      if pdown[k] and layer.coeffs[k] == COEFF_ONE and b not in seeded and last_consumer(b, i)), None)
+            if j is not None:
+                out.views[t] = n.bottoms[j]
+                out.index[n.name] = j
+    return out
+
+
+def install(graph: Graph, aliases: DiffAliases) -> None:
+    """Tell the Split and Eltwise layers which gradient shares memory (None: none)."""
+    for n in graph.nodes:
+        if n.layer.type_name in ("Split", "Eltwise"):
+            n.layer.diff_alias = aliases.index.get(n.name)

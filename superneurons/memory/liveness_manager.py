@@ -1,0 +1,266 @@
+"""The liveness manager (paper section 3.2): executes the plan's alloc/free actions on the Net's pool.
+
+The schedule comes from the same code `superneurons memory` prints (`plan.make_plan`), so the bytes the
+pool holds at every step are exactly the plan's. Everything is resolved at setup into per-step lists of
+(bound method, argument); a hook call then does O(actions) work. This class is also the base of the
+offload and recompute managers (`offload_manager.py`, `recompute_manager.py`): it places the
+parameters (resident, or streamed through `params.py`), checks the floor, and runs the actions.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from superneurons.errors import PoolExhausted, UserError
+from superneurons.memory.counters import MovementCounters
+from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN
+from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+from superneurons.memory.params import PARAM_KINDS, OffloadedParams, ResidentParams
+from superneurons.memory.pool import format_bytes, round_up
+
+_PARAM_KINDS = PARAM_KINDS  # parameters, their gradients, solver history: placed at setup or streamed
+
+
+class LivenessManager(MovementCounters):
+    name = "liveness"
+
+    def __init__(self, net: Any, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
+        self.net = net
+        self.checkpoint_types = tuple(checkpoint_types)
+        self.trace: list[int] = []  # peak activation bytes in the pool per global step (this iteration)
+        self.on: set[str] = set()  # roots with device memory now
+        self.allocs = 0  # tensors given device memory / freed by the schedule (cumulative; `superneurons time`)
+        self.frees = 0
+
+    # -- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from superneurons.memory.plan import make_plan  # plan imports this package's modules
+
+        net = self.net
+        self.in_setup = True
+        self.plan = make_plan(net.graph, train=net.train, modes=(self.name,), plan_backward=False,
+                              checkpoint_types=self.checkpoint_types)
+        self.program = self.plan.program
+        schedule = self.plan.schedules[self.name]
+        self.tensors = {t.key: t for t in net.tensors}
+        roots = {t.key for t in net.tensors if t.base is None and t.kind not in _PARAM_KINDS}
+        if roots != set(self.program.tensors):
+            planned = set(self.program.tensors)
+            raise RuntimeError(f"memory plan and Net disagree on tensors: only in Net {sorted(roots - planned)}, "
+                               f"only in plan {sorted(planned - roots)}")
+        self.views: dict[str, list[Any]] = {}
+        for t in net.tensors:
+            if t.base is not None:
+                r = t
+                while r.base is not None:
+                    r = r.base
+                self.views.setdefault(r.key, []).append(t)
+        self.buffer_decl = {f"{n.name}#{name}": buf for n in net.graph.nodes for name, buf in n.layer.buffers.items()}
+        self.nf = self.program.n_forward
+        params = [t for t in net.tensors if t.base is None and t.kind in _PARAM_KINDS]
+        all_params = sum(round_up(t.nbytes) for t in params)
+        self.param_store = self._param_store(params, all_params)
+        self._check_floor(all_params)
+        # Resident: parameters, their gradients and history (unless streamed), and the inputs data
+        # layers (or the caller) write.
+        if not self.param_store.offloaded:
+            for t in params:
+                self._place(t.key)
+        self.param_bytes = net.pool.used_bytes
+        for k in sorted(self.program.resident):
+            self._place(k)
+        for t in net.tensors:  # parameter views (none today) follow their base
+            if t.base is not None and t.array is None and root_of(t).array is not None:
+                net._materialize(t)
+        self._compile(schedule)
+        self.in_setup = False
+
+    def _param_store(self, params: list, all_params: int):
+        """Stream the parameters through the pool when the pool cannot hold them all beside this mode's
+        planned peak; keep them resident otherwise. SUPERNEURONS_PARAM_OFFLOAD=1 / 0 forces either."""
+        net = self.net
+        setting = os.environ.get("SUPERNEURONS_PARAM_OFFLOAD", "").strip()
+        fits = all_params + max(self.plan.traces[self.name].bytes, default=0) <= net.pool.capacity
+        stream = (not fits) if not setting else env_flag("SUPERNEURONS_PARAM_OFFLOAD", False)
+        if net.train and params and stream:
+            return OffloadedParams(net, params)
+        return ResidentParams(net)
+
+    def _param_window(self) -> list[int]:
+        """Per global step, the parameter bytes streamed in for it (zeros while parameters are resident)."""
+        n = len(self.program.steps)
+        if not self.param_store.offloaded:
+            return [0] * n
+        fwd, bwd = self.param_store.step_lists(self.net.graph.nodes, self.net.train)
+        size = lambda uses: sum(round_up(t.nbytes) for t in uses[0])  # noqa: E731
+        return ([size(fwd[st.forward_index]) for st in self.program.steps[:self.nf]]
+                + [size(bwd[st.forward_index]) for st in self.program.steps[self.nf:]])
+
+    def _check_floor(self, all_params: int) -> None:
+        """No layer-wise schedule runs in a pool below max(l_i) plus what parameters need at that step:
+        say so before training, naming the layer and the bytes."""
+        if not self.program.steps:
+            return
+        window = self._param_window()
+        resident = 0 if self.param_store.offloaded else all_params
+        s = max(range(len(window)), key=lambda i: self.plan.layer_bytes[i] + window[i])
+        need = self.plan.layer_bytes[s]
+        total = resident + need + window[s]
+        if total > self.net.pool.capacity:
+            st = self.program.steps[s]
+            params = (f"{window[s]} bytes of its parameters streamed in (all {all_params} do not fit)"
+                      if self.param_store.offloaded else f"{all_params} bytes of parameters")
+            raise UserError(
+                f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
+                f"under --memory {self.name}: layer {st.node.name!r} ({st.phase}) needs {need} bytes "
+                f"({format_bytes(need)}) at once, plus {params} = {total} bytes; give a larger pool/--gpu-memory")
+
+    def _compile(self, schedule) -> None:
+        do = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,
+              RUN: self._run}
+        self.before = [[(do[op], arg) for op, arg in acts] for acts in schedule.before]
+        self.after = [[(do[op], arg) for op, arg in acts] for acts in schedule.after]
+
+    # -- the hooks -----------------------------------------------------------------------------
+    def before_forward(self, i: int, step: Any) -> None:
+        if i == 0:
+            self._start_iteration()
+        self._enter(i)
+
+    def after_forward(self, i: int, step: Any) -> None:
+        self._leave(i)
+
+    def before_backward(self, i: int, step: Any) -> None:
+        self._enter(self.nf + i)
+
+    def after_backward(self, i: int, step: Any) -> None:
+        self._leave(self.nf + i)
+
+    def ensure(self, tensor: Any) -> None:
+        """Give `tensor` device memory now (the loss gradient Net.backward seeds)."""
+        k = root_of(tensor).key
+        if k not in self.on:
+            self._alloc(k)
+
+    # -- per step --------------------------------------------------------------------------------
+    def _start_iteration(self) -> None:
+        # Outputs kept for the caller since the last iteration (and anything an interrupted one left).
+        for k in [k for k in self.on if k not in self.program.resident and k in self.program.tensors]:
+            self._free(k)
+        self.trace = []
+        self._mark_iteration()
+
+    def _enter(self, s: int) -> None:
+        self.trace.append(self._run_actions(self.before[s]) - self.param_bytes)
+
+    def _run_actions(self, actions: list) -> int:
+        """Run a before-list; returns the pool's peak meanwhile (transient replay tensors included).
+        Tracked here rather than with pool.high_water, which belongs to the profiler."""
+        pool = self.net.pool
+        peak = pool.used_bytes
+        for fn, arg in actions:
+            fn(arg)
+            if pool.used_bytes > peak:
+                peak = pool.used_bytes
+        return peak
+
+    def _leave(self, s: int) -> None:
+        for fn, arg in self.after[s]:
+            fn(arg)
+
+    # -- actions ---------------------------------------------------------------------------------
+    def _place(self, k: str) -> None:
+        """Materialize root `k` (gradients come zeroed) and re-point its views and buffer."""
+        net, t = self.net, self.tensors[k]
+        while True:
+            try:
+                net._materialize(t)
+                break
+            except PoolExhausted as e:
+                if not self._make_param_room():
+                    raise PoolExhausted(f"{e} under --memory {self.name}{self._where()}") from None
+        self._bind(k, t)
+
+    def _make_param_room(self) -> bool:
+        """Streamed parameters may hold blocks for copies in flight or prefetched ahead: reclaim them."""
+        store = getattr(self, "param_store", None)
+        return store is not None and store.make_room()
+
+    def _bind(self, k: str, t: Any) -> None:
+        for v in self.views.get(k, ()):
+            self.net._materialize(v)
+        buf = self.buffer_decl.get(k)
+        if buf is not None:
+            buf.array = t.array
+        self.on.add(k)
+
+    def _unplace(self, k: str) -> None:
+        self._unbind(k)
+        self.net._release(self.tensors[k])
+
+    def _unbind(self, k: str) -> None:
+        """Detach root `k` and its views from their arrays; the pool block itself is the caller's."""
+        self.tensors[k].array = None
+        for v in self.views.get(k, ()):
+            v.array = None
+        buf = self.buffer_decl.get(k)
+        if buf is not None:
+            buf.array = None
+        self.on.discard(k)
+
+    def alloc_block(self, key: str, nbytes: int, high: bool = False) -> None:
+        """A pool block for a streamed parameter tensor (`high`: from the top of the pool)."""
+        while True:
+            try:
+                self.net.pool.alloc(key, nbytes, high=high)
+                return
+            except PoolExhausted as e:
+                if not self._make_param_room():
+                    raise PoolExhausted(f"{e} under --memory {self.name}{self._where()}") from None
+
+    def _alloc(self, k: str) -> None:
+        if k not in self.on:
+            self.allocs += 1
+            self._place(k)
+
+    def _free(self, k: str) -> None:
+        if k in self.on:
+            self.frees += 1
+            self._unplace(k)
+
+    def _offload(self, k: str) -> None:
+        pass  # liveness moves nothing to the host
+
+    def _prefetch(self, k: str) -> None:
+        pass
+
+    def _run(self, w: int) -> None:
+        raise RuntimeError("replay in a schedule without recomputation")
+
+    def _where(self) -> str:
+        if getattr(self, "in_setup", False):
+            return (f", during setup (placing parameters and inputs, before any step runs): give a larger "
+                    f"pool/--gpu-memory (it has {self.net.pool.capacity} bytes)")
+        s = len(self.trace)
+        steps = self.program.steps
+        if s < len(steps):
+            st = steps[s]
+            params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
+            if params is None:
+                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in _PARAM_KINDS)
+            plan_peak = max(self.plan.traces[self.name].bytes) + params
+            return (f", at {st.phase} step {s + 1} (layer {st.node.name!r}); this mode's plan needs "
+                    f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "
+                    f"{self.net.pool.capacity}: give a larger pool/--gpu-memory or a leaner --memory mode")
+        return ""
+
+
+def env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in ("0", "false", "no", "off")
+
+
+def root_of(t: Any) -> Any:
+    while t.base is not None:
+        t = t.base
+    return t
