@@ -97,6 +97,7 @@ class Run:
         self.stats = net.memory.stats()
         self.trace = list(getattr(net.memory, "trace", []))
         self.capacity = net.pool.capacity
+        self.streamed = bool(getattr(getattr(net.memory, "param_store", None), "offloaded", False))
         self.weights = weights
         self.losses = losses
         memory = net.memory
@@ -317,3 +318,25 @@ def test_pinned_copies_overlap_compute(gpu):
     report("overlap", f"{hidden:.0%}", f"D2H 256 MiB alone {t_copy * 1e3:.1f} ms ({nbytes / t_copy / 1e9:.1f} GB/s), "
                                         f"8 sgemm 4096^3 alone {t_compute * 1e3:.1f} ms, both {t_both * 1e3:.1f} ms "
                                         f"(share of the shorter one hidden)")
+
+
+# -- (f) parameters streamed from pinned host memory ---------------------------------------------------
+@pytest.mark.parametrize("which", ["small", "resnet50"])
+def test_streamed_parameters_match_baseline(gpu, monkeypatch, which):
+    """SUPERNEURONS_PARAM_OFFLOAD=1: weights, gradients and history live in pinned host memory and each step
+    brings in its own layer's (the path that lets depth exceed the device); training must not change."""
+    graph_fn = small_graph if which == "small" else resnet_graph
+    iters = 10 if which == "small" else 3
+    with no_workspace():
+        ref = train(gpu, graph_fn, "baseline", iters)
+        noise = weight_error(train(gpu, graph_fn, "baseline", iters).weights, ref.weights)[0]
+        monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "1")
+        t0 = time.perf_counter()
+        run = train(gpu, graph_fn, "liveness", iters)  # baseline keeps everything resident by definition
+        seconds = time.perf_counter() - t0
+    assert run.streamed, "SUPERNEURONS_PARAM_OFFLOAD=1 did not stream the parameters"
+    err, where = weight_error(run.weights, ref.weights)
+    tolerance = max(RTOL, 10 * noise)
+    report(f"streamed params {which}", f"{err:.2e}", f"worst tensor #{where}, noise {noise:.1e}, mode {run.mode}, "
+                                                     f"{iters} iterations in {seconds:.1f}s")
+    assert err <= tolerance, f"streamed parameters: tensor #{where} differs from baseline by {err:.3e}"
