@@ -121,8 +121,7 @@ def train(gpu, graph_fn, mode, iters, pool_bytes=None, lr=0.002) -> Run:
         net.ctx.iteration = it
         net.clear_param_diffs()
         losses.append(net.forward_backward())
-        for decl in net.learnable:
-            net.ops.axpy(-lr, decl.diff, decl.data)
+        sgd_step(net, lr)
         if it == 0:
             first = _weights(gpu, net)
     gpu.synchronize()
@@ -133,8 +132,25 @@ def train(gpu, graph_fn, mode, iters, pool_bytes=None, lr=0.002) -> Run:
     return run
 
 
+def sgd_step(net, lr: float) -> None:
+    """w -= lr * dw on the device. Streamed parameters (memory/params.py) live on the host between uses:
+    each is brought in, updated and sent home, as the solver's streamed update does."""
+    store = getattr(net.memory, "param_store", None)
+    streamed = store is not None and store.offloaded
+    for decl in net.learnable:
+        pair = [decl.data_tensor, decl.diff_tensor]
+        if streamed:
+            store.acquire(pair)
+        net.ops.axpy(-lr, decl.diff, decl.data)
+        if streamed:
+            store.release(pair, changed=[decl.data_tensor])
+    if streamed:
+        store.settle()
+
+
 def _weights(gpu, net) -> list:
-    return [gpu.to_host(t.array) for t in net.tensors if t.kind == "param" and t.array is not None]
+    # net.backend reads a streamed parameter's host copy directly
+    return [net.backend.to_host(t.array) for t in net.tensors if t.kind == "param" and t.array is not None]
 
 
 @contextlib.contextmanager
