@@ -31,6 +31,7 @@ class LivenessManager(MovementCounters):
         self.on: set[str] = set()  # roots with device memory now
         self.allocs = 0  # tensors given device memory / freed by the schedule (cumulative; `superneurons time`)
         self.frees = 0
+        self.compactions = 0  # times the pool was compacted because free bytes were in pieces (cumulative)
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -177,9 +178,27 @@ class LivenessManager(MovementCounters):
                 net._materialize(t)
                 break
             except PoolExhausted as e:
-                if not self._make_param_room():
+                if not (self._make_param_room() or self._defragment(t.nbytes)):
                     raise PoolExhausted(f"{e} under --memory {self.name}{self._where()}") from None
         self._bind(k, t)
+
+    def _defragment(self, nbytes: int) -> bool:
+        """The pool has the bytes but not in one piece: compact it (once per failed allocation: a second
+        failure of the same request finds nothing moved and gives up)."""
+        pool = self.net.pool
+        if pool.free_bytes() < round_up(nbytes) or pool.largest_free() >= round_up(nbytes):
+            return False
+        self._quiesce()
+        self.compactions += 1
+        return self.net.compact_pool()
+
+    def _quiesce(self) -> None:
+        """Finish every copy in flight: a copy reads or writes a pool block, which compaction moves."""
+        store = getattr(self, "param_store", None)
+        if store is not None and store.offloaded:
+            for event in list(store.incoming.values()):
+                event.synchronize()
+            store.settle()
 
     def _make_param_room(self) -> bool:
         """Streamed parameters may hold blocks for copies in flight or prefetched ahead: reclaim them."""
@@ -215,7 +234,7 @@ class LivenessManager(MovementCounters):
                 self.net.pool.alloc(key, nbytes, high=high)
                 return
             except PoolExhausted as e:
-                if not self._make_param_room():
+                if not (self._make_param_room() or self._defragment(nbytes)):
                     raise PoolExhausted(f"{e} under --memory {self.name}{self._where()}") from None
 
     def _alloc(self, k: str) -> None:

@@ -115,6 +115,10 @@ class OffloadManager(LivenessManager):
         if self.host.busy:
             self._release_leaving(self.host.poll())
 
+    def _quiesce(self) -> None:
+        super()._quiesce()
+        self._settle_all()  # offloads done (their blocks freed), prefetches landed
+
     def _settle_all(self) -> None:
         if self.host.busy:
             self._release_leaving(self.host.drain())
@@ -152,6 +156,8 @@ class OffloadManager(LivenessManager):
                     self.reclaim()
                     continue
                 if self._make_param_room():  # parameter blocks copying home or prefetched ahead
+                    continue
+                if self._defragment(nbytes):  # the bytes are free, in pieces: slide the blocks together
                     continue
                 victim = next(self.cache.victims(), None)
                 if victim is None:

@@ -12,7 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Hashable
 
+import numpy as np
+
 from superneurons.errors import PoolExhausted
+
+_MAX_CACHED_VIEWS = 1 << 16  # distinct (offset, shape, dtype) views kept; cleared past this
 
 BLOCK = 1024
 
@@ -43,6 +47,7 @@ class HeapPool:
         self._free_offsets: list[int] = [0]  # sorted offsets of free blocks
         self._free_sizes: dict[int, int] = {0: self.capacity}
         self._used: dict[Hashable, Block] = {}
+        self._views: dict[tuple, Any] = {}  # (offset, shape, dtype) -> array, see view()
         self.used_bytes = 0
         self.high_water = 0
         self.n_allocs = 0
@@ -100,6 +105,35 @@ class HeapPool:
         self._free_offsets.insert(i, off)
         self._free_sizes[off] = size
 
+    def compact(self) -> list[Hashable]:
+        """Slide every used block down to the bottom of the arena, in address order, leaving one free
+        extent at the top; returns the keys whose block moved (their arrays must be re-pointed).
+
+        The plan counts bytes, first fit can still leave them in pieces too small for the next tensor;
+        compaction is what the managers do then, instead of failing or evicting more. The caller makes
+        sure nothing reads or writes a block meanwhile (copies on other streams finished)."""
+        moved, top = [], 0
+        for key, block in sorted(self._used.items(), key=lambda kv: kv[1].offset):
+            if block.offset != top:
+                self._move_down(block.offset, top, block.size)
+                self._used[key] = Block(top, block.size)
+                moved.append(key)
+            top += block.size
+        self._free_offsets = [top] if top < self.capacity else []
+        self._free_sizes = {top: self.capacity - top} if top < self.capacity else {}
+        self._views.clear()
+        return moved
+
+    def _move_down(self, src: int, dst: int, size: int) -> None:
+        """Copy [src, src+size) to [dst, dst+size), dst < src, in chunks no longer than the shift, in
+        ascending order: no chunk's destination overlaps bytes that have not been copied yet."""
+        step = src - dst
+        for done in range(0, size, step):
+            n = min(step, size - done)
+            a = self.backend.view(self.arena, src + done, (n,), np.uint8)
+            b = self.backend.view(self.arena, dst + done, (n,), np.uint8)
+            self.backend.ops.copy(a, b)
+
     def rename(self, key: Hashable, new_key: Hashable) -> None:
         """Keep `key`'s block, under `new_key` (a block whose owner has gone but which a copy still reads)."""
         if new_key in self._used:
@@ -107,7 +141,17 @@ class HeapPool:
         self._used[new_key] = self._used.pop(key)
 
     def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
-        return self.backend.view(self.arena, self._used[key].offset, shape, dtype)
+        """The array over `key`'s block. Views are cached by (offset, shape, dtype): the memory schedule puts
+        a tensor at the same offset every iteration, so handing back the same array object lets the
+        backend's per-array caches (flat views, kernel argument blocks, cuDNN argument sets) hit instead
+        of rebuilding them for every tensor at every step."""
+        where = (self._used[key].offset, tuple(shape), np.dtype(dtype).str)
+        array = self._views.get(where)
+        if array is None:
+            if len(self._views) >= _MAX_CACHED_VIEWS:
+                self._views.clear()
+            array = self._views[where] = self.backend.view(self.arena, where[0], shape, dtype)
+        return array
 
     def owns(self, key: Hashable) -> bool:
         return key in self._used
@@ -174,6 +218,9 @@ class MallocPool:
             raise KeyError(f"{new_key!r} is already allocated")
         self._arrays[new_key] = self._arrays.pop(key)
         self._sizes[new_key] = self._sizes.pop(key)
+
+    def compact(self) -> list:
+        return []  # separate allocations: the device allocator's fragmentation is not ours to fix
 
     def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
         return self.backend.view(self._arrays[key], 0, shape, dtype)

@@ -8,6 +8,7 @@ whole iteration.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -41,7 +42,7 @@ class RunContext:
 class Tensor:
     """A named array slot. `array` is the backend view while resident; `base` makes this a reshaped view."""
 
-    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init")
+    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init", "_reshaped")
 
     def __init__(self, key: str, shape: tuple[int, ...], dtype=np.float32, kind: str = "data",
                  base: "Tensor | None" = None):
@@ -56,6 +57,7 @@ class Tensor:
         self.base = base
         self.kind = kind
         self.zero_init = kind in ("diff", "param_diff", "history")  # history starts at zero, as in Caffe
+        self._reshaped: tuple[Any, Any] = (None, None)  # (base array, this view of it), see Net._materialize
 
     def __repr__(self) -> str:
         return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
@@ -152,6 +154,9 @@ class Net:
         self.params = getattr(self.memory, "param_store", None) or ResidentParams(self)
         # A test net reads the train net's weights, so it streams them through the train net's store.
         self._shared_params = share_params_with.params if share_params_with is not None else None
+        self._sharers: list[weakref.ref] = []  # nets reading this net's parameters (re-pointed on compaction)
+        if share_params_with is not None:
+            share_params_with._sharers.append(weakref.ref(self))
         self._install_workspace()
         self._fill_params(seed, share_params_with)
         self._build_steps()
@@ -268,7 +273,11 @@ class Net:
     def _materialize(self, t: Tensor) -> None:
         """Give `t` memory from the pool (the one place tensors get memory)."""
         if t.base is not None:
-            t.array = self.ops.reshape(t.base.array, t.shape)
+            base_array, view = t._reshaped
+            if base_array is not t.base.array:  # the base moved: a new view (else the same object, see pool.view)
+                view = self.ops.reshape(t.base.array, t.shape)
+                t._reshaped = (t.base.array, view)
+            t.array = view
             return
         self.pool.alloc(t.key, t.nbytes)
         self._attach(t)
@@ -283,6 +292,24 @@ class Net:
         if t.base is None and self.pool.owns(t.key):
             self.pool.free(t.key)
         t.array = None
+
+    def compact_pool(self) -> bool:
+        """Defragment the pool: wait for the device (copies on other streams read and write pool blocks),
+        slide every block down, and re-point what referred to the moved ones. False if nothing moved."""
+        self.backend.synchronize()
+        moved = set(self.pool.compact())
+        if not moved:
+            return False
+        for t in self.tensors:  # roots first, then the views over them
+            if t.base is None and t.key in moved and t.array is not None:
+                self._attach(t)
+        for t in self.tensors:
+            if t.base is not None and t.array is not None:
+                self._materialize(t)
+        for net in [self] + [r() for r in self._sharers]:
+            if net is not None:
+                net.bind_params()
+        return True
 
     def bind_params(self) -> None:
         """Point every layer's ParamDecl/BufferDecl at its tensors' current arrays (and tell the stores that

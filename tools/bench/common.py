@@ -566,7 +566,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
         return {**result, "ok": False, "fits": False, "error": f"{type(e).__name__}: {e}"}
     n = max(1, iterations)
     result.update(timing)
-    result["fits"] = True
+    result["fits"] = result["ok"] = True
     result["img_per_s"] = batch * iterations / timing["seconds"] if iterations else None
     result["per_iteration"] = {k: (after[k] - before[k]) / n for k in MEMORY_COUNTERS}
     result["losses"] = losses
@@ -637,7 +637,8 @@ def _release_device() -> None:
 def memory_trace_task(net: str, batch: int, modes: Sequence[str], device: str = "cuda", tight: bool = True) -> dict:
     """Per mode: our Net's measured pool bytes per step (the manager's trace) beside the plan's.
 
-    With `tight`, each mode's pool is its plan's peak plus the parameters (+2 % against fragmentation),
+    With `tight`, each mode's pool is its plan's peak plus the parameters (+10 % against fragmentation:
+    first fit over 1 KiB blocks cannot always place a large tensor in a pool of exactly the peak),
     so the offload manager's Tensor Cache really evicts; otherwise the pool holds everything and
     offload moves nothing (then its trace is liveness's)."""
     from superneurons.memory.plan import make_plan
@@ -650,7 +651,7 @@ def memory_trace_task(net: str, batch: int, modes: Sequence[str], device: str = 
         plan = make_plan(graph, train=True, modes=(mode,), plan_backward=False)
         pool_bytes = None
         if tight:
-            pool_bytes = int((plan.peak(mode)[0] + plan.param_bytes) * 1.02) + MiB
+            pool_bytes = int((plan.peak(mode)[0] + plan.param_bytes) * 1.10) + MiB
         try:
             nt = Net(graph, backend, train=True, seed=1, memory=mode, pool_bytes=pool_bytes)
             nt.forward_backward()

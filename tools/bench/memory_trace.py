@@ -6,7 +6,7 @@ bytes per step beside it.
 The plan part needs no device: it is `superneurons memory --model models/alexnet/alexnet_dummy.prototxt
 --batch 200 --plot FILE` (written to <out>/memory_plan_<net>_<batch>.png). The measured part builds our Net
 under liveness, offload and recompute in a worker, each mode with a pool of its planned peak plus the
-parameters (+2 %, so offload's cache must really evict), trains two iterations and reads the manager's
+parameters (+10 %, still below the next mode's need, so offload's cache must really evict), trains two iterations and reads the manager's
 per-step trace of the second; <out>/memory_trace_<net>_<batch>.png draws it over the plan.
 Writes memory_trace.json.
 """
