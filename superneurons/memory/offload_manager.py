@@ -157,10 +157,11 @@ class OffloadManager(LivenessManager):
                     continue
                 if self._make_param_room():  # parameter blocks copying home or prefetched ahead
                     continue
-                if self._defragment(nbytes):  # the bytes are free, in pieces: slide the blocks together
-                    continue
                 victim = next(self.cache.victims(), None)
                 if victim is None:
+                    # Last resort, as compaction stops the device: the bytes are free but in pieces.
+                    if self._defragment(nbytes):
+                        continue
                     raise PoolExhausted(f"{e} under --memory {self.name}, with nothing left to offload"
                                         f"{self._where()}") from None
                 self._evict(victim)
