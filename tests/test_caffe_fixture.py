@@ -69,7 +69,8 @@ def write_test_lmdb(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
 # -- (a) the Caffe-written .caffemodel loads ---------------------------------------------------------------
 
 
-def test_caffe_caffemodel_loads_into_our_lenet():
+def test_caffe_caffemodel_loads_into_our_lenet(digits_workdir, monkeypatch):
+    monkeypatch.chdir(digits_workdir)  # the train/test net's Data layers read data/digits/* from here
     model = read_weights(str(MODEL))
     # Caffe's Net::ToProto of the TRAIN net: every layer in prototxt order, blobs on the four with params.
     assert [lp.name for lp in model.layer] == ["digits", "conv1", "pool1", "conv2", "pool2", "ip1", "relu1",
