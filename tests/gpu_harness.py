@@ -41,3 +41,32 @@ def close(got, want, rtol=1e-5, atol_scale=1e-5) -> float:
     atol = atol_scale * max(1.0, float(np.abs(want).max(initial=0)))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     return float(np.abs(got.astype(np.float64) - want).max(initial=0))
+
+
+def one_iteration_on_both(gpu, prototxt: str) -> tuple[dict, dict]:
+    """Build the TRAIN net of `prototxt` on the CPU and the GPU from one seed and run forward and backward
+    once; the losses must agree. Returns ({"cpu": net, "cuda": net}, {"cpu": loss, "cuda": loss})."""
+    from google.protobuf import text_format
+
+    from superneurons.graph.build import build_graph
+    from superneurons.proto import superneurons_pb2 as pb
+    from superneurons.runtime.net import Net
+
+    nets = {b.name: Net(build_graph(text_format.Parse(prototxt, pb.NetParameter()), pb.TRAIN), b, seed=11)
+            for b in (CPU, gpu)}
+    losses = {k: n.forward_backward() for k, n in nets.items()}
+    assert np.isfinite(losses["cpu"]) and abs(losses["cuda"] - losses["cpu"]) <= 1e-4 * max(1, abs(losses["cpu"]))
+    return nets, losses
+
+
+def assert_param_grads_match(nets: dict, losses: dict, label: str, rtol: float = 2e-3) -> float:
+    """Every learnable parameter's gradient, GPU against CPU, relative to its largest entry; prints the worst."""
+    worst = 0.0
+    for dc, dg in zip(nets["cpu"].learnable, nets["cuda"].learnable):
+        want, got = nets["cpu"].backend.to_host(dc.diff), nets["cuda"].backend.to_host(dg.diff)
+        err = float(np.abs(got - want).max()) / max(1e-3, float(np.abs(want).max()))
+        worst = max(worst, err)
+        assert err < rtol, (dc.name, err)
+    print(f"{label}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; "
+          f"worst param-grad error / max|grad| {worst:.2e}")
+    return worst

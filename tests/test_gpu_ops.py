@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from superneurons.backend.geometry import ConvGeometry, LRNGeometry, PoolGeometry
-from gpu_harness import CPU, GPU_ONLY, close, dev, f32, randn, run_both
+from gpu_harness import CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
 
 pytestmark = GPU_ONLY
 
@@ -422,23 +422,4 @@ layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }
 
 @pytest.mark.parametrize("name", sorted(NETS))
 def test_net_forward_backward_matches_cpu(gpu, name):
-    from google.protobuf import text_format
-
-    from superneurons.graph.build import build_graph
-    from superneurons.proto import superneurons_pb2 as pb
-    from superneurons.runtime.net import Net
-
-    def make(backend):
-        return Net(build_graph(text_format.Parse(NETS[name], pb.NetParameter()), pb.TRAIN), backend, seed=11)
-
-    nets = {b.name: make(b) for b in (CPU, gpu)}
-    losses = {k: n.forward_backward() for k, n in nets.items()}
-    assert np.isfinite(losses["cpu"]) and abs(losses["cuda"] - losses["cpu"]) <= 1e-4 * max(1, abs(losses["cpu"]))
-    worst = 0.0
-    for dc, dg in zip(nets["cpu"].learnable, nets["cuda"].learnable):
-        want, got = CPU.to_host(dc.diff), gpu.to_host(dg.diff)
-        scale = max(1e-3, float(np.abs(want).max()))
-        err = float(np.abs(got - want).max()) / scale
-        worst = max(worst, err)
-        assert err < 2e-3, (dc.name, err)
-    print(f"{name}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; worst param-grad error / max|grad| {worst:.2e}")
+    assert_param_grads_match(*one_iteration_on_both(gpu, NETS[name]), name)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from superneurons.backend.geometry import ConvGeometry
-from gpu_harness import CPU, GPU_ONLY, close, dev, f32, randn, run_both
+from gpu_harness import CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
 
 pytestmark = GPU_ONLY
 
@@ -292,28 +292,9 @@ layer { name: "infogain" type: "InfogainLoss" bottom: "ip" bottom: "label" botto
 @pytest.mark.parametrize("name", sorted(ZOO_NETS))
 def test_zoo_net_forward_backward_matches_cpu(gpu, name):
     """Every zoo layer in a Net on both backends: the DummyData batches, the loss and every parameter gradient."""
-    from google.protobuf import text_format
-
-    from superneurons.graph.build import build_graph
-    from superneurons.proto import superneurons_pb2 as pb
-    from superneurons.runtime.net import Net
-
-    def make(backend):
-        return Net(build_graph(text_format.Parse(ZOO_NETS[name], pb.NetParameter()), pb.TRAIN), backend, seed=11)
-
-    nets = {b.name: make(b) for b in (CPU, gpu)}
-    losses = {k: n.forward_backward() for k, n in nets.items()}
-    assert np.isfinite(losses["cpu"]) and abs(losses["cuda"] - losses["cpu"]) <= 1e-4 * max(1, abs(losses["cpu"]))
+    nets, losses = one_iteration_on_both(gpu, ZOO_NETS[name])
     for layer in nets["cpu"].layers_in_prototxt_order():
         if layer.layer.type_name == "DummyData":
             for top in layer.layer.param.top:
                 close(nets["cuda"].blob(top), nets["cpu"].blob(top), rtol=1e-6, atol_scale=1e-6)
-    worst = 0.0
-    for dc, dg in zip(nets["cpu"].learnable, nets["cuda"].learnable):
-        want, got = CPU.to_host(dc.diff), gpu.to_host(dg.diff)
-        scale = max(1e-3, float(np.abs(want).max()))
-        err = float(np.abs(got - want).max()) / scale
-        worst = max(worst, err)
-        assert err < 2e-3, (dc.name, err)
-    print(f"{name}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; worst param-grad error / max|grad| "
-          f"{worst:.2e}")
+    assert_param_grads_match(nets, losses, name)
