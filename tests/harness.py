@@ -118,3 +118,20 @@ def is_net_prototxt(path) -> bool:
     except text_format.ParseError:
         return False
     return True
+
+
+def parse_classify_output(out: str) -> dict[str, list[tuple[int, float, str]]]:
+    """`superneurons classify`'s printout as {image: [(class index, probability, label), ...]} in rank order."""
+    import re
+
+    result: dict[str, list] = {}
+    current = None
+    for line in out.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            current = line[:-1]
+            result[current] = []
+            continue
+        m = re.match(r"\s+\d+\. probability ([0-9.]+)  (.*)  \(#(\d+)\)$", line)
+        if m:
+            result[current].append((int(m.group(3)), float(m.group(1)), m.group(2)))
+    return result

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from harness import load_tool
+from harness import load_tool, parse_classify_output
 from PIL import Image
 
 from superneurons.backend import get_backend
@@ -119,20 +119,6 @@ def test_forward_matches_caffe_probabilities(caffe):
 # -- (c) `superneurons classify` on image files -------------------------------------------------------------
 
 
-def parse_classify(out: str) -> dict[str, list[tuple[int, float]]]:
-    result: dict[str, list[tuple[int, float]]] = {}
-    current = None
-    for line in out.splitlines():
-        if line.endswith(":") and not line.startswith(" "):
-            current = line[:-1]
-            result[current] = []
-            continue
-        m = re.match(r"\s+\d+\. probability ([0-9.]+)  .*  \(#(\d+)\)$", line)
-        if m:
-            result[current].append((int(m.group(2)), float(m.group(1))))
-    return result
-
-
 def test_classify_png_files_gives_caffes_answers(caffe, tmp_path, capsys):
     n = 100
     paths = []
@@ -145,7 +131,7 @@ def test_classify_png_files_gives_caffes_answers(caffe, tmp_path, capsys):
     rc = main(["classify", "--model", str(DEPLOY), "--weights", str(MODEL), "--raw-scale", "255",
                "--scale", "0.00390625", "--top-k", "10", "--batch", "32", *paths])
     assert rc == 0
-    printed = parse_classify(capsys.readouterr().out)
+    printed = {k: [(i, p) for i, p, _label in v] for k, v in parse_classify_output(capsys.readouterr().out).items()}
     assert list(printed) == paths
     for i, path in enumerate(paths):
         rows = printed[path]

@@ -2,10 +2,10 @@
 redone in NumPy to predict what must be printed."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
+from harness import parse_classify_output
 from PIL import Image
 
 from superneurons.backend import get_backend
@@ -58,20 +58,6 @@ def expected_probs(pixels, w, b, mean, scale=1.0, swap=(2, 1, 0)):
     return e / e.sum()
 
 
-def parse(out: str) -> dict[str, list[tuple[int, float, str]]]:
-    result: dict[str, list] = {}
-    current = None
-    for line in out.splitlines():
-        if line.endswith(":") and not line.startswith(" "):
-            current = line[:-1]
-            result[current] = []
-            continue
-        m = re.match(r"\s+\d+\. probability ([0-9.]+)  (.*)  \(#(\d+)\)$", line)
-        if m:
-            result[current].append((int(m.group(3)), float(m.group(1)), m.group(2)))
-    return result
-
-
 def test_classify_matches_numpy(setup, tmp_path, capsys):
     model, weights, w, b, images = setup
     mean = np.array([100.0, 120.0, 130.0]).reshape(3, 1, 1)
@@ -82,7 +68,7 @@ def test_classify_matches_numpy(setup, tmp_path, capsys):
                "--scale", "0.5", "--resize", f"{H + 4},{W + 4}", "--labels", str(labels), "--top-k", "3",
                paths[1]])
     assert rc == 0
-    got = parse(capsys.readouterr().out)[paths[1]]
+    got = parse_classify_output(capsys.readouterr().out)[paths[1]]
     p = expected_probs(images[1][1], w, b, mean, scale=0.5)
     assert [c for c, _, _ in got] == list(np.argsort(-p)[:3])
     assert got[0][2] == f"n0{got[0][0]} thing {got[0][0]}"
@@ -102,7 +88,7 @@ def test_classify_two_images_batched_with_mean_file(setup, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert out.count(f"{small}:") == 2
-    got = parse(out)[small]
+    got = parse_classify_output(out)[small]
     p = expected_probs(images[0][1], w, b, mean_img[:, 1:1 + H, 1:1 + W].astype(np.float64))
     assert got[0][0] == int(np.argmax(p))
     assert got[0][1] == pytest.approx(p.max(), abs=1e-4)
@@ -133,7 +119,7 @@ def test_channel_swap_none_keeps_rgb(setup, capsys):
     path, pixels = images[0]
     assert main(["classify", "--model", str(model), "--weights", str(weights), "--channel-swap", "none",
                  "--raw-scale", "1", "--top-k", str(CLASSES), path]) == 0
-    got = parse(capsys.readouterr().out)[path]
+    got = parse_classify_output(capsys.readouterr().out)[path]
     x = pixels.astype(np.float64) / 255.0
     z = w @ x.transpose(2, 0, 1).ravel() + b
     p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
@@ -152,7 +138,7 @@ def test_grayscale_net_reads_images_as_gray(tmp_path, capsys):
     path = tmp_path / "g.png"
     Image.fromarray(gray, "L").save(path)
     assert main(["classify", "--model", str(model), "--weights", str(weights), "--top-k", "1", str(path)]) == 0
-    got = parse(capsys.readouterr().out)[str(path)]
+    got = parse_classify_output(capsys.readouterr().out)[str(path)]
     assert got[0][0] == int(np.argmax(w @ gray.astype(np.float64).ravel() + b))
     assert main(["classify", "--model", str(model), "--weights", str(weights), "--channel-swap", "2,1,0",
                  str(path)]) == 1
