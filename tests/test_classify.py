@@ -2,7 +2,6 @@
 redone in NumPy to predict what must be printed."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from harness import parse_classify_output
