@@ -308,6 +308,8 @@ def test_pinned_copies_overlap_compute(gpu):
     a = gpu.view(gpu.arena(n * n * 4), 0, (n, n), np.float32)
     c = gpu.view(gpu.arena(n * n * 4), 0, (n, n), np.float32)
     gpu.ops.fill(a, 0.001)
+    expected = np.random.default_rng().standard_normal(nbytes // 4).astype(np.float32)
+    gpu.from_host(src, expected)
 
     def compute():
         for _ in range(8):
@@ -329,7 +331,11 @@ def test_pinned_copies_overlap_compute(gpu):
         compute()
         ev.synchronize()
 
+    np.asarray(host)[:] = 0
     t_both = min(timed(both_ordered), timed(both_ordered))
+    # The timing is reported, not asserted (machines differ); what must hold is that the copy that ran
+    # beside the compute delivered every byte.
+    assert np.array_equal(np.asarray(host), expected), "the pinned D2H copy beside the compute lost bytes"
     hidden = max(0.0, t_copy + t_compute - t_both) / min(t_copy, t_compute)
     report("overlap", f"{hidden:.0%}", f"D2H 256 MiB alone {t_copy * 1e3:.1f} ms ({nbytes / t_copy / 1e9:.1f} GB/s), "
                                         f"8 sgemm 4096^3 alone {t_compute * 1e3:.1f} ms, both {t_both * 1e3:.1f} ms "
