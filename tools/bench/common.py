@@ -18,12 +18,14 @@ context.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import importlib.metadata as md
-import inspect
+import io
 import json
 import os
 import platform
+import pstats
 import subprocess
 import sys
 import time
@@ -446,8 +448,9 @@ def make_backend(device: str, workspace: int | None):
     return CudaBackend(int(device.split(":")[-1]) if ":" in device else 0, **kwargs)
 
 
-def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int | None):
-    """Our Solver for `net` at `batch` (no test nets, no display, no snapshots) with a pool of `pool_bytes`."""
+def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int | None, checkpoints: str = ""):
+    """Our Solver for `net` at `batch` (no test nets, no display, no snapshots) with a pool of `pool_bytes`
+    (None: the runtime's default); `checkpoints`: comma-separated checkpoint layer types ("": the default)."""
     from superneurons.io.prototxt import read_solver
     from superneurons.solver.solver import Solver
 
@@ -461,34 +464,9 @@ def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int
     param.max_iter = 1 << 30
     param.ClearField("net")
     param.net_param.CopyFrom(net_param(net, batch))
-    solver_path = str(ROOT / spec.solver)
-    accepted = inspect.signature(Solver.__init__).parameters
-    if pool_bytes is None:
-        return Solver(param, solver_path, backend=backend, memory=memory)
-    for name in ("pool_bytes", "gpu_memory"):  # if the Solver takes the budget itself, use that
-        if name in accepted:
-            return Solver(param, solver_path, backend=backend, memory=memory, **{name: pool_bytes})
-    return _budget_solver_class()(param, solver_path, backend=backend, memory=memory, pool_bytes=pool_bytes)
-
-
-def _budget_solver_class():
-    """A Solver whose nets get a pool of a given size (until the Solver takes --gpu-memory itself)."""
-    from superneurons.graph.build import build_graph
-    from superneurons.proto import superneurons_pb2 as pb
-    from superneurons.runtime.net import Net
-    from superneurons.solver.solver import Solver
-
-    class BudgetSolver(Solver):
-        def __init__(self, *args, pool_bytes: int, **kwargs):
-            self._pool_bytes = pool_bytes
-            super().__init__(*args, **kwargs)
-
-        def _build(self, src, phase, memory, share=None):
-            graph = build_graph(src.param, phase, src.level, src.stages, source=src.where)
-            return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
-                       memory=memory, pool_bytes=self._pool_bytes)
-
-    return BudgetSolver
+    if checkpoints:
+        param.memory_param.checkpoint_type[:] = checkpoints.split(",")
+    return Solver(param, str(ROOT / spec.solver), backend=backend, memory=memory, pool_bytes=pool_bytes)
 
 
 def history_bytes(solver: Any) -> int:
@@ -521,8 +499,11 @@ def counters(manager: Any) -> dict[str, int]:
 
 def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = None, workspace: int | None = None,
               iterations: int = 10, warmup: int = 3, device: str = "cuda", algorithms: bool = False,
-              trace: bool = False, expect_allocator: str | None = None) -> dict:
-    """Build our Solver and train: warmup + iterations steps, timed; memory counters per timed iteration."""
+              trace: bool = False, expect_allocator: str | None = None, profile: int = 0,
+              checkpoints: str = "") -> dict:
+    """Build our Solver and train: warmup + iterations steps, timed; memory counters per timed iteration.
+    `profile` > 0: run the timed loop under cProfile and keep that many lines of its report (by own time),
+    to show where host time goes."""
     from superneurons.errors import PoolExhausted, UserError
 
     backend = make_backend(device, workspace)
@@ -532,7 +513,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
         pool_bytes = budget - (workspace or 0)
     try:
         t0 = time.perf_counter()
-        solver = make_solver(net, batch, backend, memory, pool_bytes)
+        solver = make_solver(net, batch, backend, memory, pool_bytes, checkpoints)
         build_s = time.perf_counter() - t0
     except (PoolExhausted, UserError) as e:
         return {"ok": False, "fits": False, "error": f"{type(e).__name__}: {e}", "batch": batch}
@@ -560,7 +541,15 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
             solver.step(warmup - 1)
         backend.synchronize()
         before = counters(mgr)
+        profiler = cProfile.Profile() if profile else None
+        if profiler:
+            profiler.enable()
         timing = time_loop(lambda: solver.step(1), backend.synchronize, 0, iterations)
+        if profiler:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
+            result["profile"] = text.getvalue()
         after = counters(mgr)
     except (PoolExhausted, UserError) as e:
         return {**result, "ok": False, "fits": False, "error": f"{type(e).__name__}: {e}"}

@@ -5,6 +5,8 @@ is a new header over the same `gpu_data` and a raw pointer is `device_ctypes_poi
 """
 from __future__ import annotations
 
+import math
+
 from typing import Protocol
 
 import numpy as np
@@ -112,17 +114,31 @@ def make(gpu_data, shape, dtype) -> DeviceNDArray:
 
 
 def reshape(x: DeviceNDArray, shape) -> DeviceNDArray:
+    """`x` seen as `shape` (one -1 allowed), sharing its memory. Layers reshape their blobs at every call,
+    so the common case (the shape it already has) returns `x` itself, and other views are built once per
+    array object and kept on it, as `flat` does."""
     shape = tuple(int(d) for d in shape)
+    if shape == x.shape:
+        return x
     if DeviceNDArray is None:  # simulator
         return x.reshape(shape)
+    views = x.__dict__.get("_sn_views")
+    if views is not None and shape in views:
+        return views[shape]
+    key = shape
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1]))
+        known = math.prod(d for d in shape if d != -1)
         shape = tuple(x.size // max(known, 1) if d == -1 else d for d in shape)
-    if int(np.prod(shape)) != x.size:
+    if math.prod(shape) != x.size:
         raise ValueError(f"cannot reshape a device array of {x.size} elements {x.shape} to {shape}")
     if not x.is_c_contiguous():
         raise ValueError(f"reshape needs a contiguous device array, got strides {x.strides}")
-    return make(x.gpu_data, shape, x.dtype)
+    view = make(x.gpu_data, shape, x.dtype)
+    try:
+        x.__dict__.setdefault("_sn_views", {})[key] = view
+    except AttributeError:
+        pass
+    return view
 
 
 def flat(a: DeviceNDArray) -> DeviceNDArray:
