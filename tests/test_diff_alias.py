@@ -1,12 +1,13 @@
 """Split and Eltwise SUM gradients share memory (memory/aliases.py) without changing a single bit."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from superneurons.memory.aliases import diff_aliases
 from superneurons.memory.plan import make_plan
 from superneurons.runtime.net import Net
-from test_memory_modes import BACKEND, CONV_FAN, MLP_FAN, _graph, _layer, _mlp_with_loss, ip, train
+from test_memory_modes import BACKEND, CONV_FAN, MLP_FAN, _graph, _layer, _mlp_with_loss, conv, ip, train
 
 MODES = ("baseline", "liveness", "offload", "recompute")
 
@@ -41,13 +42,15 @@ def _kinds(g, aliases):
 
 def test_split_and_eltwise_gradients_share_a_root():
     g, aliases = _aliases(_mlp_with_loss())
-    assert _kinds(g, aliases) == {"Split": 0, "Eltwise": 0}
+    # The Split's second top is read last in forward, so written first in backward: its gradient is the sum's.
+    assert _kinds(g, aliases) == {"Split": 1, "Eltwise": 0}
     program = make_plan(g).program
     split = next(n for n in g.nodes if n.layer.type_name == "Split")
-    assert program.root[split.tops[0] + "@diff"] == program.root[split.bottoms[0] + "@diff"]
+    assert program.root[split.tops[1] + "@diff"] == program.root[split.bottoms[0] + "@diff"]
+    assert program.root[split.tops[0] + "@diff"] != program.root[split.bottoms[0] + "@diff"]  # an InnerProduct
     assert program.root["out@diff"] == program.root["fc2@diff"]
     net = Net(_graph(_mlp_with_loss()), BACKEND, memory="liveness")
-    assert net.diff[split.tops[0]].base is net.diff[split.bottoms[0]]
+    assert net.diff[split.tops[1]].base is net.diff[split.bottoms[0]]
     assert net.diff["out"].base is net.diff["fc2"]
 
 
@@ -80,3 +83,54 @@ def test_aliases_lower_the_plan():
     assert with_alias.program.total_bytes() < without.program.total_bytes()
     for mode in MODES:
         assert with_alias.peak(mode)[0] <= without.peak(mode)[0], mode
+
+
+# One blob read by three convolutions: the last one read in forward writes the summed gradient, the other
+# two add theirs into it (cuDNN's beta = 1 on the GPU), so the Split computes nothing.
+THREE_CONVS = (
+    CONV_FAN.split('layer { name: "conva"')[0]
+    + conv("ca", "conv1", "ca", 3) + conv("cb", "conv1", "cb", 3) + conv("cc", "conv1", "cc", 3)
+    + _layer("cat", "Concat", ["ca", "cb", "cc"], ["cat"])
+    + ip("fc", "cat", "fc", 3) + _layer("loss", "SoftmaxWithLoss", ["fc", "label"], ["loss"])
+)
+
+
+def test_earlier_convolutions_add_into_the_split_gradient():
+    g, aliases = _aliases(THREE_CONVS)
+    split = next(n for n in g.nodes if n.layer.type_name == "Split")
+    assert aliases.index[split.name] == 2 and aliases.added[split.name] == (0, 1)
+    assert aliases.accumulate == {"ca": frozenset({0}), "cb": frozenset({0})}
+    program = make_plan(g).program
+    assert {program.root[t + "@diff"] for t in split.tops} == {program.root[split.bottoms[0] + "@diff"]}
+    net = Net(_graph(THREE_CONVS), BACKEND, memory="liveness")
+    assert net.graph.node("ca").layer.accumulate_bottoms == {0}
+    assert net.graph.node("cc").layer.accumulate_bottoms == frozenset()
+
+
+def test_accumulated_gradient_equals_the_separate_sum(monkeypatch):
+    """Three shares summed in another order than the Split's: every mode still trains bit-identically to
+    baseline, and to float tolerance like the unaliased net."""
+    _, ref, ref_losses = train(THREE_CONVS, "baseline", iters=4)
+    for mode in MODES[1:]:
+        _, got, losses = train(THREE_CONVS, mode, iters=4)
+        assert got == ref and losses == ref_losses, mode
+    monkeypatch.setenv("SUPERNEURONS_DIFF_ALIAS", "0")
+    _, separate, _ = train(THREE_CONVS, "baseline", iters=4)
+    for a, b in zip(ref, separate, strict=True):
+        assert np.allclose(np.frombuffer(a, np.float32), np.frombuffer(b, np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_conv_backward_accumulate_adds_exactly(rng):
+    from superneurons.backend.cpu.conv import conv_backward
+    from superneurons.backend.geometry import ConvGeometry
+
+    x = rng.standard_normal((3, 4, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    geom = ConvGeometry((3, 3), (2, 1), (1, 0), (1, 1), 2)
+    dy = rng.standard_normal((3, 6, 4, 4)).astype(np.float32)
+    fresh = rng.standard_normal(x.shape).astype(np.float32)  # overwritten
+    conv_backward(x, w, dy, fresh, None, None, geom)
+    held = rng.standard_normal(x.shape).astype(np.float32)
+    acc = held.copy()
+    conv_backward(x, w, dy, acc, None, None, geom, accumulate_dx=True)
+    assert np.array_equal(acc, held + fresh)

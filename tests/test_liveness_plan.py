@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +93,38 @@ def test_every_mode_schedule_is_valid_and_modes_are_ordered(name):
     assert plan.peak("recompute")[0] >= plan.max_layer[1]  # l_peak is a floor
 
 
+ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+# Issue 4's list: the planner's peaks fall baseline > liveness > offload >= recompute, and recompute stays
+# within 5% of max(l_i). (VGG16's offload already reaches max(l_i): conv1_2's backward alone needs it.)
+ZOO_PLANS = {"alexnet": ("caffe/models/bvlc_alexnet/deploy.prototxt", 200),
+             "vgg16": ("vgg/deploy_vgg16-pytorch.prototxt", 32),
+             "resnet50": ("resnet/ResNet-50-deploy.prototxt", 32),
+             "resnet101": ("resnet/ResNet-101-deploy.prototxt", 32),
+             "resnet152": ("resnet/ResNet-152-deploy.prototxt", 32),
+             "inception_v4": ("inception/deploy_inception-v4.prototxt", 32),
+             "densenet121": ("densenet/DenseNet_121.prototxt", 32)}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_PLANS))
+def test_zoo_recompute_peak_is_within_5_percent_of_max_l_i(name):
+    from superneurons.graph.batch import set_batch
+    from superneurons.graph.build import build_graph
+    from superneurons.io.prototxt import read_net
+    from superneurons.proto import superneurons_pb2 as pb
+
+    rel, batch = ZOO_PLANS[name]
+    if not (ZOO / rel).exists():
+        pytest.skip(f"{ZOO / rel} is not here")
+    net = read_net(str(ZOO / rel))
+    set_batch(net, batch)
+    plan = make_plan(build_graph(net, pb.TRAIN))
+    for mode in PLAN_MODES:
+        _check_valid(plan.program, plan.schedules[mode], leaks_ok=mode == "baseline")
+    base, live, off, rec = (plan.peak(m)[0] for m in PLAN_MODES)
+    assert base > live > off >= rec
+    assert plan.max_layer[1] <= rec <= 1.05 * plan.max_layer[1]
+
+
 def test_deploy_net_is_planned_as_if_it_fed_a_loss():
     g = _graph(MLP_FAN)
     assert not g.loss_blobs
@@ -106,9 +139,10 @@ def test_l_i_counts_inputs_outputs_buffers_and_diffs():
     p = plan.program
     s = next(st for st in p.steps if st.node.name == "fa" and st.phase == "backward")
     # InnerProduct backward: bottom (fc1 view -> root fc1), top diff, bottom diff (the Split's first top
-    # gradient, which shares the Split's bottom gradient's memory: root fc1@diff).
-    assert set(s.uses) == {"fc1", "fa@diff", "fc1@diff"}
-    assert p.root["fc1_relu1_0_split_0@diff"] == "fc1@diff"
+    # gradient; the second top, read later in forward and so written first in backward, is the one that
+    # shares the Split's bottom gradient's memory: root fc1@diff).
+    assert set(s.uses) == {"fc1", "fa@diff", "fc1_relu1_0_split_0@diff"}
+    assert p.root["fc1_relu1_0_split_1@diff"] == "fc1@diff"
     assert plan.layer_bytes[s.index] == sum(p.tensors[k].nbytes for k in s.uses)
 
 

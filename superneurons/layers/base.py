@@ -97,6 +97,10 @@ class Layer:
     shares_diff: ClassVar[bool] = False
     # Layer computes nothing backward (Accuracy, Silence-like sinks).
     has_backward: ClassVar[bool] = True
+    # Backward can add a bottom's gradient into what its memory already holds instead of overwriting it
+    # (Convolution: cuDNN's beta = 1). memory/aliases.py then lets the consumers of a split blob write into
+    # the one summed gradient, and says which bottoms do so through `accumulate_bottoms`.
+    can_accumulate_bottom_diff: ClassVar[bool] = False
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
     n_tops: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -111,6 +115,7 @@ class Layer:
         self.in_place = len(param.top) > 0 and len(param.bottom) > 0 and param.top[0] == param.bottom[0]
         self.ctx: Any = None  # set by the runtime: RunContext (iteration, seed, recomputing flag)
         self.layer_index = 0  # position in the prototxt; part of Dropout's mask hash
+        self.accumulate_bottoms: frozenset[int] = frozenset()  # set by the runtime (memory/aliases.py)
 
     # ---- declared by subclasses -------------------------------------------------------------
     def setup(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -125,7 +130,8 @@ class Layer:
         raise NotImplementedError
 
     def backward(self, top: list, top_diff: list, propagate_down: list[bool], bottom: list, bottom_diff: list) -> None:
-        """Write bottom diffs (overwrite) and accumulate into param diffs (+=), as Caffe does."""
+        """Write bottom diffs (overwrite; add for the indexes in `accumulate_bottoms`) and accumulate into
+        param diffs (+=), as Caffe does."""
         raise NotImplementedError
 
     # ---- helpers for subclasses ---------------------------------------------------------------

@@ -78,6 +78,8 @@ def read_conv_param(layer: Layer, shape, what: str) -> tuple[int, int]:
 
 @register("Convolution")
 class Convolution(Layer):
+    can_accumulate_bottom_diff = True
+
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
         shape = bottom_shapes[0]
@@ -116,4 +118,5 @@ class Convolution(Layer):
         ops.conv_backward(ops.reshape(bottom[0], x_shape), self.weight.data,
                           ops.reshape(top_diff[0], (self.n, self.m, self.oh, self.ow)),
                           ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
-                          self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom)
+                          self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
+                          accumulate_dx=0 in self.accumulate_bottoms)

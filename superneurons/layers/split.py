@@ -16,6 +16,8 @@ class Split(Layer):
         # Set by the runtime (memory/aliases.py): the top whose gradient memory is also the bottom's
         # gradient, so backward adds the other top gradients into it; None: the bottom has its own.
         self.diff_alias: int | None = None
+        # Also set by the runtime: tops whose consumers added their gradient into the bottom's themselves.
+        self.added_by_consumers: tuple[int, ...] = ()
 
     def setup(self, bottom_shapes):
         self._ones = [1.0] * len(self.param.top)
@@ -35,5 +37,11 @@ class Split(Layer):
         # The sum of the top diffs; eltwise_sum adds the first two in one pass on the GPU. When the bottom
         # diff is top `a`'s memory, that diff goes first: eltwise_sum may write its output over bottoms[0].
         a = self.diff_alias
-        diffs = top_diff if not a else [top_diff[a]] + [d for k, d in enumerate(top_diff) if k != a]
-        self.ops.eltwise_sum(diffs, self._ones, bottom_diff[0])
+        if a is None:
+            diffs = top_diff
+        else:
+            rest = [d for k, d in enumerate(top_diff) if k != a and k not in self.added_by_consumers]
+            if not rest:
+                return  # every share is in the bottom gradient already
+            diffs = [top_diff[a]] + rest
+        self.ops.eltwise_sum(diffs, self._ones[:len(diffs)], bottom_diff[0])

@@ -5,6 +5,11 @@
   overwrites bottom gradients, so the sum *is* the value it would have written).
 - **Eltwise SUM** with coefficient 1 for bottom j: bottom j's gradient equals the top gradient, so it is
   the top gradient's memory and backward writes nothing for it.
+- **Accumulating consumers of a Split top**: a consumer that can add its bottom gradient into memory
+  (`Layer.can_accumulate_bottom_diff`: Convolution, cuDNN's beta = 1) and runs after top a's consumers in
+  backward writes straight into the bottom gradient, which then already holds top a's share; Split skips
+  that top. Without it a ResNet's projection block holds two input-sized gradients at once (the sum and
+  the second convolution's output), 1.17x max(l_i) under recompute; with it, none beyond max(l_i).
 
 Both the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) ask `diff_aliases` which top
 gradients become views of which bottom gradients, so they agree on the roots; the layers are told which
@@ -35,10 +40,14 @@ COEFF_ONE = 1.0
 class DiffAliases:
     """`views[top blob] = bottom blob`: the top's gradient is a view of the bottom's gradient.
     `index[node name]`: Split -> the top whose gradient memory is the bottom gradient; Eltwise -> the
-    bottom whose gradient memory is the top gradient."""
+    bottom whose gradient memory is the top gradient. `added[split name]`: the tops whose consumers add
+    their gradient into the bottom gradient themselves; `accumulate[consumer name]`: those consumers'
+    bottom indexes that do so."""
 
     views: dict[str, str] = field(default_factory=dict)
     index: dict[str, int] = field(default_factory=dict)
+    added: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    accumulate: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 def enabled() -> bool:
@@ -82,6 +91,22 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
         """Top `t` of node `i` gets a gradient of its own that is rewritten before node i's backward."""
         return first_seen[t] == i and t not in seeded and nodes[i].tops.count(t) == 1 and rewritten(t, i)
 
+    def accumulator(t: str, i: int, before: int) -> tuple[int, int] | None:
+        """(route index, bottom index) of the one consumer of top `t` of node `i`, when it can add its
+        gradient into the shared memory: it reads `t` once, not in place, needs its gradient, and runs in
+        backward after every node with route index >= `before` (those write the shared memory first)."""
+        users = consumers.get(t, [])
+        if len(users) != 1 or first_seen[t] != i or t in seeded or nodes[i].tops.count(t) != 1:
+            return None
+        c = users[0]
+        node = nodes[c]
+        if c >= before or not node.layer.can_accumulate_bottom_diff or not need_backward[node.name]:
+            return None
+        if t in node.tops or node.bottoms.count(t) != 1 or node.layer.in_place:
+            return None
+        j = node.bottoms.index(t)
+        return (c, j) if propagate_down[node.name][j] else None
+
     for i, n in enumerate(nodes):
         layer = n.layer
         pdown = propagate_down[n.name]
@@ -91,10 +116,23 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
             b = n.bottoms[0]
             if b in seeded or not last_consumer(b, i):
                 continue
-            a = next((k for k, t in enumerate(n.tops) if fresh_top(t, i)), None)
+            # The top read last in forward is written first in backward: its gradient becomes the sum's
+            # memory, so the consumers of the other tops (earlier in forward) can add into it.
+            fresh = [k for k, t in enumerate(n.tops) if fresh_top(t, i)]
+            a = max(fresh, key=lambda k: min(consumers[n.tops[k]])) if fresh else None
             if a is not None:
                 out.views[n.tops[a]] = b
                 out.index[n.name] = a
+                added = []
+                for k, t in enumerate(n.tops):
+                    acc = None if k == a else accumulator(t, i, min(consumers[n.tops[a]]))
+                    if acc is not None:
+                        out.views[t] = b
+                        added.append(k)
+                        node = nodes[acc[0]].name
+                        out.accumulate[node] = out.accumulate.get(node, frozenset()) | {acc[1]}
+                if added:
+                    out.added[n.name] = tuple(added)
         elif layer.type_name == "Eltwise" and layer.op == pb.EltwiseParameter.SUM:
             t = n.tops[0]
             if not fresh_top(t, i):
@@ -108,7 +146,11 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
 
 
 def install(graph: Graph, aliases: DiffAliases) -> None:
-    """Tell the Split and Eltwise layers which gradient shares memory (None: none)."""
+    """Tell the Split and Eltwise layers which gradient shares memory (None: none), Split which tops' consumers
+    add their own share, and those consumers which bottom gradients they add into."""
     for n in graph.nodes:
         if n.layer.type_name in ("Split", "Eltwise"):
             n.layer.diff_alias = aliases.index.get(n.name)
+        if n.layer.type_name == "Split":
+            n.layer.added_by_consumers = aliases.added.get(n.name, ())
+        n.layer.accumulate_bottoms = aliases.accumulate.get(n.name, frozenset())

@@ -43,6 +43,9 @@ class OffloadManager(LivenessManager):
         first = live.first
         self.locks = [[k for k in st.uses if k in self.offloadable] for st in self.program.steps]
         self.checks = [[k for k in ks if first[k] != s] for s, ks in enumerate(self.locks)]
+        # A gradient changes at the steps that use it (written, or added into), unlike a forward output: a
+        # host copy made before such a step is stale after it and must not stand in for the device copy.
+        self.rewrites = [[k for k in ks if self.tensors[k].kind == "diff"] for ks in self.locks]
         self._schedule_copies()
 
     def _schedule_copies(self) -> None:
@@ -60,8 +63,11 @@ class OffloadManager(LivenessManager):
             stay = simulate(self.program, _without_moves(schedule)).bytes
             moves = {k: span for k, span in moves.items() if max(stay[span[0] + 1:span[1]], default=0) > budget}
         self.copy_ahead = set(moves)
-        for k in sorted(moves):
-            self.after[self.program.writers[k][-1]].append((self._copy_out, k))
+        writers = self.program.writers
+        for k, (off, _back) in sorted(moves.items()):
+            # A forward output is copied once its last forward writer ran; a parked gradient once the
+            # backward step before its wait (recompute.py) has written it.
+            self.after[writers[k][-1] if k in writers else off].append((self._copy_out, k))
 
     @property
     def hits(self) -> int:
@@ -91,6 +97,9 @@ class OffloadManager(LivenessManager):
     def _leave(self, s: int) -> None:
         for k in self.locks[s]:
             self.cache.unlock(k)
+        for k in self.rewrites[s]:
+            if k in self.host and k in self.on:
+                self.host.cancel(k)  # an unfinished copy retires on its own; nothing waits for it
         for fn, arg in self.after[s]:
             fn(arg)
         if s == len(self.program.steps) - 1:

@@ -12,6 +12,12 @@ A *segment* is the run of layers from one checkpoint to the next. Per segment:
 The cost-aware choice starts from speed-centric everywhere and switches a segment to
 memory-centric when any step within the span it keeps tensors over exceeds l_peak = max(l_i).
 
+Joins hold gradients too: at a Split or Concat, backward finishes one branch while the gradient the
+other branch will need waits on the device (a DenseNet block's running concat, an Inception stem's
+pooling branch). Where such a wait spans a step over l_peak, the waiting gradient leaves the device
+between its two uses like a checkpoint (`_park_waiting_gradients`), and the Tensor Cache keeps it
+when memory suffices.
+
 Replays are exact because they re-run the same writers in the same order on the same inputs:
 a dropped tensor is rebuilt by *all* its writers (producer, then in-place layers), and a tensor
 only qualifies when every reader saw its final value and everything its writers read is either
@@ -22,7 +28,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable
 
-from superneurons.memory.liveness import (ALLOC, FREE, RUN, Liveness, Program, Schedule, simulate)
+from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, simulate
 from superneurons.memory.offload import (apply_offload, backward_reads, checkpoint_steps, checkpoint_tensors,
                                         delay_prefetches, first_needed, plan_offload)
 
@@ -72,14 +78,19 @@ class RecomputePlanner:
         self.live = live
         self.types = tuple(checkpoint_types)
         self.l_peak = l_peak
-        self.kept = checkpoint_tensors(program, self.types) | program.resident | program.pinned
-        self.drop = droppable(program, live, self.kept)
+        self.cps = checkpoint_steps(program, self.types)
+        self._classify(checkpoint_tensors(program, self.types) | program.resident | program.pinned)
+
+    def _classify(self, kept: set[str]) -> None:
+        """Split what backward reads into dropped (rebuilt by replay) and movable, given the `kept` tensors."""
+        program = self.p
+        self.kept = kept
+        self.drop = droppable(program, self.live, kept)
         # Whatever backward reads and no replay can rebuild leaves the device between its uses: the
         # checkpoints, and the tensors whose replay inputs would be gone by then (e.g. a ResNet's Eltwise
         # sum, whose inputs backward never reads once BatchNorm keeps x_hat) -- moving them costs fewer
         # bytes than keeping their inputs for a replay.
-        self.movable = backward_reads(program, live, set(program.writers) - self.drop)
-        self.cps = checkpoint_steps(program, self.types)
+        self.movable = backward_reads(program, self.live, set(program.writers) - self.drop)
         self.bwd_uses: dict[str, list[int]] = {}
         for s in program.steps[program.n_forward:]:
             for k in s.uses:
@@ -90,6 +101,35 @@ class RecomputePlanner:
         return bisect.bisect_right(self.cps, self.p.writers[key][0])
 
     def plan(self) -> Schedule:
+        """A replay needs its inputs on the device at the step that triggers it, often a checkpoint brought
+        back sooner than its own use (an Inception stem's max pooling, replayed for its mask, holds the
+        convolution output that only the next step reads). Where a step that replays a single layer still
+        exceeds l_peak, what that layer rebuilds is kept and moved instead (a small copy against a large
+        early prefetch), and the plan is made again. Longer replays (whole segments) stay: moving all they
+        rebuild would cost transfers that recomputation exists to avoid. A round that does not lower the
+        peak is undone."""
+        best = None
+        while True:
+            sched, spans, strategy = self._plan_strategies()
+            self._park_waiting_gradients(sched)
+            trace = simulate(self.p, sched).bytes
+            if best is not None and max(trace) >= best[0]:
+                _, sched, spans, strategy = best  # moving did not lower the peak: keep the replays
+                break
+            best = (max(trace), sched, spans, strategy)
+            rebuilt = {k for s in range(self.p.n_forward, len(trace)) if trace[s] > self.l_peak
+                       and sum(op == RUN for op, _ in sched.before[s]) == 1
+                       for op, k in sched.before[s] if op == ALLOC and k in self.drop}
+            if not rebuilt:
+                break
+            self._classify(self.kept | rebuilt)
+        # Segments are named after the checkpoint layer that opens them.
+        nodes = self.p.graph.nodes
+        sched.info["strategies"] = {(nodes[self.cps[g - 1]].name if g else "(input)"): strategy[g]
+                                    for g in sorted(spans)}
+        return sched
+
+    def _plan_strategies(self):
         segs = {self.segment(k) for k in self.drop}
         strategy = {g: SPEED for g in segs}
         for _ in range(len(segs) + 1):
@@ -101,11 +141,30 @@ class RecomputePlanner:
                 break
             for g in worse:
                 strategy[g] = MEMORY
-        # Segments are named after the checkpoint layer that opens them.
-        nodes = self.p.graph.nodes
-        sched.info["strategies"] = {(nodes[self.cps[g - 1]].name if g else "(input)"): strategy[g]
-                                    for g in sorted(spans)}
-        return sched
+        return sched, spans, strategy
+
+    def _park_waiting_gradients(self, sched: Schedule) -> None:
+        """Move each gradient that waits, untouched, across a backward step over l_peak to the host for its
+        longest such wait (the runtime's cache keeps one host copy per tensor at a time)."""
+        p = self.p
+        trace = simulate(p, sched).bytes
+        if max(trace[p.n_forward:], default=0) <= self.l_peak:
+            return
+        uses: dict[str, list[int]] = {}
+        for st in p.steps[p.n_forward:]:
+            for k in st.uses:
+                if p.tensors[k].kind == "diff" and k not in p.pinned:
+                    uses.setdefault(k, []).append(st.index)
+        parked: dict[str, tuple[int, int]] = {}
+        for k, at in uses.items():
+            waits = [(b - a, a, b) for a, b in zip(at, at[1:])
+                     if b > a + 1 and max(trace[a + 1:b]) > self.l_peak]
+            if waits:
+                _, a, b = max(waits)
+                parked[k] = (a, b)
+        apply_offload(sched, parked)
+        sched.info["offloaded"].update(parked)
+        sched.info["offloadable"] = sorted(set(sched.info["offloadable"]) | set(parked))
 
     # -- one build under fixed per-segment strategies ----------------------------------------
     def _build(self, strategy: dict[int, str]):

@@ -36,8 +36,9 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarr
 
 
 def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
-                  db: np.ndarray | None, geom: ConvGeometry) -> None:
-    """dx = conv^T(dy, w) (overwritten); dw += corr(x, dy); db += sum of dy per output channel. None skips one."""
+                  db: np.ndarray | None, geom: ConvGeometry, accumulate_dx: bool = False) -> None:
+    """dx = conv^T(dy, w) (overwritten, or added to dx with `accumulate_dx`); dw += corr(x, dy); db += sum of
+    dy per output channel. None skips one."""
     G = geom.group
     M = w.shape[0]
     wg = w.reshape(G, M // G, -1)
@@ -51,7 +52,14 @@ def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray |
             dw += np.matmul(dyg, col.transpose(0, 2, 1)).reshape(dw.shape)
         if dx is not None:
             dcol = np.matmul(wg.transpose(0, 2, 1), dyg)  # (G, Kg, n * P)
-            _col2im(dcol, dx[lo:hi], dy.shape[2:], geom)
+            if accumulate_dx:
+                # The chunk's gradient on its own, then one add: the sum is then exactly what summing two
+                # separately computed gradients gives, so aliasing changes no bit.
+                part = np.empty_like(dx[lo:hi])
+                _col2im(dcol, part, dy.shape[2:], geom)
+                dx[lo:hi] += part
+            else:
+                _col2im(dcol, dx[lo:hi], dy.shape[2:], geom)
 
 
 def _chunks(x: np.ndarray, y: np.ndarray, geom: ConvGeometry):

@@ -163,6 +163,12 @@ def _find_enabled() -> bool:
 
 # Per direction: the heuristic query, the measuring query, the call itself.
 FORWARD, BACKWARD_DATA, BACKWARD_FILTER = 0, 1, 2
+# Backward data that adds into dx (beta = 1) instead of overwriting it: a consumer of a split blob writes its
+# share of the gradient straight into the summed gradient (memory/aliases.py), so no second dx is ever live.
+# It is cuDNN's backward-data operation with another beta, hence its own plans and algorithm choice.
+BACKWARD_DATA_ADD = 3
+_OPERATION = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER, BACKWARD_DATA)  # the cuDNN operation of each direction
+_ACCUMULATES = (False, False, True, True)  # beta = 1: parameter diffs accumulate as in Caffe; so does DATA_ADD
 _FUNCTIONS = (
     ("cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx", "cudnnConvolutionForward"),
     ("cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnFindConvolutionBackwardDataAlgorithmEx",
@@ -197,8 +203,8 @@ class LegacyDirection:
         self.plan = plan
         self.table = table
         self.measured = table.measured
-        self._fn = _bind_convolutions()[direction]
-        self._name = _FUNCTIONS[direction][2]
+        self._fn = _bind_convolutions()[_OPERATION[direction]]
+        self._name = _FUNCTIONS[_OPERATION[direction]][2]
         a_desc, b_desc, out_desc = plan.descriptors(direction)
         self._descs = (a_desc.value, b_desc.value, out_desc.value)
         self._beta = beta  # address of the host scalar
@@ -255,9 +261,9 @@ class ConvPlan:
         if dims != tuple(y_shape):
             raise RuntimeError(f"cuDNN computes output {dims} for input {x_shape}, weights {w_shape}, "
                                f"{geom}; the layer expects {tuple(y_shape)}")
-        self.tables: list = [None, None, None]  # per direction: a GraphDirection or a LegacyDirection
-        self._legacy: list[LegacyDirection | None] = [None, None, None]
-        self.last: list = [None, None, None]  # what each direction ran last (profiler)
+        self.tables: list = [None] * len(_OPERATION)  # per direction: a GraphDirection or a LegacyDirection
+        self._legacy: list[LegacyDirection | None] = [None] * len(_OPERATION)
+        self.last: list = [None] * len(_OPERATION)  # what each direction ran last (profiler)
         one, zero = _scalars(dtype)
         self._one, self._zero = _c.byref(one), _c.byref(zero)
         self.one_ptr, self.zero_ptr = _c.addressof(one), _c.addressof(zero)
@@ -265,11 +271,11 @@ class ConvPlan:
 
     def descriptors(self, direction: int) -> tuple:
         """The legacy (a, b, out) descriptors of `direction`, in the call's operand order."""
-        return ((self.x, self.w, self.y), (self.w, self.y, self.x), (self.x, self.y, self.w))[direction]
+        return ((self.x, self.w, self.y), (self.w, self.y, self.x), (self.x, self.y, self.w))[_OPERATION[direction]]
 
     def operand_shapes(self, direction: int) -> tuple:
         x, w, y = self.shapes
-        return ((x, w, y), (w, y, x), (x, y, w))[direction]
+        return ((x, w, y), (w, y, x), (x, y, w))[_OPERATION[direction]]
 
     # -- choosing ----------------------------------------------------------------------------------
     def _usable(self, perfs, count: int) -> list[tuple[float, AlgoChoice]]:
@@ -290,7 +296,7 @@ class ConvPlan:
         count = _c.c_int()
         self._set_math(self.h.math)
         a_desc, b_desc, out_desc = self.descriptors(direction)
-        call(_FUNCTIONS[direction][0], self.h.value, a_desc, b_desc, self.conv, out_desc, _MAX_ALGOS,
+        call(_FUNCTIONS[_OPERATION[direction]][0], self.h.value, a_desc, b_desc, self.conv, out_desc, _MAX_ALGOS,
              _c.byref(count), perfs)
         return [choice for _t, choice in self._usable(perfs, count.value)]  # heuristic order
 
@@ -306,7 +312,7 @@ class ConvPlan:
         count = _c.c_int()
         ws = source.acquire(size) if size else 0
         try:
-            call(_FUNCTIONS[direction][1], self.h.value, descs[0], _c.c_void_p(pointers[0]), descs[1],
+            call(_FUNCTIONS[_OPERATION[direction]][1], self.h.value, descs[0], _c.c_void_p(pointers[0]), descs[1],
                  _c.c_void_p(pointers[1]), self.conv, descs[2], _c.c_void_p(pointers[2]), _MAX_ALGOS,
                  _c.byref(count), perfs, _c.c_void_p(ws), _c.c_size_t(size))
         finally:
@@ -322,7 +328,7 @@ class ConvPlan:
             self._math = math
 
     def _beta(self, direction: int) -> int:
-        return self.one_ptr if direction == BACKWARD_FILTER else self.zero_ptr
+        return self.one_ptr if _ACCUMULATES[direction] else self.zero_ptr
 
     def legacy(self, direction: int, pointers: tuple[int, int, int], measure: bool = False) -> LegacyDirection:
         d = self._legacy[direction]
@@ -336,9 +342,9 @@ class ConvPlan:
         measure = _find_enabled()
         if cudnn_graph.enabled() and not measure:
             try:
-                return cudnn_graph.GraphDirection(self.h.value.value, direction, self.operand_shapes(direction),
-                                                  self.geom, _dtype_code(self.dtype), self.h.math != FMA_MATH,
-                                                  1.0 if direction == BACKWARD_FILTER else 0.0)
+                return cudnn_graph.GraphDirection(self.h.value.value, _OPERATION[direction],
+                                                  self.operand_shapes(direction), self.geom, _dtype_code(self.dtype),
+                                                  self.h.math != FMA_MATH, 1.0 if _ACCUMULATES[direction] else 0.0)
             except cudnn_graph.Unsupported:
                 pass
         return self.legacy(direction, pointers, measure)
@@ -372,18 +378,26 @@ class ConvPlan:
     def forward(self, x, w, y) -> None:
         self._run(FORWARD, pointer(x), pointer(w), pointer(y))
 
-    def backward_data(self, w, dy, dx) -> None:
-        self._run(BACKWARD_DATA, pointer(w), pointer(dy), pointer(dx))
+    def backward_data(self, w, dy, dx, accumulate: bool = False) -> None:
+        """dx = the data gradient, or dx += it with `accumulate`."""
+        if not accumulate:
+            self._run(BACKWARD_DATA, pointer(w), pointer(dy), pointer(dx))
+        else:
+            self._run_accumulating(BACKWARD_DATA_ADD, pointer(w), pointer(dy), dx)
 
     def backward_filter(self, x, dy, dw) -> None:
         """dw += the filter gradient (beta = 1: parameter diffs accumulate, as in Caffe)."""
+        self._run_accumulating(BACKWARD_FILTER, pointer(x), pointer(dy), dw)
+
+    def _run_accumulating(self, direction: int, a: int, b: int, out) -> None:
+        """A beta = 1 call. Find writes the output it measures into, so the first call of a measured direction
+        measures into a scratch array, never into the sum being accumulated."""
         scratch = None
-        if self.tables[BACKWARD_FILTER] is None and _find_enabled():  # Find overwrites its output: a scratch dw
+        if self.tables[direction] is None and _find_enabled():
             from numba import cuda
 
-            scratch = cuda.device_array(self.w_shape, np.dtype(self.dtype))
-        self._run(BACKWARD_FILTER, pointer(x), pointer(dy), pointer(dw),
-                  measure_out=pointer(scratch) if scratch is not None else None)
+            scratch = cuda.device_array(out.shape, np.dtype(self.dtype))
+        self._run(direction, a, b, pointer(out), measure_out=pointer(scratch) if scratch is not None else None)
 
     def add_bias(self, b, y) -> None:
         call("cudnnAddTensor", self.h.value, self._one, self.bias, _c.c_void_p(pointer(b)), self._one, self.y,

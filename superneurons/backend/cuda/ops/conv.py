@@ -20,15 +20,16 @@ def conv_forward(x, w, b, y, geom: ConvGeometry) -> None:
         plan.add_bias(b, y)
 
 
-def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry) -> None:
-    """dx = conv^T(dy, w) (overwritten); dw += corr(x, dy); db += per-channel sum of dy. None skips one."""
+def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool = False) -> None:
+    """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy); db += per-channel
+    sum of dy. None skips one."""
     plan = _plan(x, w, dy, geom)
     if db is not None:
         plan.backward_bias(dy, db)
     if dw is not None:
         plan.backward_filter(x, dy, dw)
     if dx is not None:
-        plan.backward_data(w, dy, dx)
+        plan.backward_data(w, dy, dx, accumulate_dx)
 
 
 _FWD = ("implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling", "winograd",
