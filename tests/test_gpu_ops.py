@@ -104,11 +104,16 @@ def test_conv(gpu, rng, shape, kernel, stride, pad, group, graph, monkeypatch):
     d = [dev(gpu, a) for a in (x, w, dy, np.zeros_like(x), dw0, db0)]
     gpu.ops.conv_backward(*d, geom)
     errs = [close(gpu.to_host(d[i]), host[i], rtol=1e-4, atol_scale=1e-4) for i in (3, 4, 5)]
+    # Backward data adding into a gradient already held (a split blob's sum: beta = 1, its own plan).
+    held = randn(rng, *x.shape)
+    summed = dev(gpu, held)
+    gpu.ops.conv_backward(d[0], d[1], d[2], summed, None, None, geom, accumulate_dx=True)
+    errs.append(close(gpu.to_host(summed), held + host[3], rtol=1e-4, atol_scale=1e-4))
     plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
-    assert [runner.graph for runner in plan.tables] == [graph and group == 1] * 3
+    assert [runner.graph for runner in plan.tables] == [graph and group == 1] * 4
     label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
     print(f"conv {shape} k{kernel} g{group} graph={graph} ({label}): max |err| fwd {err_f:.2e} dx {errs[0]:.2e} "
-          f"dw {errs[1]:.2e} db {errs[2]:.2e}")
+          f"dw {errs[1]:.2e} db {errs[2]:.2e} dx+= {errs[3]:.2e}")
 
 
 @pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra", [
@@ -309,8 +314,9 @@ def test_conv_algorithms_respect_the_workspace_source(gpu, rng, budget, find, mo
         close(gpu.to_host(d[4]), host[4], rtol=1e-4, atol_scale=1e-4)  # dw accumulated once (Find used a scratch)
         assert all(n <= budget for n in source.acquired) and not source.held
         plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
-        assert all(t is not None and t.measured == find for t in plan.tables)
-        assert all(c.workspace <= budget for c in plan.last)
+        ran = [cudnn.FORWARD, cudnn.BACKWARD_DATA, cudnn.BACKWARD_FILTER]  # not the adding backward data
+        assert all(plan.tables[d] is not None and plan.tables[d].measured == find for d in ran)
+        assert all(plan.last[d].workspace <= budget for d in ran)
         label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
         assert label.startswith("f:") and "-" not in label and ("~" in label) != find
         print(f"budget {budget >> 20} MiB, find={find}: {label}")

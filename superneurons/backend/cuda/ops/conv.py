@@ -57,5 +57,9 @@ def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
             label += "~"
         return label + (f"({choice.workspace >> 20}M)" if choice.workspace >= 1 << 20 else "")
 
-    return (f"f:{name(_FWD, cudnn.FORWARD)} d:{name(_BWD_DATA, cudnn.BACKWARD_DATA)} "
+    # Backward data shows its overwriting run, or its adding one ('+': into a split blob's summed gradient).
+    data = (name(_BWD_DATA, cudnn.BACKWARD_DATA) if plan.last[cudnn.BACKWARD_DATA] is not None
+            else name(_BWD_DATA, cudnn.BACKWARD_DATA_ADD) + "+" if plan.last[cudnn.BACKWARD_DATA_ADD] is not None
+            else "-")
+    return (f"f:{name(_FWD, cudnn.FORWARD)} d:{data} "
             f"w:{name(_BWD_FILTER, cudnn.BACKWARD_FILTER)}")
