@@ -1,15 +1,16 @@
 """Per-iteration and cumulative data-movement counters, read the same way from every memory manager.
 
 `net.memory.stats()` is the one place benchmarks read them:
-    {"iteration": {bytes_offloaded, bytes_prefetched, hits, misses},   # since this iteration began
-     "total":     {...same keys...}}                                   # since the Net was built
+    {"iteration": {bytes_offloaded, bytes_prefetched, hits, misses, host_pinned_bytes},  # since this iteration began
+     "total":     {...same keys...}}                                                    # since the Net was built
 Bytes are pool bytes (whole 1 KiB blocks) actually copied device->host and host->device; hits and
-misses are the Tensor Cache's checks of offloadable tensors a step reads (Alg. 2). The managers
-that move nothing report zeros.
+misses are the Tensor Cache's checks of offloadable tensors a step reads (Alg. 2). host_pinned_bytes
+is the host memory the offload host store has pinned (it only grows: chunks are kept), so "total" is
+what it holds now and "iteration" what this iteration added. The managers that move nothing report zeros.
 """
 from __future__ import annotations
 
-COUNTERS = ("bytes_offloaded", "bytes_prefetched", "hits", "misses")
+COUNTERS = ("bytes_offloaded", "bytes_prefetched", "hits", "misses", "host_pinned_bytes")
 
 
 class MovementCounters:
@@ -17,7 +18,8 @@ class MovementCounters:
     bytes_prefetched = 0
     hits = 0
     misses = 0
-    _iteration_start: tuple[int, ...] = (0, 0, 0, 0)
+    host_pinned_bytes = 0
+    _iteration_start: tuple[int, ...] = (0,) * len(COUNTERS)
 
     def _totals(self) -> tuple[int, ...]:
         return tuple(int(getattr(self, name)) for name in COUNTERS)

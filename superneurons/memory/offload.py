@@ -7,19 +7,27 @@ Two halves:
   modelled as leaving the device right after the step following its production (or its last
   forward use, if later), and as coming back when backward reaches the next checkpoint in forward
   order ("one checkpoint ahead"), or at its first backward use if that comes sooner.
-- the *host side* (`HostStore`): the external pool, a second `HeapPool` over host memory (pinned on
-  the GPU), and the asynchronous copies in flight (`backend/{cpu,cuda}/transfer.py`).
+- the *host side* (`HostStore`): the external pool, `HeapPool`s over host memory (pinned on the GPU)
+  added chunk by chunk as tensors leave the device (`HostChunks`), and the asynchronous copies in
+  flight (`backend/{cpu,cuda}/transfer.py`).
 """
 from __future__ import annotations
 
 import bisect
 import os
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
+from superneurons.errors import UserError
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule
-from superneurons.memory.pool import HeapPool
+from superneurons.memory.pool import HeapPool, format_bytes, round_up
 
 DEFAULT_CHECKPOINTS: tuple[str, ...] = ("Convolution",)
+
+# The host store pins memory in chunks of this size as tensors leave the device, not all up front: the
+# Tensor Cache keeps tensors on the device while they fit, so far fewer bytes are off it at once than the
+# sum of everything it may evict, and one huge cuMemHostAlloc (81 GiB for ResNet-50 at batch 1120) is the
+# pinned allocation least likely to succeed. 1 GiB keeps the list of chunks (scanned per save) short.
+CHUNK = 1 << 30
 
 
 def checkpoint_steps(program: Program, types: Iterable[str]) -> list[int]:
@@ -123,9 +131,83 @@ def make_transfer(backend: Any) -> Any:
     return CpuTransfer(lag=int(os.environ.get("SUPERNEURONS_TRANSFER_LAG", "0") or 0))
 
 
+class HostMemoryError(UserError):
+    """The host store could not pin the host memory a tensor leaving the device needs."""
+
+
+def host_store_limit(sizes: Iterable[int]) -> int:
+    """The most the host store pins for tensors of `sizes` bytes: all of them off the device at once."""
+    return sum(round_up(n) for n in sizes)
+
+
+class HostChunks:
+    """HeapPool's interface (alloc, free, rename, view, owns, used_bytes) over a list of HeapPools, each
+    over one pinned allocation of the transfer, added when no chunk has room (first fit over the chunks).
+
+    A new chunk is max(CHUNK, the request) bytes, but no more than `limit` minus what is pinned already
+    when that still holds the request: the limit bounds the rounding up to CHUNK, never a save itself
+    (chunks split the free bytes, so a save may need a chunk of its own past the limit)."""
+
+    def __init__(self, transfer: Any, limit: int | None = None):
+        self.transfer = transfer
+        self.limit = limit
+        self.chunks: list[HeapPool] = []
+        self._chunk_of: dict[Hashable, HeapPool] = {}
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(c.capacity for c in self.chunks)
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(c.used_bytes for c in self.chunks)
+
+    def owns(self, key: Hashable) -> bool:
+        return key in self._chunk_of
+
+    def alloc(self, key: Hashable, nbytes: int) -> None:
+        if key in self._chunk_of:
+            raise KeyError(f"{key!r} is already allocated")
+        size = round_up(nbytes)
+        chunk = next((c for c in self.chunks if c.largest_free() >= size), None) or self._add(key, size)
+        chunk.alloc(key, nbytes)
+        self._chunk_of[key] = chunk
+
+    def _add(self, key: Hashable, size: int) -> HeapPool:
+        pinned = self.pinned_bytes
+        room = CHUNK if self.limit is None else self.limit - pinned
+        nbytes = max(size, min(CHUNK, room))
+        try:
+            chunk = HeapPool(nbytes, self.transfer)
+        except Exception as e:  # cuMemHostAlloc's CudaAPIError on the GPU, MemoryError on the CPU
+            raise HostMemoryError(
+                f"could not pin {nbytes} bytes ({format_bytes(nbytes)}) of host memory for {key!r} "
+                f"({size} bytes) with {pinned} bytes ({format_bytes(pinned)}) already pinned in "
+                f"{len(self.chunks)} chunk(s) by the host store ({type(e).__name__}: {e}). Tensors that leave "
+                f"the device need host memory: train with a smaller batch, on a machine with more host "
+                f"memory, or with --memory recompute and other checkpoint layers (memory_param "
+                f"checkpoint_type), so that fewer bytes leave the device") from e
+        self.chunks.append(chunk)
+        return chunk
+
+    def free(self, key: Hashable) -> None:
+        self._chunk_of.pop(key).free(key)
+
+    def rename(self, key: Hashable, new_key: Hashable) -> None:
+        if new_key in self._chunk_of:
+            raise KeyError(f"{new_key!r} is already allocated")
+        chunk = self._chunk_of.pop(key)
+        chunk.rename(key, new_key)
+        self._chunk_of[new_key] = chunk
+
+    def view(self, key: Hashable, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self._chunk_of[key].view(key, shape, dtype)
+
+
 class HostStore:
-    """The external pool: host copies of device tensors, carved from one (pinned, on the GPU) arena,
-    and the copies in flight between the two.
+    """The external pool: host copies of device tensors, carved from chunks of host memory (pinned, on
+    the GPU) added as they are needed, up to about `limit` bytes (`HostChunks`), and the copies in
+    flight between the two.
 
     A save (D2H) keeps its host block under the tensor's key; until its event completes the caller
     must keep the device block too (`saving`). A load (H2D) gives the host block up at once -- it is
@@ -133,9 +215,9 @@ class HostStore:
     first. Copies complete in issue order per direction, so polling stops at the first pending one.
     """
 
-    def __init__(self, nbytes: int, backend: Any):
+    def __init__(self, limit: int | None, backend: Any):
         self.transfer = make_transfer(backend)
-        self.pool = HeapPool(nbytes, self.transfer)
+        self.pool = HostChunks(self.transfer, limit)
         self._saving: dict[str, Any] = {}  # key -> event of its D2H, oldest first
         self._loading: dict[str, Any] = {}  # key -> event of its H2D, oldest first
         self._retiring: list[tuple[Any, tuple]] = []  # (event, host pool key) freed once the event completes
@@ -148,6 +230,11 @@ class HostStore:
     @property
     def busy(self) -> bool:
         return bool(self._saving or self._loading or self._retiring)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Host memory the store holds (every chunk, used or not: chunks are kept once pinned)."""
+        return self.pool.pinned_bytes
 
     def saving(self, key: str) -> bool:
         """`key`'s copy to the host is still in flight (its device block must not be reused yet)."""

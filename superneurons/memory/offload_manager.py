@@ -13,8 +13,8 @@ from __future__ import annotations
 from superneurons.errors import PoolExhausted
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
 from superneurons.memory.liveness_manager import LivenessManager, env_flag
-from superneurons.memory.offload import HostStore
-from superneurons.memory.pool import BLOCK, round_up
+from superneurons.memory.offload import HostStore, host_store_limit
+from superneurons.memory.pool import round_up
 
 
 class OffloadManager(LivenessManager):
@@ -34,8 +34,8 @@ class OffloadManager(LivenessManager):
         # What the Tensor Cache may evict: the plan's choice (checkpoints; under recompute also what no
         # replay rebuilds), so that the runtime and `superneurons memory` agree.
         self.offloadable = set(self.plan.schedules[self.name].info["offloadable"])
-        self.host = HostStore(sum(round_up(self.tensors[k].nbytes) for k in self.offloadable) + BLOCK,
-                              self.net.backend)
+        # Host memory is pinned chunk by chunk as tensors leave (offload.CHUNK), about all of them at most.
+        self.host = HostStore(host_store_limit(self.tensors[k].nbytes for k in self.offloadable), self.net.backend)
         for k in self.offloadable & self.on:
             self.cache.insert(k, self.tensors[k].nbytes)
         # Per step: the cached tensors it computes on (locked while it runs), and which of those it
@@ -76,6 +76,10 @@ class OffloadManager(LivenessManager):
     @property
     def misses(self) -> int:
         return self.cache.misses
+
+    @property
+    def host_pinned_bytes(self) -> int:
+        return self.host.pinned_bytes
 
     # -- the hooks ---------------------------------------------------------------------------------
     def _start_iteration(self) -> None:

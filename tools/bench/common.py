@@ -200,7 +200,7 @@ class Need:
     offloaded: int  # bytes the offload plan moves per iteration
     streams: bool = False  # the picked mode needs the parameters streamed from the host
     streamed_peak: int = 0  # the picked mode's device peak with streamed parameters (activations + one step's)
-    host: int = 0  # pinned host bytes the picked mode may use: the host store's arena, plus streamed parameters
+    host: int = 0  # pinned host bytes the picked mode may use: the host store's at most, plus streamed parameters
 
     def total(self, mode: str, workspace: int) -> int:
         """Device bytes: the pool (activations, and parameters with history unless streamed) + workspace."""
@@ -209,17 +209,39 @@ class Need:
         return self.peaks[mode] + self.params + self.history + workspace
 
 
-# Pinned host memory the planner lets our run use: the GPU machine has 128 GiB of RAM.
-HOST_PINNED_LIMIT = 100 * GiB
+# Pinned host memory the planner lets our run use: this share of the machine's RAM, not all of it -- the OS,
+# this process (the dataset, NumPy, the CUDA context) and the PyTorch runs beside ours need the rest, and
+# locking most of RAM makes the kernel swap or refuse. On the 128 GiB GPU machine: 76.8 GiB.
+HOST_PINNED_FRACTION = 0.6
+
+
+def host_memory_bytes() -> int:
+    """This machine's RAM: MemTotal of /proc/meminfo, else os.sysconf's physical pages x page size."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_pinned_limit(fraction: float = HOST_PINNED_FRACTION) -> int:
+    return int(host_memory_bytes() * fraction)
+
+
+HOST_PINNED_LIMIT = host_pinned_limit()
 
 
 def host_bytes(plan: Any, mode: str, streams: bool) -> int:
-    """Pinned host memory `mode` may take: the host store holds every tensor the Tensor Cache may evict
-    (`OffloadManager` sizes its arena so), and streamed parameters, gradients and history live on the host."""
-    from superneurons.memory.pool import BLOCK
+    """Pinned host memory `mode` may take, an upper bound: the host store pins chunks as tensors leave the
+    device, at most every tensor the Tensor Cache may evict (`offload.host_store_limit`, what
+    `OffloadManager` gives it), and streamed parameters, gradients and history live on the host."""
+    from superneurons.memory.offload import host_store_limit
 
     keys = plan.schedules[mode].info.get("offloadable", ()) if mode in ("offload", "recompute") else ()
-    store = sum(plan.program.tensors[k].nbytes for k in keys) + (BLOCK if keys else 0)
+    store = host_store_limit(plan.program.tensors[k].nbytes for k in keys)
     return store + (plan.param_bytes if streams else 0)
 
 

@@ -6,9 +6,9 @@ trains at batch 16 under a memory budget (default 12G). Depth = 3 * (44 + N) + 2
 Ours: the planner predicts the largest N (a multiple of --step) whose cheapest mode fits the budget (pool,
 which holds parameters, gradients and solver history, + cuDNN workspace). When the parameters do not fit
 beside the activations they stream from the host, one layer at a time, so the device need hardly grows
-with N and the host's pinned memory (--host-limit, default 100 GiB of the GPU machine's 128) bounds the
-depth: the host store for evicted activations plus every parameter, gradient and history blob. A worker
-trains 2 iterations there and steps down by --step on failure.
+with N and the host's pinned memory (--host-limit, default 60% of this machine's RAM) bounds the depth:
+the host store for evicted activations plus every parameter, gradient and history blob. A worker trains
+2 iterations there and steps down by --step on failure.
 PyTorch: the same prototxt turned into a torch module (tools/bench/torch_nets.py), capped with
 set_per_process_memory_fraction, probed from the H200 figures of /work/shared/GPU.md (N = 176 plain,
 544 checkpointed, i.e. 662 / 1766 layers). --quick: ours and PyTorch checkpointed only.
@@ -33,17 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-variants", default="plain,checkpoint")
     ap.add_argument("--predict-only", action="store_true", help="print the planner's prediction; no device")
     ap.add_argument("--host-limit", default=f"{common.HOST_PINNED_LIMIT >> 30}G",
-                    help="pinned host memory our run may use (default %(default)s)")
+                    help="pinned host memory our run may use (default %(default)s: 60%% of this machine's RAM)")
     args = ap.parse_args(argv)
     variants = ["checkpoint"] if args.quick else [v for v in args.torch_variants.split(",") if v]
     budget = common.parse_size(args.budget)
     workspace = common.parse_size(args.workspace)
     log = common.log_path(args, "deeper")
-    predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step,
-                                             common.parse_size(args.host_limit))
+    host_limit = common.parse_size(args.host_limit)
+    predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step, host_limit)
     print(f"planner: N = {predicted} ({common.deep_depth(predicted) if predicted else 0} layers, "
           f"{need.mode if need else '-'}{', parameters streamed' if need and need.streams else ''}) under "
-          f"{args.budget} at batch {args.batch}; {_explain(need, predicted, budget)}", flush=True)
+          f"{args.budget} at batch {args.batch}; {_explain(need, predicted, budget, host_limit)}", flush=True)
     ours: dict = {}
     if predicted and not (args.no_ours or args.predict_only):
         ours = common.run_worker([dict(kind="ours_deepest", start=predicted, budget=budget, workspace=workspace,
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                      None if r.get("ok", True) else str(r.get("error"))[:80]])
     ck_depth = pt.get("checkpoint", {}).get("depth")
     targets = [common.target("deeper", ">= 3x PyTorch-checkpoint's depth", common.ratio(ours.get("depth"), ck_depth),
-                             3.0, _explain(need, predicted, budget))]
+                             3.0, _explain(need, predicted, budget, host_limit))]
     common.finish("deeper", f"Deepest ResNet 6,32,N,6 at batch {args.batch} under {args.budget} (Table 4)", args,
                   ["system", "N", "layers", "mode", "note"], rows,
                   extra={"predicted_n": predicted, "need": need.__dict__ if need else None, "ours": ours,
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _explain(need, n: int, budget: int) -> str:
+def _explain(need, n: int, budget: int, host_limit: int) -> str:
     if need is None:
         return ""
     mode = need.mode or "recompute"
@@ -81,7 +81,7 @@ def _explain(need, n: int, budget: int) -> str:
         return (f"at N={n}: {mode} with parameters streamed from the host: device peak "
                 f"{need.streamed_peak / common.GiB:.2f} GiB of {budget / common.GiB:.0f} GiB; pinned host "
                 f"{need.host / common.GiB:.1f} GiB (params/grads {need.params / common.GiB:.2f} + history "
-                f"{need.history / common.GiB:.2f} + host store) of {common.HOST_PINNED_LIMIT / common.GiB:.0f} GiB")
+                f"{need.history / common.GiB:.2f} + host store) of {host_limit / common.GiB:.0f} GiB")
     per_block = "parameters, gradients and momentum of one 14x14 block: ~13 MiB"
     return (f"at N={n}: {mode} peak {need.peaks[mode] / common.GiB:.2f} GiB + params/grads "
             f"{need.params / common.GiB:.2f} + history {need.history / common.GiB:.2f} GiB of "
