@@ -582,6 +582,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     result["per_iteration"] = {k: (after[k] - before[k]) / n for k in MEMORY_COUNTERS}
     result["losses"] = losses
     result["pool_high_water"] = pool.high_water
+    result["host_pinned_bytes"] = int(getattr(mgr, "host_pinned_bytes", 0) or 0)
     if trace:
         result["trace"] = list(getattr(mgr, "trace", []))
     if algorithms:
