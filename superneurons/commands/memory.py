@@ -9,6 +9,8 @@ from superneurons.errors import UserError
 from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
+from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets
+from superneurons.memory.cost import TIE, Choice, choose
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
 from superneurons.memory.pool import format_bytes
@@ -42,8 +44,10 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--memory", choices=list(PLAN_MODES) + ["auto", "all"], default="all",
                    help="which mode(s) to report (default: all; auto needs --gpu-memory)")
     p.add_argument("--gpu-memory", metavar="SIZE", help="pool budget (12G, 512M, bytes): say what auto picks")
-    p.add_argument("--checkpoints", default=",".join(DEFAULT_CHECKPOINTS),
-                   help="layer types whose outputs are offloaded and never recomputed (default: %(default)s)")
+    p.add_argument("--checkpoints", metavar="TYPES",
+                   help="layer types whose outputs are offloaded and never recomputed, comma-separated (default: "
+                        f"{','.join(DEFAULT_CHECKPOINTS)}; with --gpu-memory, auto also weighs "
+                        f"{','.join(BLOCK_CHECKPOINTS)})")
     p.add_argument("--history", type=int, default=1, metavar="N",
                    help="solver history blobs per learnable parameter, in the pool with the weights "
                         "(SGD with momentum: 1, Adam: 2; default %(default)s)")
@@ -65,9 +69,20 @@ def run(args) -> int:
     if args.batch:
         set_batch(net, args.batch)
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model)
-    types = tuple(t.strip() for t in args.checkpoints.split(",") if t.strip())
-    plan = make_plan(graph, train=args.phase == "TRAIN", checkpoint_types=types, solver_history=max(0, args.history))
-    doc = to_json(plan, args.batch or _batch_of(graph), budget)
+    given = tuple(t.strip() for t in (args.checkpoints or "").split(",") if t.strip())
+    sets = checkpoint_sets(graph, given)
+    train = args.phase == "TRAIN"
+    plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=max(0, args.history))
+    doc = to_json(plan, args.batch or _batch_of(graph), None)
+    def plan_for(types: tuple[str, ...], modes) -> MemoryPlan:
+        """The shown plan (every mode) serves the first set; the others are planned only if auto needs them."""
+        if types == plan.checkpoint_types:
+            return plan
+        return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=max(0, args.history))
+
+    choice = choose(budget, sets, plan_for) if budget is not None else None
+    if choice is not None:
+        doc.update(budget_bytes=budget, **auto_doc(choice))
     shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
     if args.plot:
         plot(plan, shown, args.plot)
@@ -75,6 +90,8 @@ def run(args) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print(format_plan(plan, doc, shown))
+        if choice is not None:
+            print(format_choice(choice))
         if args.at_peak:
             print(format_at_peak(plan, shown))
     return 0
@@ -127,16 +144,48 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
             notes += f", {e['extra_forward_steps']} replayed forward steps"
         rows.append((m, _mib(e["peak_bytes"]), f"{e['peak_step']} ({step.node.name} {step.phase})",
                      str(e["live_tensors_at_peak"]), notes))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for k, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    if doc.get("budget_bytes") is not None:
-        lines.append("")
-        streams = " (parameters streamed from the host)" if doc.get("auto_streams_params") else ""
-        lines.append(f"--memory auto with {format_bytes(doc['budget_bytes'])}: {doc['auto']}{streams}")
+    lines += _table(rows)
     return "\n".join(lines)
+
+
+def auto_doc(choice: Choice) -> dict:
+    """The JSON keys of auto's choice: `auto` and `auto_streams_params` as before, plus the checkpoint types
+    and every candidate weighed with its predicted cost (none when baseline or liveness fits)."""
+    return {"auto": choice.mode, "auto_streams_params": choice.streams_params,
+            "auto_checkpoint_types": list(choice.checkpoint_types),
+            "auto_candidates": [{"mode": e.mode, "checkpoint_types": list(e.checkpoint_types),
+                                 "streams_params": e.streams_params, "peak_bytes": e.peak_bytes,
+                                 "compute_s": e.compute_s, "replay_s": e.replay_s, "replayed_steps": e.replays,
+                                 "moved_bytes": e.moved_bytes, "transfer_s": e.transfer_s,
+                                 "predicted_s": e.seconds} for e in choice.candidates]}
+
+
+def format_choice(choice: Choice) -> str:
+    """auto's line, and when it weighed candidates, their predicted cost relative to the fastest."""
+    lines = ["", choice.summary()]
+    if not choice.candidates:
+        return "\n".join(lines)
+    best = min(e.seconds for e in choice.candidates)
+    rows = [("mode", "checkpoints", "peak", "compute", "replay", "moved", "transfer", "relative", "")]
+    for e in sorted(choice.candidates, key=lambda e: e.seconds):
+        rows.append((e.mode + (" (streamed)" if e.streams_params else ""), ",".join(e.checkpoint_types),
+                     format_bytes(e.peak_bytes), f"{e.compute_s * 1e3:.1f} ms", f"{e.replay_s * 1e3:.1f} ms",
+                     format_bytes(e.moved_bytes), f"{e.transfer_s * 1e3:.1f} ms", f"{e.seconds / best:.2f}x",
+                     "<- auto" if e is choice.chosen else ""))
+    lines += ["candidates that fit (memory/cost.py), predicted time per iteration = max(compute + replay, transfer);",
+              f"within {TIE:.0%} of the fastest is a tie, won by the Convolution checkpoints, then by offload:"]
+    lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for k, r in enumerate(rows):
+        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
 
 
 def plot(plan: MemoryPlan, modes: list[str], path: str) -> None:

@@ -2,7 +2,8 @@
 
 `baseline` allocates every tensor once for the whole run. `liveness`, `offload` and `recompute`
 (cumulative, as in the paper) execute the per-step plan of `plan.py` (see `managers.py`); `auto`
-picks the cheapest of them whose planned peak fits the pool. docs/MEMORY.md explains the model.
+picks baseline or liveness when one fits the pool, else the mode and checkpoint set whose plan fits and
+that `cost.py` predicts fastest. docs/MEMORY.md explains the model.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ class BaselineManager(MovementCounters):
 
     name = "baseline"
 
-    def __init__(self, net: Any):
+    def __init__(self, net: Any, checkpoint_types: Iterable[str] = ()):
         self.net = net
+        self.checkpoint_types = tuple(checkpoint_types)  # nothing moves: only reported, like the other modes'
 
     def setup(self) -> None:
         net = self.net
@@ -55,29 +57,54 @@ class BaselineManager(MovementCounters):
         pass
 
 
-def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None) -> str:
-    """`auto`: the cheapest mode whose planned peak, plus the resident parameters, fits the Net's pool."""
-    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
-    from superneurons.memory.plan import make_plan
+# Checkpoint sets `auto` weighs (docs/MEMORY.md, "How auto chooses"): the paper's CONV layers, and the
+# block boundaries of ResNet (Eltwise), Inception/DenseNet (Concat) and plain nets (Pooling), which keep
+# far fewer bytes and recompute the convolutions inside a block instead of moving their outputs.
+BLOCK_CHECKPOINTS: tuple[str, ...] = ("Eltwise", "Concat", "Pooling")
 
-    plan = make_plan(net.graph, train=net.train, plan_backward=False,
-                     checkpoint_types=checkpoint_types or DEFAULT_CHECKPOINTS)
+
+def checkpoint_sets(graph: Any, given: Iterable[str] | None = None) -> list[tuple[str, ...]]:
+    """The checkpoint sets `auto` considers: the user's only, when given; else the default and the block
+    boundaries, each if it names a layer of the net (data layers are checkpoints in every set)."""
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+
+    if given:
+        return [tuple(given)]
+    present = {n.layer.type_name for n in graph.nodes}
+    sets = [s for s in (DEFAULT_CHECKPOINTS, BLOCK_CHECKPOINTS) if present.intersection(s)]
+    return sets or [DEFAULT_CHECKPOINTS]
+
+
+def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
+    """`auto` for a Net: a `cost.Choice` whose `mode` and `checkpoint_types` fit the Net's pool beside the
+    resident parameters (or with them streamed) and are predicted fastest. `checkpoint_types` given: only
+    those are weighed; None: the sets of `checkpoint_sets`."""
+    from superneurons.memory.cost import choose
+    from superneurons.memory.plan import make_plan
     from superneurons.memory.pool import round_up
 
     # The Net's own parameter tensors (shared ones are declared once) and solver history, as the pool holds them.
-    plan.param_bytes = sum(round_up(t.nbytes) for t in net.tensors
-                           if t.base is None and t.kind in ("param", "param_diff", "history"))
-    plan.update_bytes = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
-                             for i, d in enumerate(net.learnable)), default=0)
-    return plan.pick(net.pool.capacity)
+    params = sum(round_up(t.nbytes) for t in net.tensors
+                 if t.base is None and t.kind in ("param", "param_diff", "history"))
+    update = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
+                  for i, d in enumerate(net.learnable)), default=0)
+
+    def plan_for(types: tuple[str, ...], modes) -> Any:
+        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes)
+        plan.param_bytes, plan.update_bytes = params, update
+        return plan
+
+    return choose(net.pool.capacity, checkpoint_sets(net.graph, checkpoint_types), plan_for)
 
 
-def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_types: Iterable[str] | None = None
-                   ) -> tuple[str, tuple[str, ...], int | None]:
+def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_types: Iterable[str] | None = None,
+                   unset_types: bool = False) -> tuple[str, tuple[str, ...] | None, int | None]:
     """(mode, checkpoint types, pool bytes or None) from a --memory flag and the solver's MemoryParameter.
 
     An explicit argument wins; then the MemoryParameter's field when it is set; then the defaults
     (auto -- MemoryParameter's default mode, issue #4 --, Convolution, the Net's default pool size).
+    `unset_types`: None instead of the default types when none were given, so that `auto` may weigh
+    several sets (`checkpoint_sets`).
     """
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
@@ -89,20 +116,28 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
             types = tuple(memory_param.checkpoint_type)
         if memory_param.pool_bytes > 0:
             pool = int(memory_param.pool_bytes)
-    return (mode or "auto").lower(), tuple(types or DEFAULT_CHECKPOINTS), pool
+    if not types:
+        types = None if unset_types else DEFAULT_CHECKPOINTS
+    return (mode or "auto").lower(), None if types is None else tuple(types), pool
 
 
 def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = None):
-    """The manager for `mode`; `checkpoint_types` (default: Convolution) are the layers whose outputs
-    offload may move and recomputation keeps."""
+    """The manager for `mode`; `checkpoint_types` are the layers whose outputs offload may move and
+    recomputation keeps (None: Convolution, except that `auto` then weighs other sets too). Under `auto`
+    the manager's `auto` attribute is the `cost.Choice` made."""
     from superneurons.memory.managers import MANAGERS
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
-    types = tuple(checkpoint_types or DEFAULT_CHECKPOINTS)
+    choice = None
     if mode == "auto":
-        mode = pick_mode(net, types)
+        choice = pick_mode(net, checkpoint_types)
+        mode, checkpoint_types = choice.mode, choice.checkpoint_types
+    types = tuple(checkpoint_types or DEFAULT_CHECKPOINTS)
     if mode == "baseline":
-        return BaselineManager(net)
-    if mode in MANAGERS:
-        return MANAGERS[mode](net, types)
-    raise UserError(f"memory mode {mode!r} is not available; choose one of: {', '.join(MODES)}")
+        manager = BaselineManager(net, types)
+    elif mode in MANAGERS:
+        manager = MANAGERS[mode](net, types)
+    else:
+        raise UserError(f"memory mode {mode!r} is not available; choose one of: {', '.join(MODES)}")
+    manager.auto = choice
+    return manager

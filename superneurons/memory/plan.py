@@ -65,20 +65,33 @@ class MemoryPlan:
         mode = self.pick(budget)
         return self.peak(mode)[0] + self.param_bytes > budget
 
+    def fits(self, mode: str, budget: int) -> bool:
+        """Whether `mode`'s peak fits `budget` bytes beside the resident parameters."""
+        return self.peak(mode)[0] + self.param_bytes <= budget
+
+    def fits_streamed(self, mode: str, budget: int) -> bool:
+        """Whether `mode` fits `budget` with the parameters streamed (baseline holds everything: never)."""
+        return mode != "baseline" and self.streamed_peak(mode) <= budget
+
     def pick(self, budget: int) -> str:
-        """`auto`: the cheapest mode whose peak, plus the resident parameters, fits `budget` bytes; failing
-        that, the cheapest that fits with the parameters streamed from the host (deep nets)."""
+        """The cheapest mode whose peak, plus the resident parameters, fits `budget` bytes; failing that,
+        the cheapest that fits with the parameters streamed from the host (deep nets). (`--memory auto`
+        also weighs time and other checkpoint sets: `cost.choose`.)"""
         for mode in PLAN_MODES:
-            if self.peak(mode)[0] + self.param_bytes <= budget:
+            if self.fits(mode, budget):
                 return mode
-        for mode in PLAN_MODES[1:]:  # baseline holds everything, parameters included
-            if self.streamed_peak(mode) <= budget:
+        for mode in PLAN_MODES:
+            if self.fits_streamed(mode, budget):
                 return mode
+        raise self.no_fit_error(budget)
+
+    def no_fit_error(self, budget: int) -> UserError:
+        """What to say when not even the recompute plan fits `budget`: the bytes it needs and max(l_i)."""
         s, need = self.max_layer
         step = self.program.steps[s]
         total = self.peak("recompute")[0] + self.param_bytes
         streamed = self.streamed_peak("recompute")
-        raise UserError(
+        return UserError(
             f"{self.program.graph.name or 'net'}: {format_bytes(budget)} ({budget} bytes) cannot hold even the "
             f"recompute plan: it needs {total} bytes ({format_bytes(total)}) = parameters {self.param_bytes} + "
             f"peak {total - self.param_bytes}, or {streamed} bytes ({format_bytes(streamed)}) with the parameters "

@@ -122,7 +122,8 @@ class Net:
         """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
         borrowing another's parameters, else the default, see default_pool_bytes).
-        `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution). `solver_history`: history
+        `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution, or under auto the set it
+        picks; `self.checkpoint_types` says which, `self.memory.auto` why). `solver_history`: history
         sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest."""
         self.graph = graph
         self.name = graph.name
@@ -142,12 +143,14 @@ class Net:
             for j in range(solver_history)]
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
-        mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types)
+        # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
+        mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types, unset_types=True)
         if pool_bytes is None:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
         self.pool = make_pool(pool_bytes, backend)
         self.memory = make_manager(mode, self, types)
+        self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
         self.memory.setup()
         from superneurons.memory.params import ResidentParams
 

@@ -105,6 +105,7 @@ class Solver:
         p = self.param
         self.log.info(f"Solving {self.net.name}")
         self.log.info(f"Learning Rate Policy: {self.lr_policy.name}")
+        self.log.info(memory_line(self.net))
         if resume:
             self.restore(resume)
         if p.random_seed < 0:
@@ -327,3 +328,16 @@ def _named(values: list[tuple[str, float]]) -> dict[str, float]:
             out[f"{name}[{seen.get(name, 0)}]"] = value
             seen[name] = seen.get(name, 0) + 1
     return out
+
+
+def memory_line(net: Net) -> str:
+    """How the training net manages device memory: the mode (and what auto weighed to pick it), the pool."""
+    from superneurons.memory.pool import format_bytes
+
+    choice = getattr(net.memory, "auto", None)
+    if choice is not None:
+        return f"Memory: {choice.summary()}"
+    mode = net.memory.name
+    types = getattr(net, "checkpoint_types", ())
+    extra = f", checkpoints: {', '.join(types)}" if mode in ("offload", "recompute") and types else ""
+    return f"Memory: --memory {mode}{extra}, pool {format_bytes(net.pool.capacity)}"

@@ -201,6 +201,7 @@ class Need:
     streams: bool = False  # the picked mode needs the parameters streamed from the host
     streamed_peak: int = 0  # the picked mode's device peak with streamed parameters (activations + one step's)
     host: int = 0  # pinned host bytes the picked mode may use: the host store's at most, plus streamed parameters
+    checkpoint_types: tuple[str, ...] = ()  # the checkpoint set auto picked with the mode (memory/cost.py)
 
     def total(self, mode: str, workspace: int) -> int:
         """Device bytes: the pool (activations, and parameters with history unless streamed) + workspace."""
@@ -251,10 +252,21 @@ def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 
     (parameters, gradients and history are pool tensors, streamed from the host when they do not fit
     beside the activations), provided the host memory that mode pins stays within `host_limit`."""
     from superneurons.errors import UserError
+    from superneurons.memory import checkpoint_sets
+    from superneurons.memory.cost import choose
     from superneurons.memory.plan import make_plan, offloaded_bytes
 
     graph = train_graph(net, batch)
-    plan = make_plan(graph, train=True, solver_history=solver_history(net))
+    plans: dict[tuple[str, ...], Any] = {}
+
+    def plan_for(types: tuple[str, ...], modes=None) -> Any:
+        # Every mode once per checkpoint set: the host bytes and peaks below read the chosen plan.
+        if types not in plans:
+            plans[types] = make_plan(graph, train=True, solver_history=solver_history(net), checkpoint_types=types)
+        return plans[types]
+
+    sets = checkpoint_sets(graph, None)
+    plan = plan_for(sets[0])
     history = plan.param_bytes - param_bytes_of(graph)
     peaks = {m: plan.peak(m)[0] for m in plan.traces}
     need = Need(batch, None, peaks, plan.param_bytes - history, history, offloaded_bytes(plan, "offload"))
@@ -262,13 +274,16 @@ def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 
         return need
     pool = budget - workspace
     try:
-        mode = plan.pick(pool)
+        choice = choose(pool, sets, plan_for)  # what `--memory auto` picks (memory/cost.py)
     except UserError:
         return need
-    need.streams = plan.pick_streams(pool)
-    need.streamed_peak = plan.streamed_peak(mode) if need.streams else 0
-    need.host = host_bytes(plan, mode, need.streams)
-    need.mode = mode if need.host <= host_limit else None
+    chosen = plans[choice.checkpoint_types]
+    need.checkpoint_types = choice.checkpoint_types
+    need.peaks = {m: chosen.peak(m)[0] for m in chosen.traces}  # the peaks of the plan auto runs
+    need.streams = choice.streams_params
+    need.streamed_peak = chosen.streamed_peak(choice.mode) if need.streams else 0
+    need.host = host_bytes(chosen, choice.mode, need.streams)
+    need.mode = choice.mode if need.host <= host_limit else None
     return need
 
 

@@ -1,0 +1,158 @@
+"""`auto`'s time model: what a plan costs per iteration under a mode and a pool budget, and the choice it drives.
+
+The paper fixes CONV layers as checkpoints: in 2017 a convolution took long enough to hide the PCIe copy
+of its output. Today's GPUs compute ~30x faster but PCIe is only ~3x faster, so offloading every conv
+output is transfer-bound (ResNet-50, batch 344, 12 GiB on an H100: 495 img/s under offload, 985 img/s
+recomputing from ResNet block outputs). So `auto` weighs, per candidate (mode x checkpoint set):
+- compute: every forward step (roofline: FLOPs or bytes, whichever takes longer) and backward at ~2x;
+- replay: the forward steps the recompute schedule runs again in backward;
+- transfer: the checkpoint bytes that cannot stay on the device, out and back over the host link.
+Copies overlap compute, so an iteration takes about max(compute + replay, transfer). The model only
+ranks candidates for one net; it does not predict absolute times (docs/MEMORY.md, "How auto chooses").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from superneurons.graph.build import Graph, Node
+from superneurons.layers.base import count
+from superneurons.memory.liveness import RUN
+from superneurons.memory.plan import PLAN_MODES, MemoryPlan, offloaded_bytes
+
+# Effective rates of the device the ranking assumes: one H100 (SXM), fp32 with TF32 convolutions. Fitted
+# to our ResNet-50 runs at batch 344 in 12 GiB; the model then gives baseline 1508 img/s (measured ~1450),
+# offload with CONV checkpoints 596 (495), recompute from block outputs 1026 (985). Only the ratios matter
+# for the ranking; change them here and nowhere else.
+FLOPS = 50e12  # FLOP/s a convolution or matrix product sustains (cuDNN, TF32)
+DEVICE_BW = 3e12  # bytes/s an element-wise layer (BatchNorm, ReLU, pooling...) reads and writes (HBM3)
+HOST_BW = 50e9  # bytes/s between device and pinned host memory, each way (PCIe 5 x16)
+BACKWARD_FACTOR = 2.0  # a backward step costs ~2x its forward (gradients of the input and of the weights)
+# Predictions within this fraction of the fastest count as a tie, won by the earliest candidate (the
+# paper's CONV set before others, offload before recompute): the model is a coarse ranking, off by up to
+# ~20% on the measured runs, and leaves out the runtime bookkeeping that recomputation adds.
+TIE = 0.10
+
+MOVING_MODES = ("offload", "recompute")  # the modes whose plan depends on the checkpoint types
+FITS_ANYWAY = PLAN_MODES[:2]  # baseline, liveness: nothing moves, nothing replays -- take them when they fit
+
+
+def macs(node: Node) -> int:
+    """Multiply-adds of one forward pass of a convolution, deconvolution or inner product (0 otherwise).
+
+    The weight's shape already accounts for groups (each output channel sees c / group inputs)."""
+    layer = node.layer
+    weight = getattr(layer, "weight", None)
+    if weight is None:
+        return 0
+    kind = layer.type_name
+    if kind == "Convolution":  # every output pixel of every image: one dot product per weight element
+        return layer.n * layer.oh * layer.ow * count(weight.shape)
+    if kind == "Deconvolution":  # every input pixel scatters through the whole weight
+        return layer.n * layer.h * layer.w * count(weight.shape)
+    if kind == "InnerProduct":
+        return layer.m * count(weight.shape)
+    return 0
+
+
+def forward_seconds(node: Node, graph: Graph) -> float:
+    """One forward step: the longer of its arithmetic and its memory traffic (bottoms read, tops written)."""
+    layer = node.layer
+    if layer.shares_data and not getattr(layer, "copy_data", False):
+        return 0.0  # a view (Split, Flatten, Reshape): nothing is computed or copied
+    if getattr(layer, "fused_into", None) is not None:
+        return 0.0  # a Scale or ReLU the BatchNorm before it applies (graph/fuse.py)
+    elems = sum(count(graph.blob_shapes[b]) for b in node.bottoms) + sum(count(s) for s in node.top_shapes)
+    return max(2 * macs(node) / FLOPS, 4 * elems / DEVICE_BW)
+
+
+@dataclass
+class Estimate:
+    """The predicted cost of one iteration of `plan` under `mode`, within a budget."""
+
+    mode: str
+    checkpoint_types: tuple[str, ...]
+    streams_params: bool  # fits only with the parameters streamed from the host
+    peak_bytes: int  # planned peak, resident parameters included (or the streamed peak)
+    compute_s: float  # forward + backward
+    replay_s: float  # recomputation
+    replays: int  # replayed forward steps
+    moved_bytes: int  # over the host link, both ways
+
+    @property
+    def transfer_s(self) -> float:
+        return self.moved_bytes / HOST_BW
+
+    @property
+    def seconds(self) -> float:
+        """Copies overlap compute: the iteration waits on whichever is longer."""
+        return max(self.compute_s + self.replay_s, self.transfer_s)
+
+
+def estimate(plan: MemoryPlan, mode: str, budget: int, streams_params: bool = False) -> Estimate:
+    """Cost `plan` under `mode` in a `budget`-byte pool (the parameters resident, or streamed)."""
+    program, graph = plan.program, plan.program.graph
+    fwd = [forward_seconds(n, graph) for n in graph.nodes]
+    compute = sum(fwd[s.forward_index] * (1.0 if s.index < program.n_forward else BACKWARD_FACTOR)
+                  for s in program.steps)
+    runs = [arg for acts in plan.schedules[mode].before for op, arg in acts if op == RUN]
+    if streams_params:
+        peak = plan.streamed_peak(mode)
+        params_moved = sum(plan.param_window)  # each step brings its own parameters (and gradients) in
+    else:
+        peak = plan.peak(mode)[0] + plan.param_bytes
+        params_moved = 0
+    # The Tensor Cache keeps on the device whatever of the planned moves fits beside the peak; only the
+    # rest goes out and comes back.
+    spare = max(0, budget - peak)
+    moved = 2 * max(0, offloaded_bytes(plan, mode) - spare) + params_moved
+    return Estimate(mode, plan.checkpoint_types, streams_params, peak, compute, sum(fwd[w] for w in runs),
+                    len(runs), moved)
+
+
+@dataclass
+class Choice:
+    """What `auto` picked, and the candidates it weighed (empty when baseline or liveness fit)."""
+
+    mode: str
+    checkpoint_types: tuple[str, ...]
+    budget: int
+    streams_params: bool = False
+    candidates: list[Estimate] = field(default_factory=list)
+    chosen: Estimate | None = None  # the winning candidate (None when there were none)
+
+    def summary(self) -> str:
+        """'--memory auto with 12.0 GiB: recompute (checkpoints: Eltwise, Concat, Pooling)': for a log line."""
+        from superneurons.memory.pool import format_bytes
+
+        notes = []
+        if self.mode in MOVING_MODES:  # baseline and liveness move nothing: their checkpoints do not matter
+            notes.append(f"checkpoints: {', '.join(self.checkpoint_types)}")
+        if self.streams_params:
+            notes.append("parameters streamed from the host")
+        line = f"--memory auto with {format_bytes(self.budget)}: {self.mode}"
+        return f"{line} ({'; '.join(notes)})" if notes else line
+
+
+PlanFor = Callable[[tuple[str, ...], Sequence[str]], MemoryPlan]
+
+
+def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: PlanFor) -> Choice:
+    """`auto`: baseline or liveness when one fits beside the resident parameters; otherwise the fastest
+    predicted (mode x checkpoint set) that fits, with the parameters resident if any candidate allows it,
+    else streamed. `plan_for(types, modes)` plans the net (called once per set, and only as needed)."""
+    first = plan_for(checkpoint_sets[0], FITS_ANYWAY)
+    for mode in FITS_ANYWAY:
+        if first.fits(mode, budget):
+            return Choice(mode, checkpoint_sets[0], budget)
+    plans = [plan_for(types, MOVING_MODES) for types in checkpoint_sets]
+    ranked = [estimate(p, m, budget) for p in plans for m in MOVING_MODES if p.fits(m, budget)]
+    if not ranked:  # deep nets: stream the parameters (liveness does not depend on the checkpoints)
+        ranked = [estimate(p, m, budget, streams_params=True)
+                  for p, modes in [(first, ("liveness",))] + [(p, MOVING_MODES) for p in plans]
+                  for m in modes if p.fits_streamed(m, budget)]
+    if not ranked:
+        raise min(plans, key=lambda p: p.peak("recompute")[0]).no_fit_error(budget)
+    fastest = min(e.seconds for e in ranked)
+    win = next(e for e in ranked if e.seconds <= fastest * (1 + TIE))
+    return Choice(win.mode, win.checkpoint_types, budget, win.streams_params, ranked, win)

@@ -1,0 +1,180 @@
+"""`--memory auto` weighs time across modes and checkpoint sets (memory/cost.py): where offloading every
+convolution output would keep the host link busy, it recomputes from block boundaries instead; explicit
+checkpoint types are respected; the choice reaches the Net's manager and trains exactly like baseline."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.protobuf import text_format
+
+from superneurons.cli import main
+from superneurons.graph.batch import set_batch
+from superneurons.graph.build import build_graph
+from superneurons.io.prototxt import read_net
+from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets, resolve_memory
+from superneurons.memory.cost import FITS_ANYWAY, choose, estimate, macs
+from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+from superneurons.memory.plan import make_plan, offloaded_bytes
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
+
+from test_memory_modes import BACKEND, MLP_FAN, _graph, train
+from test_recompute_resnet import RESNET
+
+RESNET50 = "models/resnet50/resnet50_dummy.prototxt"
+
+
+def _plans(graph, params: int) -> dict:
+    """Every candidate checkpoint set's full plan, with the Net's resident parameter bytes."""
+    plans = {}
+    for types in checkpoint_sets(graph):
+        plans[types] = make_plan(graph, plan_backward=False, checkpoint_types=types)
+        plans[types].param_bytes = params
+    return plans
+
+
+def _tiny_budgets() -> tuple[int, dict]:
+    """RESNET's resident parameter bytes and its plans per checkpoint set."""
+    params = Net(_graph(RESNET), BACKEND, memory="liveness").memory.param_bytes
+    return params, _plans(_graph(RESNET), params)
+
+
+def test_conv_macs_respect_groups():
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 8 dim: 5 dim: 5 } } }\n'
+            'layer { name: "c" type: "Convolution" bottom: "x" top: "y" '
+            'convolution_param { num_output: 4 kernel_size: 3 group: 2 } }\n'
+            'layer { name: "fc" type: "InnerProduct" bottom: "y" top: "z" inner_product_param { num_output: 3 } }\n')
+    graph = build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN)
+    conv, fc = graph.nodes[1], graph.nodes[2]
+    # 2 images x 3x3 outputs x 4 filters, each over 8/2 channels x 3x3 taps
+    assert macs(conv) == 2 * 3 * 3 * 4 * (8 // 2) * 3 * 3
+    assert macs(fc) == 2 * (4 * 3 * 3) * 3
+    assert macs(graph.nodes[0]) == 0
+
+
+def test_conv_offload_that_would_move_lots_ranks_below_block_recompute():
+    # ResNet-50 at a small batch, in a pool between the CONV offload plan and liveness's peak: the shape of
+    # the measured H100 run (batch 344 in 12 GiB), where offload was transfer-bound at half the speed.
+    net = read_net(RESNET50)
+    set_batch(net, 8)
+    graph = build_graph(net, pb.TRAIN)
+    full = make_plan(graph, checkpoint_types=DEFAULT_CHECKPOINTS, solver_history=1)
+    budget = full.param_bytes + (full.peak("offload")[0] + full.peak("liveness")[0]) // 2
+    assert not full.fits("liveness", budget) and full.fits("offload", budget)
+    calls = []
+
+    def plan_for(types, modes):
+        calls.append((types, tuple(modes)))
+        return full if types == DEFAULT_CHECKPOINTS else make_plan(graph, checkpoint_types=types, modes=modes,
+                                                                    solver_history=1)
+
+    choice = choose(budget, checkpoint_sets(graph), plan_for)
+    assert calls == [(DEFAULT_CHECKPOINTS, FITS_ANYWAY), (DEFAULT_CHECKPOINTS, ("offload", "recompute")),
+                     (BLOCK_CHECKPOINTS, ("offload", "recompute"))]
+    assert (choice.mode, choice.checkpoint_types) == ("recompute", BLOCK_CHECKPOINTS)
+    by = {(e.mode, e.checkpoint_types): e for e in choice.candidates}
+    conv_offload, block = by["offload", DEFAULT_CHECKPOINTS], by["recompute", BLOCK_CHECKPOINTS]
+    assert conv_offload.transfer_s > conv_offload.compute_s  # transfer-bound
+    assert conv_offload.moved_bytes > 4 * block.moved_bytes
+    assert block.replays > 0 and block.replay_s > 0  # block-boundary recompute pays in replays...
+    assert block.seconds < conv_offload.seconds  # ...and still wins
+    assert block.compute_s == conv_offload.compute_s  # the same net's forward and backward
+    # The transfer term is the plan's checkpoint bytes beyond what fits beside its peak, out and back.
+    spare = budget - full.peak("offload")[0] - full.param_bytes
+    assert conv_offload.moved_bytes == 2 * (offloaded_bytes(full, "offload") - spare)
+
+
+def test_cli_names_the_chosen_types_and_the_candidates(capsys):
+    net = read_net(RESNET50)
+    set_batch(net, 8)
+    full = make_plan(build_graph(net, pb.TRAIN), solver_history=1)
+    budget = full.param_bytes + (full.peak("offload")[0] + full.peak("liveness")[0]) // 2
+    assert main(["memory", "--model", RESNET50, "--batch", "8", "--gpu-memory", str(budget)]) == 0
+    out = capsys.readouterr().out
+    assert ": recompute (checkpoints: Eltwise, Concat, Pooling)" in out
+    table = out[out.index("candidates that fit"):].splitlines()
+    assert any(r.startswith("offload") and "Convolution" in r for r in table)
+    assert sum("<- auto" in r for r in table) == 1
+    assert main(["memory", "--model", RESNET50, "--batch", "8", "--gpu-memory", str(budget), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["auto"] == "recompute" and doc["auto_streams_params"] is False and doc["budget_bytes"] == budget
+    assert doc["auto_checkpoint_types"] == list(BLOCK_CHECKPOINTS)
+    assert doc["checkpoint_types"] == list(DEFAULT_CHECKPOINTS)  # the plan shown, as before
+    assert {(c["mode"], tuple(c["checkpoint_types"])) for c in doc["auto_candidates"]} >= {
+        ("offload", DEFAULT_CHECKPOINTS), ("recompute", BLOCK_CHECKPOINTS)}
+    # Explicit types: only those are weighed.
+    assert main(["memory", "--model", RESNET50, "--batch", "8", "--gpu-memory", str(budget), "--json",
+                 "--checkpoints", "Convolution"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {tuple(c["checkpoint_types"]) for c in doc["auto_candidates"]} == {DEFAULT_CHECKPOINTS}
+    assert doc["auto_checkpoint_types"] == list(DEFAULT_CHECKPOINTS)
+    # When baseline fits, nothing else is weighed.
+    assert main(["memory", "--model", RESNET50, "--batch", "8", "--gpu-memory", "64G", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["auto"] == "baseline" and doc["auto_candidates"] == []
+
+
+def test_candidate_sets_name_layers_of_the_net():
+    assert checkpoint_sets(_graph(RESNET)) == [DEFAULT_CHECKPOINTS, BLOCK_CHECKPOINTS]
+    assert checkpoint_sets(_graph(MLP_FAN)) == [DEFAULT_CHECKPOINTS]  # no convolution, no block boundary
+    assert checkpoint_sets(_graph(RESNET), ["Pooling"]) == [("Pooling",)]
+    assert resolve_memory(None, None, unset_types=True) == ("auto", None, None)
+    assert resolve_memory(None, pb.MemoryParameter(checkpoint_type=["Concat"]), unset_types=True)[1] == ("Concat",)
+
+
+@pytest.mark.parametrize("where", ["tight", "offload fits"])
+def test_auto_picked_block_recompute_reaches_the_manager_and_trains_like_baseline(where):
+    params, plans = _tiny_budgets()
+    conv, block = plans[DEFAULT_CHECKPOINTS], plans[BLOCK_CHECKPOINTS]
+    # "tight": only the recompute plans fit, and block recompute must move some of its checkpoints;
+    # "offload fits": CONV offload fits too, but would move more than twice the bytes block recompute moves.
+    budget = params + (block.peak("recompute")[0] if where == "tight" else conv.peak("offload")[0] + 1024)
+    assert not conv.fits("liveness", budget) and block.fits("recompute", budget)
+    _, ref, ref_losses = train(RESNET, "baseline")
+    net, got, losses = train(RESNET, "auto", pool_bytes=budget)
+    assert (net.memory.name, net.checkpoint_types) == ("recompute", BLOCK_CHECKPOINTS)
+    assert net.memory.checkpoint_types == BLOCK_CHECKPOINTS
+    assert net.memory.plan.checkpoint_types == BLOCK_CHECKPOINTS  # the schedule the manager runs
+    assert net.memory.auto.chosen.checkpoint_types == BLOCK_CHECKPOINTS
+    assert "checkpoints: Eltwise, Concat, Pooling" in net.memory.auto.summary()
+    assert net.memory.replays > 0
+    if where == "tight":
+        assert net.memory.bytes_offloaded > 0  # the Tensor Cache had to let checkpoints go, and they came back
+    assert got == ref and losses == ref_losses
+
+
+def test_explicit_checkpoint_types_are_respected():
+    params, plans = _tiny_budgets()
+    budget = params + plans[DEFAULT_CHECKPOINTS].peak("offload")[0] + 1024  # auto alone would pick the blocks
+    net = Net(_graph(RESNET), BACKEND, memory="auto", pool_bytes=budget, checkpoint_types=["Convolution"])
+    assert net.checkpoint_types == DEFAULT_CHECKPOINTS and net.memory.name in ("offload", "recompute")
+    assert {e.checkpoint_types for e in net.memory.auto.candidates} == {DEFAULT_CHECKPOINTS}
+    # The solver prototxt's memory_param counts as explicit too.
+    mp = pb.MemoryParameter(checkpoint_type=["Pooling"])
+    net = Net(_graph(RESNET), BACKEND, memory="auto", pool_bytes=budget, memory_param=mp)
+    assert net.checkpoint_types == ("Pooling",) and net.memory.plan.checkpoint_types == ("Pooling",)
+    # A fixed mode without types keeps the paper's default.
+    assert Net(_graph(RESNET), BACKEND, memory="recompute").checkpoint_types == DEFAULT_CHECKPOINTS
+
+
+def test_baseline_and_liveness_win_when_they_fit():
+    params, plans = _tiny_budgets()
+    net = Net(_graph(RESNET), BACKEND, memory="auto")
+    assert net.memory.name == "baseline" and net.memory.auto.candidates == []
+    budget = params + plans[DEFAULT_CHECKPOINTS].peak("liveness")[0]
+    net = Net(_graph(RESNET), BACKEND, memory="auto", pool_bytes=budget)
+    assert net.memory.name == "liveness" and "checkpoints" not in net.memory.auto.summary()
+
+
+def test_streamed_parameters_fall_back_across_sets():
+    params, plans = _tiny_budgets()
+    conv, block = plans[DEFAULT_CHECKPOINTS], plans[BLOCK_CHECKPOINTS]
+    # Below every plan with resident parameters, above the streamed recompute plans.
+    budget = max(conv.streamed_peak("recompute"), block.streamed_peak("recompute"))
+    assert budget < params + min(conv.peak("recompute")[0], block.peak("recompute")[0])
+    choice = choose(budget, list(plans), lambda types, modes: plans[types])
+    assert choice.streams_params and all(e.streams_params for e in choice.candidates)
+    assert {e.checkpoint_types for e in choice.candidates} == set(plans)
+    win = estimate(plans[choice.checkpoint_types], choice.mode, budget, streams_params=True)
+    assert win.moved_bytes >= sum(conv.param_window) > 0  # the parameters cross the link every iteration
