@@ -87,17 +87,24 @@ def test_resident_parameters_and_history_are_pool_tensors():
 
 def test_planner_accounts_for_streamed_parameters():
     from superneurons.graph.build import build_graph
+    from superneurons.memory.cost import choose
     from superneurons.memory.plan import make_plan
 
     graph = build_graph(text_format.Parse(_dummy(RESNET), pb.NetParameter()), pb.TRAIN)
     plan = make_plan(graph, solver_history=1)
+
+    def auto(budget):  # auto restricted to this plan's checkpoint set
+        return choose(budget, [plan.checkpoint_types], lambda types, modes: plan)
+
     need = plan.peak("recompute")[0] + plan.param_bytes
-    assert plan.pick(need) == "recompute"
+    resident = auto(need)
+    assert resident.mode == "recompute" and not resident.streams_params
     streamed = plan.streamed_peak("recompute")
     assert plan.max_layer[1] <= streamed < need
-    assert plan.pick(streamed) == "recompute" and plan.pick_streams(streamed)
+    picked = auto(streamed)
+    assert picked.mode == "recompute" and picked.streams_params
     with pytest.raises(UserError, match="streamed"):
-        plan.pick(streamed - 4096)
+        auto(streamed - 4096)
 
 
 @pytest.mark.slow

@@ -73,7 +73,8 @@ def run(args) -> int:
     sets = checkpoint_sets(graph, given)
     train = args.phase == "TRAIN"
     plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=max(0, args.history))
-    doc = to_json(plan, args.batch or _batch_of(graph), None)
+    doc = to_json(plan, args.batch or _batch_of(graph))
+
     def plan_for(types: tuple[str, ...], modes) -> MemoryPlan:
         """The shown plan (every mode) serves the first set; the others are planned only if auto needs them."""
         if types == plan.checkpoint_types:

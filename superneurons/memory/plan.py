@@ -60,11 +60,6 @@ class MemoryPlan:
         steps = max((x + w for x, w in zip(b, window)), default=0)
         return max(steps, self.update_bytes + (b[-1] if b else 0))
 
-    def pick_streams(self, budget: int) -> bool:
-        """Whether the mode `pick(budget)` chooses needs the parameters streamed."""
-        mode = self.pick(budget)
-        return self.peak(mode)[0] + self.param_bytes > budget
-
     def fits(self, mode: str, budget: int) -> bool:
         """Whether `mode`'s peak fits `budget` bytes beside the resident parameters."""
         return self.peak(mode)[0] + self.param_bytes <= budget
@@ -72,18 +67,6 @@ class MemoryPlan:
     def fits_streamed(self, mode: str, budget: int) -> bool:
         """Whether `mode` fits `budget` with the parameters streamed (baseline holds everything: never)."""
         return mode != "baseline" and self.streamed_peak(mode) <= budget
-
-    def pick(self, budget: int) -> str:
-        """The cheapest mode whose peak, plus the resident parameters, fits `budget` bytes; failing that,
-        the cheapest that fits with the parameters streamed from the host (deep nets). (`--memory auto`
-        also weighs time and other checkpoint sets: `cost.choose`.)"""
-        for mode in PLAN_MODES:
-            if self.fits(mode, budget):
-                return mode
-        for mode in PLAN_MODES:
-            if self.fits_streamed(mode, budget):
-                return mode
-        raise self.no_fit_error(budget)
 
     def no_fit_error(self, budget: int) -> UserError:
         """What to say when not even the recompute plan fits `budget`: the bytes it needs and max(l_i)."""
@@ -180,8 +163,9 @@ def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:
     return sum(plan.program.tensors[k].nbytes for k in moves)
 
 
-def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str, Any]:
-    """The `superneurons memory --json` document (schema in DESIGN.md)."""
+def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
+    """The `superneurons memory --json` document (schema in DESIGN.md); the command adds what auto picks for
+    a budget (`commands.memory.auto_doc`), since that weighs other checkpoint sets than this plan's."""
     p = plan.program
     s_max, b_max = plan.max_layer
     modes: dict[str, Any] = {}
@@ -197,7 +181,7 @@ def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str
             entry["segments"] = dict(info.get("strategies", {}))
         modes[mode] = entry
     doc: dict[str, Any] = {
-        "net": p.graph.name, "batch": batch, "budget_bytes": budget,
+        "net": p.graph.name, "batch": batch, "budget_bytes": None,
         "param_bytes": plan.param_bytes,
         "streamed_param_peaks": {m: plan.streamed_peak(m) for m in plan.traces if m != "baseline"},
         "checkpoint_types": list(plan.checkpoint_types),
@@ -210,9 +194,6 @@ def to_json(plan: MemoryPlan, batch: int | None, budget: int | None) -> dict[str
             for s in p.steps
         ],
     }
-    if budget is not None:
-        doc["auto"] = plan.pick(budget)
-        doc["auto_streams_params"] = plan.pick_streams(budget)
     return doc
 
 
