@@ -157,3 +157,37 @@ def test_snapshots_and_weight_files_of_streamed_parameters_read_the_host_homes(m
     weights = lambda s: [t.array.tobytes() for t in s.net.tensors if t.kind == "param"]  # noqa: E731
     assert weights(second) == weights(first)
     assert [h.tobytes() for h in second.history_blobs()] == [h.tobytes() for h in first.history_blobs()]
+
+
+def test_replayed_steps_read_streamed_weights_from_the_device(monkeypatch):
+    """Recompute replays forward steps inside backward. With streamed parameters the replay must bring the
+    step's weights in as the original forward did: a host home standing in for them computes the right
+    numbers on the CPU, but on the GPU it is a NumPy array a kernel cannot take (AlexNet, widest batch)."""
+    from superneurons.memory.params import layers_computed_by
+    from superneurons.memory.plan import make_plan
+
+    # Block checkpoints: the convolutions inside a residual block are replayed, weights and all.
+    net_text, text = _dummy(RESNET), SOLVERS["sgd"] + ' memory_param { checkpoint_type: "Eltwise" }'
+
+    base, ref_w, _ = _train(net_text, text, "baseline")
+    plan = make_plan(base.net.graph, plan_backward=False)
+    params = sum(t.nbytes for t in base.net.tensors if t.kind in ("param", "param_diff", "history"))
+    solver = Solver(solver_param(text + " snapshot_after_train: false", net=net_text), "s.prototxt",
+                    memory="recompute", pool_bytes=plan.peak("recompute")[0] + params // 2, log=Quiet())
+    store = solver.net.params
+    assert store.offloaded
+    seen = {"replays": 0, "homes": []}
+    nodes = solver.net.graph.nodes
+    for node, computed in zip(nodes, layers_computed_by(nodes)):  # a fused BatchNorm applies its Scale's weights
+        decls = [(f"{c.name} param {k}", d) for c in computed for k, d in enumerate(c.params)]
+
+        def checked(bottom, top, _decls=decls, _forward=node.layer.forward):
+            seen["replays"] += solver.net.ctx.recomputing and bool(_decls)
+            seen["homes"] += [name for name, d in _decls if store.home_key(d.data) is not None]
+            return _forward(bottom, top)
+
+        node.layer.forward = checked
+    solver.solve()
+    assert seen["replays"] > 0, "the net must replay a layer with weights for this test to mean anything"
+    assert seen["homes"] == []
+    assert [t.array.tobytes() for t in solver.net.tensors if t.kind == "param"] == ref_w
