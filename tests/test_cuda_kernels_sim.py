@@ -137,12 +137,18 @@ def test_fused_sgd_matches_cpu_rule():
 @pytest.mark.parametrize("shape,relu,global_stats", [((3, 2, 5, 6), True, False), ((2, 3, 300), False, False),
                                                      ((3, 2, 4, 3), True, True),
                                                      ((2, 2, 33, 40), True, False)])
-def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats):
+@pytest.mark.parametrize("rows_min,min_block", [(256, 0), (0, 0), (256, 2048)], ids=["rows", "walk", "fat_blocks"])
+def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats, rows_min, min_block, monkeypatch):
     """The CUDA fused op (its kernels run by the simulator on host arrays) against the CPU fused op; the
     shapes cover planes shorter and longer than a block, and a plane over four blocks' worth (several
-    four-element trips per thread, the last one partly masked)."""
+    four-element trips per thread, the last one partly masked). Planes of `rows_min` or more elements run
+    the plain-sweep kernels (0: the general walk everywhere); `min_block` makes blocks span several planes."""
     from superneurons.backend.cpu import fused as cpu_fused
     from superneurons.backend.cuda.ops import fused as cuda_fused
+
+    monkeypatch.setattr(cuda_fused, "ROWS", rows_min > 0)
+    monkeypatch.setattr(cuda_fused, "ROWS_MIN_INNER", rows_min)
+    monkeypatch.setattr(cuda_fused, "MIN_BLOCK_ELEMENTS", min_block)
 
     rng = np.random.default_rng()
     n, c = shape[0], shape[1]

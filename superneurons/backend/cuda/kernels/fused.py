@@ -14,6 +14,11 @@ before any is used), so four loads per thread are in flight: with one, these pas
 memory bandwidth (a thread's single outstanding load cannot cover the memory latency at the occupancy these
 register-heavy kernels get). Positions past the block's planes load the first (always valid) element and
 are masked out, so the loads need no branches. Partial sums are float64, added with atomics (two per block).
+
+Planes of at least BLOCK elements (every ResNet stage but the 14x14 and 7x7 ones) take the `*_rows`
+kernels instead: the block sweeps each of its planes with one flat index per thread stepping by BLOCK (four
+loads per trip, then a tail), one 64-bit add per element, where the (plane, offset, index) walk above
+spends about ten integer operations per element on 64-bit index arithmetic.
 """
 from __future__ import annotations
 
@@ -238,3 +243,117 @@ def param_grads(sums, dgamma, dbeta):
     for c in range(cuda.grid(1), dim, cuda.gridsize(1)):
         dbeta[c] += sums[c]
         dgamma[c] += sums[dim + c]
+
+
+# ---- planes of at least BLOCK elements: a plain sweep of each plane ---------------------------------------
+@cuda.jit(device=True, inline=True)
+def plane_start(n, c, dim, inner):
+    """Flat index of this thread's first element of plane n of channel c, and one past the plane's end."""
+    base = (n * dim + c) * inner
+    return base + cuda.threadIdx.x, base + inner
+
+
+@cuda.jit
+def stats_partials_rows(x, sums, outer, dim, inner, chunk):
+    """stats_partials for inner >= BLOCK."""
+    shared = cuda.shared.array(PAIR_SCRATCH, float64)
+    c, n0, planes = block_region(outer, chunk)
+    s0 = 0.0
+    s1 = 0.0
+    for n in range(n0, n0 + planes):
+        i, end = plane_start(n, c, dim, inner)
+        while i + 3 * BLOCK < end:
+            v0, v1, v2, v3 = float64(x[i]), float64(x[i + BLOCK]), float64(x[i + 2 * BLOCK]), float64(x[i + 3 * BLOCK])
+            s0 += (v0 + v1) + (v2 + v3)
+            s1 += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+            i += 4 * BLOCK
+        while i < end:
+            v0 = float64(x[i])
+            s0 += v0
+            s1 += v0 * v0
+            i += BLOCK
+    t0, t1 = block_sum2(s0, s1, shared)
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(sums, c, t0)
+        cuda.atomic.add(sums, dim + c, t1)
+
+
+@cuda.jit
+def forward_apply_rows(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, chunk, keep, relu, slope):
+    """forward_apply for inner >= BLOCK."""
+    c, n0, planes = block_region(outer, chunk)
+    mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
+    for n in range(n0, n0 + planes):
+        i, end = plane_start(n, c, dim, inner)
+        while i + 3 * BLOCK < end:
+            v0, v1, v2, v3 = x[i], x[i + BLOCK], x[i + 2 * BLOCK], x[i + 3 * BLOCK]  # all read before y (may be x)
+            normalize_store(v0, i, mu, s, g, b, x_hat, y, keep, relu, slope)
+            normalize_store(v1, i + BLOCK, mu, s, g, b, x_hat, y, keep, relu, slope)
+            normalize_store(v2, i + 2 * BLOCK, mu, s, g, b, x_hat, y, keep, relu, slope)
+            normalize_store(v3, i + 3 * BLOCK, mu, s, g, b, x_hat, y, keep, relu, slope)
+            i += 4 * BLOCK
+        while i < end:
+            normalize_store(x[i], i, mu, s, g, b, x_hat, y, keep, relu, slope)
+            i += BLOCK
+
+
+@cuda.jit
+def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
+    """backward_partials for inner >= BLOCK."""
+    shared = cuda.shared.array(PAIR_SCRATCH, float64)
+    c, n0, planes = block_region(outer, chunk)
+    g, b = gamma[c], beta[c]
+    s0 = 0.0
+    s1 = 0.0
+    for n in range(n0, n0 + planes):
+        i, end = plane_start(n, c, dim, inner)
+        while i + 3 * BLOCK < end:
+            h0, h1, h2, h3 = x_hat[i], x_hat[i + BLOCK], x_hat[i + 2 * BLOCK], x_hat[i + 3 * BLOCK]
+            g0, g1, g2, g3 = dy[i], dy[i + BLOCK], dy[i + 2 * BLOCK], dy[i + 3 * BLOCK]
+            d0 = float64(pre_relu_grad(g0, g * h0 + b, relu, slope))
+            d1 = float64(pre_relu_grad(g1, g * h1 + b, relu, slope))
+            d2 = float64(pre_relu_grad(g2, g * h2 + b, relu, slope))
+            d3 = float64(pre_relu_grad(g3, g * h3 + b, relu, slope))
+            s0 += (d0 + d1) + (d2 + d3)
+            s1 += (d0 * h0 + d1 * h1) + (d2 * h2 + d3 * h3)
+            i += 4 * BLOCK
+        while i < end:
+            h0 = x_hat[i]
+            d0 = float64(pre_relu_grad(dy[i], g * h0 + b, relu, slope))
+            s0 += d0
+            s1 += d0 * h0
+            i += BLOCK
+    t0, t1 = block_sum2(s0, s1, shared)
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(sums, c, t0)
+        cuda.atomic.add(sums, dim + c, t1)
+
+
+@cuda.jit
+def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
+                        relu, slope, param_grads):
+    """backward_apply for inner >= BLOCK."""
+    c, n0, planes = block_region(outer, chunk)
+    g, b = gamma[c], beta[c]
+    k = g * inv[c]
+    avg_dy = 0.0
+    avg_dyh = 0.0
+    if batch:
+        avg_dy = sums[c] / m
+        avg_dyh = sums[dim + c] / m
+    if param_grads and n0 == 0 and cuda.threadIdx.x == 0:
+        dbeta[c] += sums[c]
+        dgamma[c] += sums[dim + c]
+    for n in range(n0, n0 + planes):
+        i, end = plane_start(n, c, dim, inner)
+        while i + 3 * BLOCK < end:
+            h0, h1, h2, h3 = x_hat[i], x_hat[i + BLOCK], x_hat[i + 2 * BLOCK], x_hat[i + 3 * BLOCK]
+            g0, g1, g2, g3 = dy[i], dy[i + BLOCK], dy[i + 2 * BLOCK], dy[i + 3 * BLOCK]  # all read before dx (may be dy)
+            dx[i] = input_grad(h0, g0, g, b, k, avg_dy, avg_dyh, relu, slope)
+            dx[i + BLOCK] = input_grad(h1, g1, g, b, k, avg_dy, avg_dyh, relu, slope)
+            dx[i + 2 * BLOCK] = input_grad(h2, g2, g, b, k, avg_dy, avg_dyh, relu, slope)
+            dx[i + 3 * BLOCK] = input_grad(h3, g3, g, b, k, avg_dy, avg_dyh, relu, slope)
+            i += 4 * BLOCK
+        while i < end:
+            dx[i] = input_grad(x_hat[i], dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
+            i += BLOCK

@@ -173,8 +173,13 @@ def channel_finish(sums, out, accumulate):
         out[c] = sums[c] + out[c] if accumulate else sums[c]
 
 
-def chunking(outer: int, dim: int) -> tuple[int, int]:
-    """(planes per block, blocks): enough blocks to fill the GPU, whole planes per block."""
+def chunking(outer: int, dim: int, inner: int = 1, min_elements: int = 0) -> tuple[int, int]:
+    """(planes per block, blocks): enough blocks to fill the GPU, whole planes per block, and at least
+    `min_elements` elements per block where the planes allow (a block's sum and atomics cost the same
+    whatever it covers: on small planes, thousands of blocks with one or two elements per thread spend
+    their time reducing)."""
     want = max(1, min(outer, -(-4096 // max(dim, 1))))
     chunk = -(-outer // want)
+    if min_elements:
+        chunk = min(outer, max(chunk, -(-min_elements // max(inner, 1))))
     return chunk, dim * (-(-outer // chunk))

@@ -2,6 +2,8 @@
 (statistics; x_hat and y) and two backward (sums of dy' and dy' x_hat; dx), on numba kernels."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from superneurons.backend.cuda import kernels as K
@@ -11,6 +13,23 @@ from superneurons.backend.cuda.kernels import elementwise as ek, fused as fk, re
 __all__ = ["bn_affine_forward", "bn_affine_backward"]
 
 _sums: dict = {}  # channels -> float64 device array of 2 * channels partial sums, reused
+# Planes of at least ROWS_MIN_INNER elements take the plain-sweep kernels (kernels/fused.py says why); on
+# shorter planes a thread's sweep ends after one or two loads, and the general walk, which runs on across
+# planes, keeps four in flight. SUPERNEURONS_BN_ROWS=0 keeps the general walk everywhere (for benchmarks).
+ROWS = os.environ.get("SUPERNEURONS_BN_ROWS", "1").strip().lower() not in ("0", "false", "no", "off")
+ROWS_MIN_INNER = int(os.environ.get("SUPERNEURONS_BN_ROWS_MIN", 4 * K.BLOCK))
+# Elements per block at least, where the planes allow (kernels/reduce.py: chunking). Measured on an H200
+# (tools/bench/bn_kernels.py, ResNet-50 batch 64): with 8192 the 7x7 and 14x14 layers' passes take 20-40%
+# less time than with the plain 4096-block chunking, and the whole fused BatchNorm goes from 6.84 + 7.34 to
+# 5.99 + 6.25 ms per iteration together with the plain sweep of planes of 1024 elements or more.
+MIN_BLOCK_ELEMENTS = int(os.environ.get("SUPERNEURONS_BN_MIN_BLOCK", 8192))
+
+
+def _kernels(inner: int):
+    """(stats, apply, backward sums, backward apply) kernels for planes of `inner` elements."""
+    if ROWS and inner >= ROWS_MIN_INNER:
+        return fk.stats_partials_rows, fk.forward_apply_rows, fk.backward_partials_rows, fk.backward_apply_rows
+    return fk.stats_partials, fk.forward_apply, fk.backward_partials, fk.backward_apply
 
 
 def _zeroed_sums(channels: int):
@@ -32,19 +51,20 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
                       moving_average_fraction: float, var_correction: float, relu_slope: float | None) -> None:
     if not y.size:
         return
-    chunk, blocks = rk.chunking(outer, channels)
+    chunk, blocks = rk.chunking(outer, channels, inner, MIN_BLOCK_ELEMENTS)
+    stats_kernel, apply_kernel, _, _ = _kernels(inner)
     if use_global_stats:
         sums, mode = mean_sum, fk.GLOBAL  # sums unused
     else:
         sums = _zeroed_sums(channels)
-        K.launch(fk.stats_partials, 0, blocks=blocks)(flat(x), sums, outer, channels, inner, chunk)
+        K.launch(stats_kernel, 0, blocks=blocks)(flat(x), sums, outer, channels, inner, chunk)
         mode = fk.BATCH_UPDATE if update_running else fk.BATCH
     K.launch(fk.channel_stats, channels)(sums, flat(mean_sum), flat(var_sum), flat(scale_factor), flat(mean),
                                          flat(var), flat(inv_std), float(outer * inner), float(eps),
                                          float(moving_average_fraction), float(var_correction), mode)
     relu, slope = _slope(relu_slope, y)
     fy = flat(y)
-    K.launch(fk.forward_apply, 0, blocks=blocks)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta),
+    K.launch(apply_kernel, 0, blocks=blocks)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta),
                                                  flat(x_hat) if x_hat is not None else fy, fy, outer, channels,
                                                  inner, chunk, x_hat is not None, relu, slope)
 
@@ -53,11 +73,12 @@ def bn_affine_backward(x_hat, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer
                        use_global_stats: bool, relu_slope: float | None) -> None:
     if not dy.size:
         return
-    chunk, blocks = rk.chunking(outer, channels)
+    chunk, blocks = rk.chunking(outer, channels, inner, MIN_BLOCK_ELEMENTS)
+    _, _, sums_kernel, apply_kernel = _kernels(inner)
     relu, slope = _slope(relu_slope, dy)
     sums = _zeroed_sums(channels)
     fh, fdy = flat(x_hat), flat(dy)
-    K.launch(fk.backward_partials, 0, blocks=blocks)(fh, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
+    K.launch(sums_kernel, 0, blocks=blocks)(fh, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
                                                      chunk, relu, slope)
     grads = dgamma is not None and dbeta is not None
     if dx is None:
@@ -65,6 +86,6 @@ def bn_affine_backward(x_hat, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer
             K.launch(fk.param_grads, channels)(sums, flat(dgamma), flat(dbeta))
         return
     fg = flat(dgamma) if grads else fh
-    K.launch(fk.backward_apply, 0, blocks=blocks)(fh, flat(inv_std), flat(gamma), flat(beta), sums, fdy, flat(dx),
+    K.launch(apply_kernel, 0, blocks=blocks)(fh, flat(inv_std), flat(gamma), flat(beta), sums, fdy, flat(dx),
                                                   fg, flat(dbeta) if grads else fh, outer, channels, inner, chunk,
                                                   float(outer * inner), not use_global_stats, relu, slope, grads)

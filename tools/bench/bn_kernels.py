@@ -1,0 +1,163 @@
+"""The fused BatchNorm + Scale + ReLU kernels alone, on ResNet-50's BatchNorm shapes (GPU).
+
+    python3 tools/bench/bn_kernels.py [--batch 64] [--repeat 20] [--out DIR]
+
+For every fused BatchNorm of models/resnet50/resnet50_dummy.prototxt at --batch, times the forward
+(`bn_affine_forward`: statistics, x_hat and y) and the backward (`bn_affine_backward`) with CUDA events,
+under each of --configs: `NAME=ROWS_MIN:MIN_BLOCK`, the shortest plane the plain-sweep kernels take (0:
+never) and the fewest elements per block (0: the plain 4096-block chunking); see backend/cuda/ops/fused.py.
+Per shape: ms per call, the effective bandwidth (forward 4 passes over the activation: read x twice, write
+x_hat and y; backward 5: read x_hat and dy twice, write dx) against a device-to-device copy measured in the
+same run, and the largest difference from the first configuration's outputs on fresh random data (they
+must agree to rounding). The totals, weighted by how many layers have each shape, are what one training
+iteration spends in these kernels.
+
+Writes bn_kernels.json to --out (default $OUT or .).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+FORWARD_PASSES, BACKWARD_PASSES = 4, 5
+
+
+def bn_shapes(batch: int) -> Counter:
+    """(outer, channels, inner) of every fused BatchNorm of ResNet-50 at `batch`, with multiplicity."""
+    graph = common.train_graph("resnet50", batch)
+    return Counter((n.layer.outer, n.layer.channels, n.layer.inner) for n in graph.nodes
+                   if n.layer.type_name == "BatchNorm" and n.layer.affine is not None)
+
+
+class Timer:
+    def __init__(self):
+        from numba import cuda
+
+        self.cuda = cuda
+        self.start, self.end = cuda.event(), cuda.event()
+
+    def ms(self, fn, repeat: int) -> float:
+        fn()  # compile, pick launch blocks
+        self.cuda.synchronize()
+        times = []
+        for _ in range(repeat):
+            self.start.record()
+            fn()
+            self.end.record()
+            self.end.synchronize()
+            times.append(self.cuda.event_elapsed_time(self.start, self.end))
+        return float(np.median(times))
+
+
+def parse_configs(text: str) -> dict[str, tuple[int, int]]:
+    """'walk=0:0,rows=1024:0' -> {name: (rows_min_inner, min_block_elements)}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, values = item.partition("=")
+        rows_min, _, min_block = values.partition(":")
+        out[name] = (int(rows_min), int(min_block or 0))
+    return out
+
+
+def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int]], repeat: int, timer: Timer,
+              rng) -> dict:
+    from numba import cuda
+
+    from superneurons.backend.cuda.ops import fused
+
+    outer, c, inner = shape
+    n = outer * c * inner
+    x = cuda.to_device((rng.standard_normal(n) * 1.5 + 0.3).astype(np.float32))
+    dy = cuda.to_device(rng.standard_normal(n).astype(np.float32))
+    gamma = cuda.to_device(rng.standard_normal(c).astype(np.float32))
+    beta = cuda.to_device(rng.standard_normal(c).astype(np.float32))
+    out: dict = {"shape": list(shape), "mbytes": 4 * n / 1e6, "configs": {}}
+    first = None
+    saved = fused.ROWS, fused.ROWS_MIN_INNER, fused.MIN_BLOCK_ELEMENTS
+    for name, (rows_min, min_block) in configs.items():
+        fused.ROWS, fused.ROWS_MIN_INNER, fused.MIN_BLOCK_ELEMENTS = rows_min > 0, rows_min, min_block
+        y, x_hat, dx = (cuda.device_array(n, np.float32) for _ in range(3))
+        stats = [cuda.device_array(c, np.float32) for _ in range(3)]
+        running = [cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32)),
+                   cuda.to_device(np.zeros(1, np.float32))]
+        dgamma, dbeta = cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32))
+
+        def forward():
+            fused.bn_affine_forward(x, y, x_hat, *stats, gamma, beta, *running, outer, c, inner, 1e-5, False, True,
+                                    0.9, 1.0, 0.0)
+
+        def backward():
+            fused.bn_affine_backward(x_hat, stats[2], gamma, beta, dy, dx, dgamma, dbeta, outer, c, inner, False, 0.0)
+
+        fwd, bwd = timer.ms(forward, repeat), timer.ms(backward, repeat)
+        got = [y.copy_to_host(), x_hat.copy_to_host(), dx.copy_to_host()]
+        first = first or got
+        out["configs"][name] = {"forward_ms": fwd, "backward_ms": bwd,
+                                "forward_gbs": FORWARD_PASSES * 4 * n / fwd / 1e6,
+                                "backward_gbs": BACKWARD_PASSES * 4 * n / bwd / 1e6,
+                                "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(got, first))}
+    fused.ROWS, fused.ROWS_MIN_INNER, fused.MIN_BLOCK_ELEMENTS = saved
+    return out
+
+
+def copy_gbs(timer: Timer, repeat: int) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), the ceiling for these passes."""
+    from numba import cuda
+
+    n = 256 << 20  # 1 GiB of float32
+    a, b = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
+    a[:] = 1.0
+    ms = timer.ms(lambda: b.copy_to_device(a), repeat)
+    return 2 * 4 * n / ms / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--configs", default="walk=0:0,rows256=256:0,rows1024=1024:0,rows1024_min2k=1024:2048,"
+                    "rows1024_min4k=1024:4096,rows1024_min8k=1024:8192")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    configs = parse_configs(args.configs)
+    timer = Timer()
+    rng = np.random.default_rng()
+    ceiling = copy_gbs(timer, args.repeat)
+    shapes = bn_shapes(args.batch)
+    totals = {name: [0.0, 0.0] for name in configs}
+    raw, rows = [], []
+    for shape, layers in sorted(shapes.items(), key=lambda kv: -kv[0][2]):
+        r = run_shape(shape, configs, args.repeat, timer, rng)
+        r["layers"] = layers
+        raw.append(r)
+        cells = []
+        for name, v in r["configs"].items():
+            totals[name][0] += layers * v["forward_ms"]
+            totals[name][1] += layers * v["backward_ms"]
+            cells.append(f"{v['forward_ms']:.3f}/{v['backward_ms']:.3f}")
+        diff = max(v["max_abs_diff"] for v in r["configs"].values())
+        rows.append(["x".join(map(str, shape)), layers, *cells, diff])
+    rows.append(["all (x layers)", sum(shapes.values()), *[f"{f:.2f}/{b:.2f}" for f, b in totals.values()], None])
+    header = ["outer x C x inner", "layers", *[f"{name} fwd/bwd ms" for name in configs], "max |diff|"]
+    print(f"\nFused BatchNorm+Scale+ReLU kernels, ResNet-50 batch {args.batch}; device copy {ceiling:.0f} GB/s")
+    print(common.text_table(header, rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bn_kernels.json").write_text(json.dumps({"batch": args.batch, "copy_gbs": ceiling, "configs": configs,
+                                                     "shapes": raw, "totals_ms": totals,
+                                                     "device": common.device_info()}, indent=1))
+    print(f"wrote {out / 'bn_kernels.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
