@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=8, help="granularity of N, blocks of stage 4 (default %(default)s)")
     ap.add_argument("--torch-variants", default="plain,checkpoint")
     ap.add_argument("--predict-only", action="store_true", help="print the planner's prediction; no device")
+    ap.add_argument("--start", type=int, default=0,
+                    help="our N to verify, instead of the planner's search (which takes minutes at N ~ 3000: run "
+                         "it once with --predict-only, on any machine, with this machine's --host-limit)")
     ap.add_argument("--host-limit", default=f"{common.HOST_PINNED_LIMIT >> 30}G",
                     help="pinned host memory our run may use (default %(default)s: 60%% of this machine's RAM)")
     args = ap.parse_args(argv)
@@ -40,8 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     workspace = common.parse_size(args.workspace)
     log = common.log_path(args, "deeper")
     host_limit = common.parse_size(args.host_limit)
-    predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step, host_limit)
-    print(f"planner: N = {predicted} ({common.deep_depth(predicted) if predicted else 0} layers, "
+    if args.start:
+        predicted = args.start
+        need = common.plan_need(f"deep:{predicted}", args.batch, budget, workspace, host_limit)
+    else:
+        predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step, host_limit)
+    print(f"{'given' if args.start else 'planner'}: N = {predicted} ({common.deep_depth(predicted) if predicted else 0} layers, "
           f"{need.mode if need else '-'}{', parameters streamed' if need and need.streams else ''}) under "
           f"{args.budget} at batch {args.batch}; {_explain(need, predicted, budget, host_limit)}", flush=True)
     ours: dict = {}
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             pt[v] = common.run_worker([dict(kind="torch_deepest", variant=v, start=TORCH_START.get(v, 176),
                                             budget=budget, batch=args.batch, step=args.step)],
                                       args.timeout, log=log)[0]
-    rows = [["SuperNeurons (planner)", predicted, common.deep_depth(predicted) if predicted else None,
+    rows = [[f"SuperNeurons ({'given start' if args.start else 'planner'})", predicted, common.deep_depth(predicted) if predicted else None,
              need.mode if need else None, None],
             ["SuperNeurons (trained)", ours.get("deepest_n"), ours.get("depth"), ours.get("memory_mode"),
              None if ours.get("ok", True) else ours.get("error")]]
