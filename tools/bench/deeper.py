@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     workspace = common.parse_size(args.workspace)
     log = common.log_path(args, "deeper")
     host_limit = common.parse_size(args.host_limit)
-    if args.start:
+    if args.no_ours and not args.predict_only:
+        predicted, need = 0, None  # PyTorch only: no need for the planner's minutes-long search
+    elif args.start:
         predicted = args.start
         need = common.plan_need(f"deep:{predicted}", args.batch, budget, workspace, host_limit)
     else:
