@@ -52,7 +52,8 @@ def test_parse_batches_and_nets():
 
 
 def test_every_benchmark_parses_its_arguments():
-    for name in ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace"):
+    for name in ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace", "bn_kernels",
+                 "conv_algos"):
         mod = importlib.import_module(name)
         assert mod.__doc__ and "python3 tools/bench/" in mod.__doc__
         with pytest.raises(SystemExit) as e:
@@ -76,6 +77,24 @@ def test_predicted_deepest_resnet_is_the_planner_edge():
     assert need.total(need.mode, ws) <= budget
     assert common.plan_need(f"deep:{n + 8}", 16, budget, ws, host_limit=host).mode is None
     assert common.deep_depth(544) == 1766 and common.deep_depth(176) == 662  # GPU.md's PyTorch figures
+
+
+def test_bn_kernel_configs_and_shapes():
+    bn_kernels = importlib.import_module("bn_kernels")
+    assert bn_kernels.parse_configs("walk=0:0,rows=1024") == {"walk": (0, 0), "rows": (1024, 0)}
+    shapes = bn_kernels.bn_shapes(64)
+    assert sum(shapes.values()) == 53 and shapes[(64, 64, 12544)] == 1  # every fused BatchNorm; bn_conv1 alone
+    convs = importlib.import_module("conv_algos").conv_shapes(64)
+    assert sum(convs.values()) == 53 and len(convs) == 20
+
+
+def test_deeper_verifies_a_given_depth_without_the_search(tmp_path, monkeypatch):
+    deeper = importlib.import_module("deeper")
+    monkeypatch.setattr(common, "predict_deepest", lambda *a, **k: pytest.fail("the search ran"))
+    assert deeper.main(["--start", "8", "--predict-only", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "deeper.json").read_text())
+    assert data["predicted_n"] == 8 and data["need"]["mode"] is not None
+    assert deeper.main(["--no-ours", "--no-torch", "--out", str(tmp_path), "--tag", "t"]) == 0
 
 
 def _ops(graph):

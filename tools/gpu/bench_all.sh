@@ -5,6 +5,9 @@
 #   BENCH_STAGES   stages to run, in order (default: "wider speed deeper pool cache workspace trace")
 #   BENCH_QUICK=1  each stage with --quick (default stages then: "wider speed cache"): ~3-4 minutes in all
 #   BENCH_ARGS     extra flags for every script (e.g. "--iterations 5")
+#   BENCH_DEEPER_START=N  verify this N instead of the planner's search (deeper.py --predict-only finds it,
+#                  on any machine, given the GPU machine's --host-limit; the search takes minutes at N ~ 3000)
+# Stage "kernels" (not in the defaults): tools/bench/bn_kernels.py and conv_algos.py, the per-kernel views.
 # Run from the repository root:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -23,9 +26,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 stage() {  # stage NAME SCRIPT [ARGS...]: one script under a 10-minute wall clock, its output logged
   local name=$1 script=$2; shift 2
-  local t0=$SECONDS
+  local t0=$SECONDS flags="$Q $EXTRA"
+  [ "${PLAIN:-0}" = 1 ] && flags=""  # scripts outside common.base_parser take neither --quick nor BENCH_ARGS
   # shellcheck disable=SC2086
-  timeout 600 python3 "tools/bench/$script" $Q $EXTRA --out "$OUT" "$@" > "$OUT/$name.log" 2>&1
+  timeout 600 python3 "tools/bench/$script" $flags --out "$OUT" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc=$rc, $((SECONDS - t0)) s"
   sed -n '/^$/,$p' "$OUT/$name.log" | tail -25
@@ -41,12 +45,13 @@ for s in $STAGES; do
       if [ "$QUICK" = 1 ]; then stage wider wider.py; else
         stage wider_resnets wider.py --nets resnet50,resnet101,resnet152 --tag resnets
         stage wider_others wider.py --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
-    deeper) stage deeper deeper.py ;;
+    deeper) stage deeper deeper.py ${BENCH_DEEPER_START:+--start $BENCH_DEEPER_START} ;;
+    kernels) PLAIN=1 stage bn_kernels bn_kernels.py; PLAIN=1 stage conv_algos conv_algos.py ;;
     pool) stage pool pool.py ;;
     cache) stage cache cache.py ;;
     workspace) stage workspace workspace.py ;;
     trace) stage trace memory_trace.py ;;
-    *) echo "unknown stage $s (speed wider deeper pool cache workspace trace)" ;;
+    *) echo "unknown stage $s (speed wider deeper pool cache workspace trace kernels)" ;;
   esac
 done
 python3 tools/bench/report.py --in "$OUT" --out "$OUT/BENCHMARKS_tables.md" && echo "tables: $OUT/BENCHMARKS_tables.md"
