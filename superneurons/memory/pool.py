@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 import numpy as np
 
@@ -48,6 +48,8 @@ class HeapPool:
         self._free_sizes: dict[int, int] = {0: self.capacity}
         self._used: dict[Hashable, Block] = {}
         self._views: dict[tuple, Any] = {}  # (offset, shape, dtype) -> array, see view()
+        self._watched: set[Hashable] = set()
+        self.watched_moves = 0  # counts moves of watched blocks, see watch()
         self.used_bytes = 0
         self.high_water = 0
         self.n_allocs = 0
@@ -88,6 +90,8 @@ class HeapPool:
 
     def free(self, key: Hashable) -> None:
         block = self._used.pop(key)
+        if key in self._watched:
+            self.watched_moves += 1
         self.used_bytes -= block.size
         self.n_frees += 1
         off, size = block.offset, block.size
@@ -119,6 +123,8 @@ class HeapPool:
                 self._used[key] = Block(top, block.size)
                 moved.append(key)
             top += block.size
+        if not self._watched.isdisjoint(moved):
+            self.watched_moves += 1
         self._free_offsets = [top] if top < self.capacity else []
         self._free_sizes = {top: self.capacity - top} if top < self.capacity else {}
         self._views.clear()
@@ -139,6 +145,8 @@ class HeapPool:
         if new_key in self._used:
             raise KeyError(f"{new_key!r} is already allocated")
         self._used[new_key] = self._used.pop(key)
+        if key in self._watched:
+            self.watched_moves += 1
 
     def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
         """The array over `key`'s block. Views are cached by (offset, shape, dtype): the memory schedule puts
@@ -155,6 +163,17 @@ class HeapPool:
 
     def owns(self, key: Hashable) -> bool:
         return key in self._used
+
+    def offset(self, key: Hashable) -> int:
+        """The byte offset of `key`'s block in the arena."""
+        return self._used[key].offset
+
+    def watch(self, keys: Iterable[Hashable]) -> int:
+        """From now on, count in `watched_moves` every compaction that moves, and every free or rename of, a
+        block of `keys`; returns the count. Offsets read after this call stay right while the count does not
+        change: one comparison per use for whoever keeps a table of them (solver/fused_update.py)."""
+        self._watched.update(keys)
+        return self.watched_moves
 
     # -- counters ---------------------------------------------------------------------------
     def largest_free(self) -> int:

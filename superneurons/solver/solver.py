@@ -3,7 +3,8 @@
 One iteration: clear the parameter diffs; run forward+backward `iter_size` times (diffs add
 up); then update: clip by the global L2 norm, divide by iter_size, add weight decay, apply the
 solver type's rule with local rate lr * lr_mult. `iter` counts completed updates, so a snapshot
-taken at iteration N holds the weights after N updates.
+taken at iteration N holds the weights after N updates. Where fused_update.py applies (resident
+parameters, SGD), clearing and updating are one grouped op each instead of a few ops per parameter.
 
 `net.ctx.iteration` is the forward-pass index, `iter * iter_size + k` for the k-th pass of an
 iteration: the accumulated passes of one iteration see different batches (DummyData, Dropout
@@ -25,6 +26,7 @@ from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog, num, output_line
 from superneurons.runtime.net import Net
 from superneurons.solver.evaluate import evaluate, output_values
+from superneurons.solver.fused_update import grouped_update
 from superneurons.solver.lr_policy import LrPolicy
 from superneurons.solver.nets import NetSource, test_net_sources, train_net_source
 from superneurons.solver.snapshot import resolve_prefix, restore_snapshot, write_snapshot
@@ -62,6 +64,9 @@ class Solver:
                           for src in test_net_sources(param, self.where)]
         self.test_passes = [0] * len(self.test_nets)  # forward passes each test net has run (its data position)
         self._history = self.net.history  # pool tensors (zeroed), `n_history` sets of one per learnable param
+        # One launch for the whole update and one for clearing the gradients, where it applies (else None:
+        # the per-parameter ops; solver/fused_update.py says when).
+        self._grouped = grouped_update(self.net, self.rule.name, param)
         self._losses: list[float] = []
         self.smoothed_loss = 0.0
         self._stop_requested = False
@@ -141,7 +146,8 @@ class Solver:
         timer, iters_last = time.perf_counter(), self.iter
         while self.iter < stop_iter and not self._stop_requested:
             net = self.net
-            net.clear_param_diffs()
+            if self._grouped is None or not self._grouped.clear_grads():
+                net.clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
             display = bool(p.display) and self.iter % p.display == 0
@@ -194,9 +200,10 @@ class Solver:
         if store.offloaded:
             self._update_streamed(store, rate, display and p.debug_info)
             return rate
-        self.clip_gradients()
-        for i, decl in enumerate(self.net.learnable):
-            self._update_one(i, decl, rate, 1.0)
+        clip_scale = self.clip_gradients()
+        if self._grouped is None or not self._grouped.update(rate, clip_scale, self.iter_size):
+            for i, decl in enumerate(self.net.learnable):
+                self._update_one(i, decl, rate, clip_scale)
         if display and p.debug_info:
             self._update_debug_info()
         return rate
@@ -254,16 +261,12 @@ class Solver:
         self.log.info(f"    [Update] Layer {layer}, param {k} data: {num(self.ops.asum(decl.data) / n)}; "
                       f"diff: {num(self.ops.asum(decl.diff) / n)}")
 
-    def clip_gradients(self) -> None:
-        """Scale every diff by clip / ||all diffs||_2 when that norm exceeds clip_gradients (Caffe: before iter_size)."""
-        clip = float(self.param.clip_gradients)
-        if clip < 0:
-            return
-        norm = math.sqrt(sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable))
-        scale = self._clip_scale(norm)
-        if scale != 1.0:
-            for decl in self.net.learnable:
-                self.ops.scal(scale, decl.diff)
+    def clip_gradients(self) -> float:
+        """The scale of every diff, clip / ||all diffs||_2 when that norm exceeds clip_gradients, else 1; the
+        update applies it (Caffe: before iter_size)."""
+        if float(self.param.clip_gradients) < 0:
+            return 1.0
+        return self._clip_scale(math.sqrt(sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable)))
 
     def _clip_scale(self, norm: float) -> float:
         """clip_gradients / norm when the global L2 norm exceeds it (logged, as Caffe does), else 1."""

@@ -5,6 +5,11 @@ matches Caffe's CPU path): it computes the update into `dw` (Caffe leaves the up
 and then applies `w -= dw`. Keeping a whole rule in one call lets the CUDA backend run it as
 one kernel per parameter instead of a chain of elementwise launches.
 
+`multi_sgd_update` and `multi_zero_grads` do the same for every parameter at once, on views of one flat
+arena (the pool's) at per-parameter offsets: the CUDA backend runs each as one kernel for the whole net
+(solver/fused_update.py builds the tables). Here they walk the parameters with the per-parameter ops, so the
+CPU's results are those of the per-parameter path bit for bit.
+
 Scalars arrive as Python floats and are cast to the arrays' dtype, so the ops run in float32 for
 training and float64 in tests.
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["regularize", "sgd_update", "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
-           "adam_update"]
+           "adam_update", "multi_sgd_update", "multi_zero_grads"]
 
 
 def _s(x: np.ndarray, value: float):
@@ -110,3 +115,28 @@ def adam_update(w: np.ndarray, dw: np.ndarray, m: np.ndarray, v: np.ndarray, lr:
     np.divide(m, denom, out=dw)
     dw *= _s(dw, lr * correction)
     _apply(w, dw)
+
+
+def multi_sgd_update(arena: np.ndarray, segments: np.ndarray, factors: np.ndarray, blocks: np.ndarray, rate: float,
+                     momentum: float, clip_scale: float, iter_scale: float, l1: bool) -> None:
+    """Caffe's ApplyUpdate with SGD for every segment of `arena` (1-D): scale the gradient by `clip_scale` and
+    `iter_scale` (1/iter_size), add weight decay, then `sgd_update` with rate * lr_mult.
+
+    `segments` (int64, a row per parameter): element offsets of its data, gradient and history, and its length.
+    `factors` (float64, a row per parameter): lr_mult and weight decay. `blocks` is the GPU's split of the work
+    into thread blocks; the CPU walks whole segments in order.
+    """
+    for (w, g, h, n), (lr_mult, decay) in zip(segments.tolist(), factors.tolist()):
+        dw = arena[g:g + n]
+        if clip_scale != 1.0:
+            dw *= _s(dw, clip_scale)
+        if iter_scale != 1.0:
+            dw *= _s(dw, iter_scale)
+        regularize(arena[w:w + n], dw, decay, l1)
+        sgd_update(arena[w:w + n], dw, arena[h:h + n], rate * lr_mult, momentum)
+
+
+def multi_zero_grads(arena: np.ndarray, segments: np.ndarray, blocks: np.ndarray) -> None:
+    """Zero the gradient of every segment (see multi_sgd_update for the tables)."""
+    for _w, g, _h, n in segments.tolist():
+        arena[g:g + n] = 0

@@ -1,9 +1,11 @@
 """One fused kernel per solver rule, mirroring backend/cpu/solver_ops.py: each leaves the update in dw
-(as Caffe does) and applies w -= dw."""
+(as Caffe does) and applies w -= dw. At the end, the multi-tensor kernels that update (SGD) or clear the
+gradients of every parameter in one launch."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda
 
 
@@ -83,3 +85,44 @@ def adam(w, dw, m, v, lr_corrected, beta1, beta2, eps):
         u = mi / (math.sqrt(vi) + eps) * lr_corrected
         dw[i] = u
         w[i] -= u
+
+
+# Multi-tensor kernels: every learnable parameter in one launch. They index `arena`, one flat float32 view of
+# the pool's arena (numba cannot follow a table of pointers, but it can index one array at per-parameter
+# offsets). `segments` has a row per parameter: the element offsets of its data, gradient and history, and
+# its length; `factors` its lr_mult and weight decay (float64: the local rate is formed as rate * lr_mult in
+# float64 and then rounded, as the host does for the per-parameter op). `blocks` has a row per thread block:
+# (segment, first element, end element), so a large tensor gets many blocks and a small one a block of its own.
+_ONE, _ZERO = np.float32(1.0), np.float32(0.0)  # float32 constants keep the arithmetic in float32
+
+
+@cuda.jit
+def multi_sgd(arena, segments, factors, blocks, rate, momentum, clip_scale, iter_scale, l1):
+    """Caffe's ApplyUpdate with SGD, per element in the order of the per-parameter ops: clip scale, 1/iter_size,
+    weight decay (L1 or L2, none when 0), then h = momentum * h + lr * g; the update stays in the gradient."""
+    b = cuda.blockIdx.x
+    s = blocks[b, 0]
+    w0, g0, h0 = segments[s, 0], segments[s, 1], segments[s, 2]
+    lr = np.float32(rate * factors[s, 0])
+    decay = np.float32(factors[s, 1])
+    for i in range(blocks[b, 1] + cuda.threadIdx.x, blocks[b, 2], cuda.blockDim.x):
+        g = arena[g0 + i] * clip_scale * iter_scale
+        if decay != _ZERO:
+            w = arena[w0 + i]
+            if l1:
+                g += decay * (_ONE if w > _ZERO else (-_ONE if w < _ZERO else _ZERO))
+            else:
+                g += decay * w
+        h = arena[h0 + i] * momentum + lr * g
+        arena[h0 + i] = h
+        arena[g0 + i] = h
+        arena[w0 + i] -= h
+
+
+@cuda.jit
+def multi_zero_grads(arena, segments, blocks):
+    """Zero every segment's gradient."""
+    b = cuda.blockIdx.x
+    g0 = segments[blocks[b, 0], 1]
+    for i in range(blocks[b, 1] + cuda.threadIdx.x, blocks[b, 2], cuda.blockDim.x):
+        arena[g0 + i] = _ZERO

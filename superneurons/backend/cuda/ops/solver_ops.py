@@ -1,4 +1,5 @@
-"""Parameter updates: one fused kernel per solver rule (see backend/cpu/solver_ops.py for the rules)."""
+"""Parameter updates: one fused kernel per solver rule (see backend/cpu/solver_ops.py for the rules), and the
+multi-tensor ops: one kernel for every parameter's update or gradient clearing."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import solver as sk
 
 __all__ = ["regularize", "sgd_update", "nesterov_update", "adagrad_update", "rmsprop_update", "adadelta_update",
-           "adam_update"]
+           "adam_update", "multi_sgd_update", "multi_zero_grads"]
 
 
 def _run(kernel, w, *arrays_then_scalars) -> None:
@@ -45,3 +46,18 @@ def adadelta_update(w, dw, hist_g, hist_dx, lr: float, momentum: float, delta: f
 def adam_update(w, dw, m, v, lr: float, beta1: float, beta2: float, eps: float, t: int) -> None:
     correction = math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
     _run(sk.adam, w, w, dw, m, v, lr * correction, beta1, beta2, eps)
+
+
+def multi_sgd_update(arena, segments, factors, blocks, rate: float, momentum: float, clip_scale: float,
+                     iter_scale: float, l1: bool) -> None:
+    """One launch, a thread block per row of `blocks` (see the CPU op for the tables). The rate goes in as a
+    float64 scalar: it may change every iteration, the tables stay on the device."""
+    if blocks.shape[0]:
+        K.launch(sk.multi_sgd, 0, blocks=blocks.shape[0])(
+            arena, segments, factors, blocks, float(rate), scalar(arena, momentum), scalar(arena, clip_scale),
+            scalar(arena, iter_scale), bool(l1))
+
+
+def multi_zero_grads(arena, segments, blocks) -> None:
+    if blocks.shape[0]:
+        K.launch(sk.multi_zero_grads, 0, blocks=blocks.shape[0])(arena, segments, blocks)

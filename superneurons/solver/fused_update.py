@@ -1,0 +1,138 @@
+"""The whole parameter update in one launch, and the clearing of every gradient in another.
+
+Caffe's ApplyUpdate is a few tiny ops per learnable parameter (scale, weight decay, the rule) and clearing
+the gradients one fill each: for ResNet-50's 161 parameters that is hundreds of launches per iteration, each
+costing more host time than the GPU spends on it. But every parameter, gradient and history tensor is a
+block of the Net's pool, one arena, so one kernel reaches all of them through a flat float32 view of the
+arena and a table of per-parameter element offsets (the `multi_*` ops of backend/*/solver_ops.py).
+
+The offsets are those of the blocks when the table was built; a block moves when the pool compacts or a
+tensor is freed and re-allocated. The pool counts such moves of the blocks it was asked to watch
+(`HeapPool.watch`), so each call compares one counter with its value at the last build and rebuilds the
+table when it changed: stale offsets are never used, and the check costs the same for 10 or 1000 tensors.
+
+The grouped path serves resident float32 parameters in a pool with one arena, under a rule with a
+multi-tensor op (SGD). `unsupported` names why it does not apply otherwise (streamed parameters,
+SUPERNEURONS_ALLOCATOR=malloc, another rule, SUPERNEURONS_MULTI_UPDATE=0); the Solver then keeps the
+per-parameter ops. The CPU backend runs the grouped ops too, with the per-parameter ops' arithmetic.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from superneurons.proto import superneurons_pb2 as pb
+
+ENV = "SUPERNEURONS_MULTI_UPDATE"  # 0: always the per-parameter ops (for comparisons and benchmarks)
+RULES = ("SGD",)  # the rules with a multi-tensor op
+CHUNK = 4096  # elements per thread block: 16 per thread, and a block of its own for every small tensor
+
+
+def unsupported(net: Any, rule: str) -> str | None:
+    """Why the grouped update cannot serve `net`'s learnable parameters under `rule` (None: it can)."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV}=0"
+    if rule not in RULES:
+        return f"no multi-tensor op for the {rule} rule"
+    if not net.learnable or not net.history:
+        return "no learnable parameters or no solver history"
+    if net.params.offloaded:
+        return "the parameters are streamed from the host"
+    if getattr(net.pool, "arena", None) is None or not hasattr(net.pool, "watch"):
+        return "the pool has no single arena (SUPERNEURONS_ALLOCATOR=malloc)"
+    if any(t.dtype != np.float32 for t in _tensors(net)):
+        return "a parameter tensor is not float32"
+    return None
+
+
+def work_split(lengths: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
+    """Thread blocks covering every segment in pieces of at most `chunk` elements: int64 rows of
+    (segment, first element, end element), segment by segment."""
+    lengths = np.asarray(lengths, np.int64)
+    counts = -(-lengths // chunk)
+    segment = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
+    piece = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    start = piece * chunk
+    return np.column_stack([segment, start, np.minimum(start + chunk, lengths[segment])])
+
+
+def _tensors(net: Any) -> list[Any]:
+    """Data, then gradients, then history (the segment table's columns), each in `net.learnable` order."""
+    decls = net.learnable
+    history = net.history[0] if net.history else []
+    return [d.data_tensor for d in decls] + [d.diff_tensor for d in decls] + list(history)
+
+
+class GroupedUpdate:
+    """The segment tables of one training net's learnable parameters, and the calls that use them. `update`
+    and `clear_grads` return False, having done nothing, when a tensor has no pool block: the caller then
+    runs the per-parameter ops."""
+
+    def __init__(self, net: Any, param: pb.SolverParameter, chunk: int = CHUNK):
+        self.net, self.ops = net, net.ops
+        self.momentum = float(param.momentum)
+        self.l1 = param.regularization_type == "L1"
+        pool, backend = net.pool, net.backend
+        self._arena = backend.view(pool.arena, 0, (pool.capacity // 4,), np.float32)
+        self._tensors = _tensors(net)
+        decls = net.learnable
+        lengths = np.array([t.nbytes // 4 for t in self._tensors[:len(decls)]], np.int64)
+        self._lengths = lengths
+        # What does not depend on where the tensors are is built once.
+        self._blocks = self._to_device(work_split(lengths, chunk))
+        self._factors = self._to_device(np.array(
+            [(d.lr_mult, float(param.weight_decay) * d.decay_mult) for d in decls], np.float64).reshape(-1, 2))
+        self._segments: Any = None
+        self._built_at: int | None = None  # the pool's watched_moves when the table was built (None: not built)
+        self.rebuilds = 0  # how often the table was built (tests, diagnostics)
+
+    def update(self, rate: float, clip_scale: float, iter_size: int) -> bool:
+        """Caffe's ApplyUpdate for every learnable parameter: the gradients scaled by `clip_scale` and
+        1/iter_size, weight decay, then the rule with local rate `rate` * lr_mult (on the device)."""
+        if not self._current():
+            return False
+        self.ops.multi_sgd_update(self._arena, self._segments, self._factors, self._blocks, rate, self.momentum,
+                                  clip_scale, 1.0 / iter_size, self.l1)
+        return True
+
+    def clear_grads(self) -> bool:
+        """Zero every learnable parameter's gradient."""
+        if not self._current():
+            return False
+        self.ops.multi_zero_grads(self._arena, self._segments, self._blocks)
+        return True
+
+    def _current(self) -> bool:
+        """Whether the segment table holds the tensors' present offsets, rebuilding it when a block moved."""
+        return self.net.pool.watched_moves == self._built_at or self._rebuild()
+
+    def _rebuild(self) -> bool:
+        pool = self.net.pool
+        self._built_at = None
+        if not all(pool.owns(t.key) for t in self._tensors):
+            return False
+        built_at = pool.watch(t.key for t in self._tensors)
+        # Pool blocks start on 1 KiB boundaries, so byte offsets are whole float32 elements.
+        offsets = np.array([pool.offset(t.key) for t in self._tensors], np.int64).reshape(3, -1) // 4
+        table = np.column_stack([offsets[0], offsets[1], offsets[2], self._lengths])
+        if self._segments is None:
+            self._segments = self._to_device(table)
+        else:  # in place (the copy is ordered after the launches that read the old table): no allocation
+            self.net.backend.from_host(self._segments, table)
+        self._built_at = built_at
+        self.rebuilds += 1
+        return True
+
+    def _to_device(self, host: np.ndarray) -> Any:
+        """A backend array holding `host`, in a small allocation of its own (outside the pool's budget)."""
+        backend = self.net.backend
+        array = backend.view(backend.arena(host.nbytes), 0, host.shape, host.dtype)
+        backend.from_host(array, np.ascontiguousarray(host))
+        return array
+
+
+def grouped_update(net: Any, rule: str, param: pb.SolverParameter) -> GroupedUpdate | None:
+    """The grouped update for `net`, or None when `unsupported` (the per-parameter ops then run)."""
+    return None if unsupported(net, rule) else GroupedUpdate(net, param)
