@@ -109,11 +109,17 @@ def test_conv(gpu, rng, shape, kernel, stride, pad, group, graph, monkeypatch):
     summed = dev(gpu, held)
     gpu.ops.conv_backward(d[0], d[1], d[2], summed, None, None, geom, accumulate_dx=True)
     errs.append(close(gpu.to_host(summed), held + host[3], rtol=1e-4, atol_scale=1e-4))
+    # Backward filter overwriting dw (beta = 0, for a dw just cleared): the garbage in it must not count.
+    fresh = np.zeros_like(w)
+    CPU.ops.conv_backward(x, w, dy, None, fresh, None, geom)
+    overwritten = dev(gpu, randn(rng, *w.shape))
+    gpu.ops.conv_backward(d[0], d[1], d[2], None, overwritten, None, geom, overwrite_dw=True)
+    errs.append(close(gpu.to_host(overwritten), fresh, rtol=1e-4, atol_scale=1e-4))
     plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
-    assert [runner.graph for runner in plan.tables] == [graph and group == 1] * 4
+    assert [runner.graph for runner in plan.tables] == [graph and group == 1] * 5
     label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
     print(f"conv {shape} k{kernel} g{group} graph={graph} ({label}): max |err| fwd {err_f:.2e} dx {errs[0]:.2e} "
-          f"dw {errs[1]:.2e} db {errs[2]:.2e} dx+= {errs[3]:.2e}")
+          f"dw {errs[1]:.2e} db {errs[2]:.2e} dx+= {errs[3]:.2e} dw= {errs[4]:.2e}")
 
 
 @pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra", [
@@ -362,6 +368,30 @@ def test_concat_and_eltwise(gpu, rng):
             got = dev(gpu, np.zeros_like(td))
             gpu.ops.eltwise_prod_backward(dxs, i, dev(gpu, prod), dev(gpu, td), got, stable)
             close(gpu.to_host(got), want, rtol=1e-4)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_eltwise_sum_relu(gpu, rng, in_place):
+    """The fused Eltwise SUM + ReLU (graph/fuse.py) at a ResNet join's size; in place, the top is bottom 0 and
+    the last gradient is the top gradient itself, as the layer calls the ops. Backward gets the CPU's top on
+    both sides: an FMA-rounded sum near 0 could flip a mask element."""
+    shape, coeffs, slope = (16, 64, 28, 28), [1.0, -0.5], 0.0
+    a, b, dy = randn(rng, *shape), randn(rng, *shape), randn(rng, *shape)
+    sides = ((CPU.ops, np.copy, np.asarray), (gpu.ops, lambda x: dev(gpu, x), gpu.to_host))
+    tops, grads = [], []
+    for ops, put, get in sides:
+        xs = [put(a), put(b)]
+        top = xs[0] if in_place else put(np.zeros_like(a))
+        ops.eltwise_sum_relu(xs, coeffs, top, slope)
+        tops.append(get(top))
+    close(tops[1], tops[0])
+    for ops, put, get in sides:
+        d = put(dy)
+        outs = [put(np.zeros_like(dy)), d if in_place else put(np.zeros_like(dy))]
+        ops.eltwise_sum_relu_backward(put(tops[0]), d, coeffs[::-1], outs, slope)
+        grads.append([get(o) for o in outs])
+    for got, want in zip(*grads[::-1]):
+        assert np.array_equal(got, want)  # a mask and one product each: exact
 
 
 @pytest.mark.parametrize("rule", ["sgd", "nesterov", "adagrad", "rmsprop", "adadelta", "adam"])

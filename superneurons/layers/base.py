@@ -69,6 +69,20 @@ class ParamDecl:
     name: str = ""
     # False for statistics a layer updates itself (BatchNorm's running mean): the solver never touches them.
     learnable: bool = True
+    # True while `diff` holds the zeros the parameter store cleared it to (set on the root decl of shared
+    # parameters): the first writer may then overwrite it instead of adding (`claim_cleared_diff`).
+    diff_cleared: bool = False
+
+
+def claim_cleared_diff(decl: ParamDecl) -> bool:
+    """Whether `decl`'s gradient still holds the zeros it was cleared to; later writers (a layer sharing the
+    weights, the next pass of iter_size) then add. A convolution overwriting a zero dw runs cuDNN's faster
+    beta = 0 engines and gives the same values as adding into the zeros."""
+    root = decl
+    while getattr(root, "owner", None) is not None:
+        root = root.owner
+    cleared, root.diff_cleared = root.diff_cleared, False
+    return cleared
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from superneurons.backend.geometry import ConvGeometry, Pair
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, claim_cleared_diff, count, register
 
 
 def spatial_pair(layer: Layer, msg, what: str, values: Sequence[int], default: int | None, minimum: int) -> Pair:
@@ -119,4 +119,5 @@ class Convolution(Layer):
                           ops.reshape(top_diff[0], (self.n, self.m, self.oh, self.ow)),
                           ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
                           self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
-                          accumulate_dx=0 in self.accumulate_bottoms)
+                          accumulate_dx=0 in self.accumulate_bottoms,
+                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))

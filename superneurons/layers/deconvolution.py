@@ -8,7 +8,7 @@ Output size: OH = stride * (H - 1) + dilation * (kh - 1) + 1 - 2 * pad.
 """
 from __future__ import annotations
 
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, register
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, claim_cleared_diff, register
 from superneurons.layers.convolution import read_conv_param
 
 
@@ -53,6 +53,7 @@ class Deconvolution(Layer):
         if self.bias is not None:
             ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow)
         # Weight gradient: the convolution's, with dy as its input and x as its output gradient.
-        ops.conv_backward(dy, self.weight.data, x, None, self.weight.diff, None, self.geom)
+        ops.conv_backward(dy, self.weight.data, x, None, self.weight.diff, None, self.geom,
+                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))
         if propagate_down[0]:
             ops.conv_forward(dy, self.weight.data, None, ops.reshape(bottom_diff[0], x_shape), self.geom)

@@ -437,8 +437,14 @@ class Net:
         self.backward()
         return loss
 
-    def clear_param_diffs(self) -> None:
-        self.params.clear_diffs(self.learnable)
+    def clear_param_diffs(self, already_zero: bool = False) -> None:
+        """Zero the learnable parameters' gradients (`already_zero`: the caller has, e.g. the solver's grouped
+        clear). Each is marked cleared, so the first layer to write it may overwrite instead of adding
+        (`layers.base.claim_cleared_diff`)."""
+        if not already_zero:
+            self.params.clear_diffs(self.learnable)
+        for decl in self.learnable:  # owned decls: the roots that shared weights point to
+            decl.diff_cleared = True
 
     # -- access -------------------------------------------------------------------------------
     def layer(self, name: str):

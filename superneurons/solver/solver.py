@@ -146,8 +146,7 @@ class Solver:
         timer, iters_last = time.perf_counter(), self.iter
         while self.iter < stop_iter and not self._stop_requested:
             net = self.net
-            if self._grouped is None or not self._grouped.clear_grads():
-                net.clear_param_diffs()
+            net.clear_param_diffs(already_zero=self._grouped is not None and self._grouped.clear_grads())
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
             display = bool(p.display) and self.iter % p.display == 0

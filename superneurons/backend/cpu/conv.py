@@ -36,9 +36,12 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarr
 
 
 def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
-                  db: np.ndarray | None, geom: ConvGeometry, accumulate_dx: bool = False) -> None:
-    """dx = conv^T(dy, w) (overwritten, or added to dx with `accumulate_dx`); dw += corr(x, dy); db += sum of
-    dy per output channel. None skips one."""
+                  db: np.ndarray | None, geom: ConvGeometry, accumulate_dx: bool = False,
+                  overwrite_dw: bool = False) -> None:
+    """dx = conv^T(dy, w) (overwritten, or added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
+    `overwrite_dw`); db += sum of dy per output channel. None skips one."""
+    if overwrite_dw and dw is not None:
+        dw.fill(0)  # then the chunks add up exactly as they do into a cleared dw
     G = geom.group
     M = w.shape[0]
     wg = w.reshape(G, M // G, -1)

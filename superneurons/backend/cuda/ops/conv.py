@@ -20,14 +20,15 @@ def conv_forward(x, w, b, y, geom: ConvGeometry) -> None:
         plan.add_bias(b, y)
 
 
-def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool = False) -> None:
-    """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy); db += per-channel
-    sum of dy. None skips one."""
+def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool = False,
+                  overwrite_dw: bool = False) -> None:
+    """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
+    `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy. None skips one."""
     plan = _plan(x, w, dy, geom)
     if db is not None:
         plan.backward_bias(dy, db)
     if dw is not None:
-        plan.backward_filter(x, dy, dw)
+        plan.backward_filter(x, dy, dw, accumulate=not overwrite_dw)
     if dx is not None:
         plan.backward_data(w, dy, dx, accumulate_dx)
 
@@ -57,9 +58,15 @@ def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
             label += "~"
         return label + (f"({choice.workspace >> 20}M)" if choice.workspace >= 1 << 20 else "")
 
-    # Backward data shows its overwriting run, or its adding one ('+': into a split blob's summed gradient).
-    data = (name(_BWD_DATA, cudnn.BACKWARD_DATA) if plan.last[cudnn.BACKWARD_DATA] is not None
-            else name(_BWD_DATA, cudnn.BACKWARD_DATA_ADD) + "+" if plan.last[cudnn.BACKWARD_DATA_ADD] is not None
-            else "-")
-    return (f"f:{name(_FWD, cudnn.FORWARD)} d:{data} "
-            f"w:{name(_BWD_FILTER, cudnn.BACKWARD_FILTER)}")
+    def first_run(table, *directions: tuple[int, str]) -> str:
+        """The first of (direction, mark) that has run, labelled and marked, else '-'."""
+        for direction, mark in directions:
+            if plan.last[direction] is not None:
+                return name(table, direction) + mark
+        return "-"
+
+    # Backward data: its overwriting run, else its adding one ('+': into a split blob's summed gradient).
+    # Backward filter: its overwriting run ('=': into a dw just cleared, what training runs), else adding.
+    data = first_run(_BWD_DATA, (cudnn.BACKWARD_DATA, ""), (cudnn.BACKWARD_DATA_ADD, "+"))
+    filt = first_run(_BWD_FILTER, (cudnn.BACKWARD_FILTER_SET, "="), (cudnn.BACKWARD_FILTER, ""))
+    return f"f:{name(_FWD, cudnn.FORWARD)} d:{data} w:{filt}"
