@@ -1,6 +1,7 @@
 """The GPU twins of the zoo ops (backend/cuda/ops/{shape_ops,reduction,neuron_extra,losses_extra,mvn,embed,
-random_fill}.py) under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), against the CPU ops on tiny fresh random
-inputs: the kernels' index math and the ops' host logic, on machines without a GPU.
+random_fill}.py) and of the fused Eltwise SUM + ReLU (eltwise.py) under the CUDA simulator
+(NUMBA_ENABLE_CUDASIM=1), against the CPU ops on tiny fresh random inputs: the kernels' index math and the
+ops' host logic, on machines without a GPU.
 
 The simulator has no real device arrays, so backend/cuda/device.py cannot import; a stand-in module gives the
 ops the helpers they use from it (`flat`, `scalar`) over the simulator's arrays. Skipped without numba-cuda.
@@ -52,13 +53,13 @@ if IN_SIMULATOR:
     _install_simulator_device()
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
-from superneurons.backend.cuda.ops import (embed as g_embed, losses_extra as g_loss, mvn as g_mvn,  # noqa: E402
-                                           neuron_extra as g_neuron, random_fill as g_fill, reduction as g_red,
-                                           shape_ops as g_shape)
+from superneurons.backend.cuda.ops import (embed as g_embed, eltwise as g_eltwise,  # noqa: E402
+                                           losses_extra as g_loss, mvn as g_mvn, neuron_extra as g_neuron,
+                                           random_fill as g_fill, reduction as g_red, shape_ops as g_shape)
 from superneurons.errors import UserError  # noqa: E402
 
 CPU = CpuBackend().ops
-GPU = {name: getattr(m, name) for m in (g_embed, g_loss, g_mvn, g_neuron, g_fill, g_red, g_shape)
+GPU = {name: getattr(m, name) for m in (g_embed, g_eltwise, g_loss, g_mvn, g_neuron, g_fill, g_red, g_shape)
        for name in m.__all__}
 
 
@@ -114,6 +115,32 @@ def test_prelu(rng, shared):
                                               outer, ch, inner)
     close(dxg, dxc)
     close(dsg, dsc)
+
+
+@simulated
+@pytest.mark.parametrize("n", [1, 3, 1029, 5000])  # 5000: all four elements of a trip, then a partial trip
+@pytest.mark.parametrize("n_bottoms", [2, 3])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_eltwise_sum_relu(rng, n, n_bottoms, in_place):
+    """The fused Eltwise SUM + ReLU (graph/fuse.py): two bottoms run one kernel each way, three fall back to
+    sum + ReLU forward and pair their gradients (the odd one passed twice). In place, the top is bottom 0 and
+    the last gradient is the top gradient itself, as the layer calls the ops."""
+    bottoms = [rng.standard_normal(n).astype(np.float32) for _ in range(n_bottoms)]
+    coeffs = [1.0] + [float(c) for c in rng.uniform(-2, 2, n_bottoms - 1)]
+    dy = rng.standard_normal(n).astype(np.float32)
+    results = []
+    sides = ((lambda name: getattr(CPU, name), np.copy, np.asarray),
+             (GPU.__getitem__, cuda.to_device, lambda a: a.copy_to_host()))
+    for op, put, get in sides:
+        xs = [put(b) for b in bottoms]
+        top = xs[0] if in_place else put(np.full(n, np.nan, np.float32))
+        op("eltwise_sum_relu")(xs, coeffs, top, 0.1)
+        d = put(dy)
+        outs = [put(np.full(n, np.nan, np.float32)) for _ in range(n_bottoms - in_place)] + ([d] if in_place else [])
+        op("eltwise_sum_relu_backward")(top, d, coeffs, outs, 0.1)
+        results.append([get(a) for a in [top, d, *outs]])
+    for got, want in zip(results[1], results[0]):
+        assert np.array_equal(got, want)  # the same float32 operations (the simulator has no FMA)
 
 
 # -- shape ops and reductions ----------------------------------------------------------------------------

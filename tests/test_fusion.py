@@ -212,7 +212,7 @@ def test_pass_fuses_the_resnet_chains_and_nothing_else(monkeypatch):
     g = _graph(_resnet_block())
     assert _fused(g) == {"bn_1": ("sc_1", 0.0), "bn_2": ("sc_2", None), "bn_s": ("sc_s", None)}
     assert g.node("relu_1").layer.fused_into is g.node("bn_1").layer
-    assert g.node("rs").layer.fused_into is None  # after an Eltwise, not a BatchNorm
+    assert g.node("rs").layer.fused_into is g.node("sum").layer  # the Eltwise's (test_eltwise_relu_fusion.py)
     monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
     assert _fused(_graph(_resnet_block())) == {}
 

@@ -1,21 +1,31 @@
-"""Graph pass: fuse BatchNorm -> Scale (-> ReLU) chains into the BatchNorm layer.
+"""Graph passes that fuse a layer with the in-place layers after it, so fewer passes cross the activations.
 
-ResNet-style nets follow almost every convolution with `BatchNorm` (in place or not), then a per-channel
-`Scale` with bias in place on the BatchNorm's top, then usually a `ReLU` in place on the same blob. Run
-separately they make 6-8 passes over the activation each way and copy it twice for backward; fused
-(backend op `bn_affine_forward/backward`) they make two each way and keep one copy (x_hat).
+**BatchNorm -> Scale (-> ReLU)** (`fuse_batch_norm_chains`). ResNet-style nets follow almost every
+convolution with `BatchNorm` (in place or not), then a per-channel `Scale` with bias in place on the
+BatchNorm's top, then usually a `ReLU` in place on the same blob. Run separately they make 6-8 passes over
+the activation each way and copy it twice for backward; fused (backend op `bn_affine_forward/backward`)
+they make two each way and keep one copy (x_hat).
 
-A chain is fused only when the fused layer computes exactly what the chain did:
+**Eltwise SUM -> ReLU** (`fuse_eltwise_relu`). A ResNet's residual joins sum two blobs and apply a ReLU in
+place on the sum. Fused (backend op `eltwise_sum_relu(_backward)`), forward is one pass (read the bottoms,
+write relu(sum)) and backward one pass (read y and dy, write every bottom gradient the Eltwise writes);
+separately, the ReLU reads and writes the sum again, and its gradient again. The Eltwise then needs its top
+for backward (the ReLU's mask) instead of the ReLU; a replay of its forward (recomputation) rebuilds relu(sum).
+
+A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the
-  next layer touching the BatchNorm's top blob is the Scale, and the next touching it after the Scale is
-  the ReLU (both in place, so there is nothing else to write);
+  next layer touching the first layer's top blob is the next of the chain (BatchNorm: the Scale, then the
+  ReLU; Eltwise: the ReLU), in place on it, so there is nothing else to write;
 - the Scale multiplies by a learned per-channel vector (one bottom, axis 1, C values) and adds a bias;
-- the ReLU's negative_slope is >= 0 (its mask is then "pre-activation > 0");
+  the Eltwise is a SUM (any coefficients) with one top;
+- the ReLU's negative_slope is >= 0 (its mask is then "pre-activation > 0", and "output > 0");
 - all of them agree on whether they run backward (the BatchNorm's backward computes the Scale's
-  parameter gradients, so it must run exactly when the Scale's would).
+  parameter gradients, so it must run exactly when the Scale's would; the fused layer's backward does
+  the ReLU's).
 
 Params stay owned by their layers (caffemodel files and the solver see no change); the absorbed Scale and
-ReLU stay in the graph as pass-through steps. SUPERNEURONS_FUSE=0 turns the pass off.
+ReLU stay in the graph as pass-through steps, so logs and the profiler list Caffe's layers.
+SUPERNEURONS_FUSE=0 turns both passes off.
 """
 from __future__ import annotations
 
@@ -54,6 +64,23 @@ def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
     return fused
 
 
+def fuse_eltwise_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
+    """Fuse every Eltwise SUM whose top is next touched by an in-place ReLU; returns (eltwise, relu) names."""
+    if not fusion_enabled():
+        return []
+    fused = []
+    for i, node in enumerate(nodes):
+        layer = node.layer
+        if layer.type_name != "Eltwise" or layer.op != pb.EltwiseParameter.SUM or len(node.tops) != 1:
+            continue
+        blob = node.tops[0]
+        j = _next_toucher(nodes, i, blob)
+        if j is not None and _is_fusable_relu(node, nodes[j], blob):
+            layer.fuse_relu(nodes[j].layer)
+            fused.append((node.name, nodes[j].name))
+    return fused
+
+
 def _next_toucher(nodes: list["Node"], i: int, blob: str) -> int | None:
     """The first node after `i` in route order that reads or writes `blob`."""
     for j in range(i + 1, len(nodes)):
@@ -76,6 +103,6 @@ def _is_fusable_scale(bn: "Node", node: "Node", blob: str) -> bool:
         and layer.scale.shape == (bn.layer.channels,)
 
 
-def _is_fusable_relu(bn: "Node", node: "Node", blob: str) -> bool:
+def _is_fusable_relu(owner: "Node", node: "Node", blob: str) -> bool:
     return (node.layer.type_name == "ReLU" and _in_place_on(node, blob) and node.layer.slope >= 0
-            and node.need_backward == bn.need_backward)
+            and node.need_backward == owner.need_backward)

@@ -1,5 +1,5 @@
-"""ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale
-(`absorb_into`); it is then a pass-through."""
+"""ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale or
+Eltwise SUM (`absorb_into`); it is then a pass-through."""
 from __future__ import annotations
 
 from superneurons.layers.base import NEEDS_TOP, Layer, register
@@ -9,7 +9,7 @@ from superneurons.layers.base import NEEDS_TOP, Layer, register
 class ReLU(Layer):
     def setup(self, bottom_shapes):
         self.slope = float(self.param.relu_param.negative_slope)
-        self.fused_into = None  # the BatchNorm layer that applies this ReLU, once fused
+        self.fused_into = None  # the BatchNorm or Eltwise layer that applies this ReLU, once fused
         return [bottom_shapes[0]]
 
     def absorb_into(self, owner) -> None:

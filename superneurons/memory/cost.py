@@ -61,7 +61,7 @@ def forward_seconds(node: Node, graph: Graph) -> float:
     if layer.shares_data and not getattr(layer, "copy_data", False):
         return 0.0  # a view (Split, Flatten, Reshape): nothing is computed or copied
     if getattr(layer, "fused_into", None) is not None:
-        return 0.0  # a Scale or ReLU the BatchNorm before it applies (graph/fuse.py)
+        return 0.0  # a Scale or ReLU the BatchNorm or Eltwise before it applies (graph/fuse.py)
     elems = sum(count(graph.blob_shapes[b]) for b in node.bottoms) + sum(count(s) for s in node.top_shapes)
     return max(2 * macs(node) / FLOPS, 4 * elems / DEVICE_BW)
 

@@ -2,6 +2,10 @@
 
 The forward ops allow `top` to be `bottoms[0]` (an in-place Eltwise): bottom 0 is read before
 or while it is overwritten, never after.
+
+`eltwise_sum_relu(_backward)` are a SUM fused with the ReLU in place on its top (graph/fuse.py). They repeat
+the unfused sequence's arithmetic (sum, then ReLU; ReLU's gradient, then the scaled copies), so a fused net
+trains bit-identically to an unfused one; the CUDA twins save the passes.
 """
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
+from superneurons.backend.cpu.activation import relu_backward, relu_forward
+
 __all__ = ["eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_prod_backward", "eltwise_max_backward",
-           "scaled_copy"]
+           "scaled_copy", "eltwise_sum_relu", "eltwise_sum_relu_backward"]
 
 
 def scaled_copy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
@@ -29,6 +35,26 @@ def eltwise_sum(bottoms: Sequence[np.ndarray], coeffs: Sequence[float], top: np.
             top += b
         else:
             top += top.dtype.type(c) * b
+
+
+def eltwise_sum_relu(bottoms: Sequence[np.ndarray], coeffs: Sequence[float], top: np.ndarray, slope: float) -> None:
+    """top = relu(sum_i coeffs[i] * bottoms[i]), Caffe's leaky ReLU with negative_slope `slope`."""
+    eltwise_sum(bottoms, coeffs, top)
+    relu_forward(top, top, slope)
+
+
+def eltwise_sum_relu_backward(top: np.ndarray, top_diff: np.ndarray, coeffs: Sequence[float],
+                              bottom_diffs: Sequence[np.ndarray], slope: float) -> None:
+    """bottom_diffs[k] = coeffs[k] * (top_diff masked by top > 0, leaky slope), the backward of
+    eltwise_sum_relu (slope >= 0: top > 0 exactly where the sum is, so the output suffices).
+
+    Written in order, each from top_diff: an output that is top_diff itself (an in-place Eltwise, or a
+    bottom gradient sharing the top gradient's memory) must come last.
+    """
+    for c, dx in zip(coeffs, bottom_diffs):
+        relu_backward(top, top_diff, dx, slope)
+        if c != 1.0:
+            scaled_copy(c, dx, dx)
 
 
 def eltwise_prod(bottoms: Sequence[np.ndarray], top: np.ndarray) -> None:

@@ -42,23 +42,37 @@ def four_indices(i, n, stride):
     return i1 if i1 < n else i, i2 if i2 < n else i, i3 if i3 < n else i, valid
 
 
-@cuda.jit
-def weighted_sum2(alpha, a, beta, b, y):
-    """y = alpha * a + beta * b (y may be a or b): a two-input Eltwise SUM or Split backward in one pass.
-    Four elements per thread per trip (launch_unrolled)."""
+@cuda.jit(device=True, inline=True)
+def leaky_sum2(alpha, a, beta, b, y, slope):
+    """y = leaky(alpha * a + beta * b, slope), four elements per thread per trip; the body of the two kernels
+    below. Slope 1 makes leaky the identity (v * 1.0 == v exactly), which the compiler folds away."""
     n = y.size
     stride = cuda.gridsize(1)
     for i in range(cuda.grid(1), n, 4 * stride):
         i1, i2, i3, valid = four_indices(i, n, stride)
         a0, a1, a2, a3 = a[i], a[i1], a[i2], a[i3]
         b0, b1, b2, b3 = b[i], b[i1], b[i2], b[i3]
-        y[i] = alpha * a0 + beta * b0
+        y[i] = leaky(alpha * a0 + beta * b0, slope)
         if valid > 1:
-            y[i1] = alpha * a1 + beta * b1
+            y[i1] = leaky(alpha * a1 + beta * b1, slope)
         if valid > 2:
-            y[i2] = alpha * a2 + beta * b2
+            y[i2] = leaky(alpha * a2 + beta * b2, slope)
         if valid > 3:
-            y[i3] = alpha * a3 + beta * b3
+            y[i3] = leaky(alpha * a3 + beta * b3, slope)
+
+
+@cuda.jit
+def weighted_sum2(alpha, a, beta, b, y):
+    """y = alpha * a + beta * b (y may be a or b): a two-input Eltwise SUM or Split backward in one pass.
+    Four elements per thread per trip (launch_unrolled)."""
+    leaky_sum2(alpha, a, beta, b, y, 1.0)
+
+
+@cuda.jit
+def weighted_sum2_relu(alpha, a, beta, b, y, slope):
+    """y = relu(alpha * a + beta * b) with a leaky slope (y may be a or b): an Eltwise SUM and the ReLU in
+    place on its top (graph/fuse.py) in one pass. Four elements per thread per trip (launch_unrolled)."""
+    leaky_sum2(alpha, a, beta, b, y, slope)
 
 
 @cuda.jit
@@ -146,6 +160,33 @@ def relu_backward(y, dy, dx, slope):
             dx[i2] = leaky_grad(g2, v2, slope)
         if valid > 3:
             dx[i3] = leaky_grad(g3, v3, slope)
+
+
+@cuda.jit
+def relu_backward_scaled2(y, dy, slope, alpha, dx_a, beta, dx_b):
+    """dx_a = alpha * g and dx_b = beta * g, g = dy masked by y > 0 (leaky slope): the backward of a fused
+    Eltwise SUM + ReLU writes two bottom gradients in one pass over y and dy. Either output may be dy (a
+    thread reads its elements before writing them); with one output the op passes it twice. Four elements
+    per thread per trip (launch_unrolled)."""
+    n = dy.size
+    stride = cuda.gridsize(1)
+    for i in range(cuda.grid(1), n, 4 * stride):
+        i1, i2, i3, valid = four_indices(i, n, stride)
+        g0 = leaky_grad(dy[i], y[i], slope)
+        g1 = leaky_grad(dy[i1], y[i1], slope)
+        g2 = leaky_grad(dy[i2], y[i2], slope)
+        g3 = leaky_grad(dy[i3], y[i3], slope)
+        dx_a[i] = alpha * g0
+        dx_b[i] = beta * g0
+        if valid > 1:
+            dx_a[i1] = alpha * g1
+            dx_b[i1] = beta * g1
+        if valid > 2:
+            dx_a[i2] = alpha * g2
+            dx_b[i2] = beta * g2
+        if valid > 3:
+            dx_a[i3] = alpha * g3
+            dx_b[i3] = beta * g3
 
 
 @cuda.jit

@@ -1,4 +1,7 @@
-"""Elementwise combination of equally shaped blobs (the Eltwise layer); top may be bottoms[0]."""
+"""Elementwise combination of equally shaped blobs (the Eltwise layer); top may be bottoms[0].
+
+A SUM fused with the ReLU in place on its top (graph/fuse.py) is one pass each way for two bottoms:
+forward reads a and b and writes relu(sum); backward reads y and dy and writes both bottom gradients."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -6,10 +9,11 @@ from typing import Sequence
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek
+from superneurons.backend.cuda.ops.activation import relu_forward
 from superneurons.backend.cuda.ops.basic import axpy, copy, fill
 
 __all__ = ["eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_prod_backward", "eltwise_max_backward",
-           "scaled_copy"]
+           "scaled_copy", "eltwise_sum_relu", "eltwise_sum_relu_backward"]
 
 
 def _run(kernel, out, *args) -> None:
@@ -35,6 +39,30 @@ def eltwise_sum(bottoms: Sequence, coeffs: Sequence[float], top) -> None:
                                                       flat(bottoms[1]), flat(top))
     for b, c in zip(bottoms[2:], coeffs[2:]):
         axpy(c, b, top)
+
+
+def eltwise_sum_relu(bottoms: Sequence, coeffs: Sequence[float], top, slope: float) -> None:
+    """top = relu(sum_i coeffs[i] * bottoms[i]) (leaky slope): two bottoms in one pass (ResNet's joins)."""
+    if len(bottoms) != 2:
+        eltwise_sum(bottoms, coeffs, top)
+        relu_forward(top, top, slope)
+    elif top.size:
+        K.launch_unrolled(ek.weighted_sum2_relu, top.size)(scalar(top, coeffs[0]), flat(bottoms[0]),
+                                                           scalar(top, coeffs[1]), flat(bottoms[1]), flat(top),
+                                                           scalar(top, slope))
+
+
+def eltwise_sum_relu_backward(top, top_diff, coeffs: Sequence[float], bottom_diffs: Sequence, slope: float) -> None:
+    """bottom_diffs[k] = coeffs[k] * (top_diff masked by top > 0), two outputs per pass. An output that is
+    top_diff itself must come last (see the CPU op): it is then written by the last pass."""
+    if not top_diff.size:
+        return
+    last = len(bottom_diffs) - 1
+    for k in range(0, last + 1, 2):
+        j = min(k + 1, last)  # an odd one out is passed twice
+        K.launch_unrolled(ek.relu_backward_scaled2, top_diff.size)(
+            flat(top), flat(top_diff), scalar(top_diff, slope), scalar(top_diff, coeffs[k]), flat(bottom_diffs[k]),
+            scalar(top_diff, coeffs[j]), flat(bottom_diffs[j]))
 
 
 def eltwise_prod(bottoms: Sequence, top) -> None:
