@@ -1,6 +1,10 @@
-"""ResNet-50 training speed: SuperNeurons (cuda backend, `baseline` memory mode) beside PyTorch, same run.
+"""Training speed of one net with its per-layer GPU profile: SuperNeurons (cuda backend, `baseline` memory
+mode) beside PyTorch, same run. ResNet-50 by default; --net names another zoo net with a torchvision twin
+(alexnet, vgg16, resnet101, resnet152, densenet121), whose description below reads the same with that net's
+models/<net>/<net>_dummy*.prototxt and torchvision constructor.
 
-    python tools/bench/speed.py [--iterations 20] [--warmup 5] [--label optimized] [--no-torch] [--out DIR]
+    python tools/bench/speed.py [--net resnet50] [--batch 64] [--iterations 20] [--warmup 5] [--label optimized]
+                                [--no-torch] [--out DIR]
 
 Ours: the solver models/resnet50/resnet50_dummy_solver.prototxt (SGD, momentum 0.9, weight decay 1e-4) on
 models/resnet50/resnet50_dummy.prototxt (DummyData 64x3x224x224, BatchNorm in training mode + Scale,
@@ -15,7 +19,7 @@ cuDNN convolutions may use TF32 (PyTorch's default, as ours); matmul TF32 stays 
 Note: Caffe's ResNet-50 puts the stride-2 on the 1x1 branch2a convolution, torchvision (v1.5) on the 3x3;
 Caffe's costs ~3.9 GFLOPs per image forward against torchvision's ~4.1.
 
-Prints a table and writes bench_resnet50[_LABEL].json to --out (default $OUT or .).
+Prints a table and writes bench_<net>[_LABEL].json to --out (default $OUT or .).
 """
 from __future__ import annotations
 
@@ -28,10 +32,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOLVER = ROOT / "models/resnet50/resnet50_dummy_solver.prototxt"
 
 
-def ours(batch: int, warmup: int, iterations: int) -> dict:
+def solver_path(net: str) -> Path:
+    return ROOT / f"models/{net}/{net}_dummy_solver.prototxt"
+
+
+def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     from superneurons.backend import get_backend
@@ -39,19 +46,19 @@ def ours(batch: int, warmup: int, iterations: int) -> dict:
     from superneurons.io.prototxt import read_solver
     from superneurons.solver.solver import Solver
 
-    param = read_solver(str(SOLVER))
+    solver_file = solver_path(net)
+    param = read_solver(str(solver_file))
     param.display = 0
     param.max_iter = warmup + iterations
     t0 = time.perf_counter()
     backend = get_backend("cuda", 0)
-    if batch != 64:
-        from superneurons.io.prototxt import read_net
+    from superneurons.io.prototxt import read_net
 
-        net_param = read_net(str(ROOT / param.net))
-        set_batch(net_param, batch)
-        param.ClearField("net")
-        param.net_param.CopyFrom(net_param)
-    solver = Solver(param, str(SOLVER), backend=backend, memory="baseline")
+    net_param = read_net(str(ROOT / param.net))
+    set_batch(net_param, batch)
+    param.ClearField("net")
+    param.net_param.CopyFrom(net_param)
+    solver = Solver(param, str(solver_file), backend=backend, memory="baseline")
     build_s = time.perf_counter() - t0
     losses: list[float] = []
     solver.callbacks.append(lambda s, it, loss: losses.append(float(loss)))
@@ -183,16 +190,17 @@ def torch_kernels(step, iterations: int, top: int = 15) -> dict:
     return out
 
 
-def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool, profile: bool = False) -> dict:
+def pytorch(net: str, batch: int, side: int, warmup: int, iterations: int, benchmark: bool,
+            profile: bool = False) -> dict:
     import torch
     import torchvision
 
     torch.backends.cudnn.benchmark = benchmark
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    model = torchvision.models.resnet50().to(dev).train()
+    model = getattr(torchvision.models, net)().to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(batch, 3, 224, 224, device=dev)
+    x = torch.randn(batch, 3, side, side, device=dev)
     y = torch.full((batch,), 7, dtype=torch.long, device=dev)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -225,6 +233,18 @@ def pytorch(batch: int, warmup: int, iterations: int, benchmark: bool, profile: 
     return out
 
 
+def input_side(net: str) -> int:
+    """The image side of the net's DummyData (224; AlexNet's Caffe crop is 227)."""
+    sys.path.insert(0, str(ROOT))
+    from superneurons.io.prototxt import read_net, read_solver
+
+    net_param = read_net(str(ROOT / read_solver(str(solver_path(net))).net))
+    for layer in net_param.layer:
+        if layer.type == "DummyData":
+            return int(layer.dummy_data_param.shape[0].dim[-1])
+    return 224
+
+
 def versions() -> dict:
     import importlib.metadata as md
 
@@ -246,6 +266,7 @@ def versions() -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--net", default="resnet50", help="a net of models/ with a torchvision twin (default %(default)s)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=20)
@@ -255,17 +276,18 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k.startswith("SUPERNEURONS_")}
-    result = {"batch": args.batch, "warmup": args.warmup, "iterations": args.iterations, "label": args.label,
+    result = {"net": args.net, "batch": args.batch, "warmup": args.warmup, "iterations": args.iterations, "label": args.label,
               "env": env}
     if not args.no_ours:
-        result["superneurons"] = ours(args.batch, args.warmup, args.iterations)
+        result["superneurons"] = ours(args.net, args.batch, args.warmup, args.iterations)
         print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
         print(f"host ms per iteration (no sync): {result['superneurons']['host_ms_per_iter']}", flush=True)
         print(f"GPU ms per iteration (events around layers): {result['superneurons']['gpu_ms_per_iter']}", flush=True)
         print(f"convolution directions by cuDNN API: {result['superneurons']['conv_paths']}", flush=True)
     if not args.no_torch:
-        result["pytorch"] = {"benchmark_on": pytorch(args.batch, 10, args.iterations, True, profile=True),
-                             "benchmark_off": pytorch(args.batch, 10, args.iterations, False)}
+        side = input_side(args.net)
+        result["pytorch"] = {"benchmark_on": pytorch(args.net, args.batch, side, 10, args.iterations, True, profile=True),
+                             "benchmark_off": pytorch(args.net, args.batch, side, 10, args.iterations, False)}
     try:
         import torch
 
@@ -280,7 +302,7 @@ def main() -> int:
     for key in ("benchmark_on", "benchmark_off"):
         pt = result.get("pytorch", {}).get(key, {}).get("img_per_s")
         rows.append((key.replace("_", " "), sn, pt, sn / pt if sn and pt else None))
-    print(f"\nResNet-50 training, batch {args.batch}, {args.iterations} timed iterations on {result['device']}"
+    print(f"\n{args.net} training, batch {args.batch}, {args.iterations} timed iterations on {result['device']}"
           f" ({args.label or 'default'})")
     print(f"{'cudnn.benchmark (PyTorch)':<26} {'ours img/s':>11} {'PyTorch img/s':>14} {'ratio':>7}")
     for name, a, b, r in rows:
@@ -288,7 +310,7 @@ def main() -> int:
         print(f"{name:<26} {f(a, '11.1f')} {f(b, '14.1f')} {f(r, '7.3f')}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"bench_resnet50{'_' + args.label if args.label else ''}.json"
+    path = out / f"bench_{args.net}{'_' + args.label if args.label else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
     return 0
