@@ -84,7 +84,7 @@ def test_bn_kernel_configs_and_shapes():
     assert bn_kernels.parse_configs("walk=0:0,rows=1024") == {"walk": (0, 0), "rows": (1024, 0)}
     shapes = bn_kernels.bn_shapes(64)
     assert sum(shapes.values()) == 53 and shapes[(64, 64, 12544)] == 1  # every fused BatchNorm; bn_conv1 alone
-    convs = importlib.import_module("conv_algos").conv_shapes(64)
+    convs = importlib.import_module("conv_algos").conv_shapes("resnet50", 64)
     assert sum(convs.values()) == 53 and len(convs) == 20
 
 

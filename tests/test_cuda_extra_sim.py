@@ -1,5 +1,5 @@
 """The GPU twins of the zoo ops (backend/cuda/ops/{shape_ops,reduction,neuron_extra,losses_extra,mvn,embed,
-random_fill}.py) and of the fused Eltwise SUM + ReLU (eltwise.py) under the CUDA simulator
+random_fill}.py), of the fused Eltwise SUM + ReLU (eltwise.py) and of LRN (lrn.py) under the CUDA simulator
 (NUMBA_ENABLE_CUDASIM=1), against the CPU ops on tiny fresh random inputs: the kernels' index math and the
 ops' host logic, on machines without a GPU.
 
@@ -54,13 +54,15 @@ if IN_SIMULATOR:
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda.ops import (embed as g_embed, eltwise as g_eltwise,  # noqa: E402
-                                           losses_extra as g_loss, mvn as g_mvn, neuron_extra as g_neuron,
-                                           random_fill as g_fill, reduction as g_red, shape_ops as g_shape)
+                                           losses_extra as g_loss, lrn as g_lrn, mvn as g_mvn,
+                                           neuron_extra as g_neuron, random_fill as g_fill, reduction as g_red,
+                                           shape_ops as g_shape)
+from superneurons.backend.geometry import LRNGeometry  # noqa: E402
 from superneurons.errors import UserError  # noqa: E402
 
 CPU = CpuBackend().ops
-GPU = {name: getattr(m, name) for m in (g_embed, g_eltwise, g_loss, g_mvn, g_neuron, g_fill, g_red, g_shape)
-       for name in m.__all__}
+GPU = {name: getattr(m, name) for m in (g_embed, g_eltwise, g_loss, g_lrn, g_mvn, g_neuron, g_fill, g_red,
+                                         g_shape) for name in m.__all__}
 
 
 def run_both(op, arrays, *scalars):
@@ -141,6 +143,23 @@ def test_eltwise_sum_relu(rng, n, n_bottoms, in_place):
         results.append([get(a) for a in [top, d, *outs]])
     for got, want in zip(results[1], results[0]):
         assert np.array_equal(got, want)  # the same float32 operations (the simulator has no FMA)
+
+
+@simulated
+@pytest.mark.parametrize("shape,size", [((2, 7, 3, 4), 5), ((1, 3, 2, 5), 5), ((2, 6, 1, 3), 3), ((1, 4, 2, 2), 1)])
+@pytest.mark.parametrize("across", [True, False])
+def test_lrn(rng, shape, size, across):
+    """Across channels the GPU slides a running sum down the channels (fewer channels than the window, and
+    size 1, included); within, one thread per element. The CPU op sums each window afresh, in float32."""
+    geom = LRNGeometry(across, size, 0.3, 0.75, 1.5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    fill = lambda: np.full(shape, np.nan, np.float32)  # noqa: E731  every element must be written
+    (_, yc, sc), (_, yg, sg) = run_both("lrn_forward", [x, fill(), fill()], geom)
+    close(yg, yc, rtol=2e-6, atol=1e-6)
+    close(sg, sc, rtol=2e-6, atol=1e-6)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    (*_, dxc), (*_, dxg) = run_both("lrn_backward", [x, yc, sc, dy, fill()], geom)
+    close(dxg, dxc, rtol=1e-5, atol=1e-6)
 
 
 # -- shape ops and reductions ----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""ResNet-50's convolutions alone on cuDNN's graph API: is the heuristics' first engine the fastest? (GPU)
+"""A net's convolutions alone on cuDNN's graph API: is the heuristics' first engine the fastest? (GPU)
 
-    python3 tools/bench/conv_algos.py [--batch 64] [--top 8] [--workspace 1G] [--out DIR]
+    python3 tools/bench/conv_algos.py [--net resnet50] [--batch 64] [--top 8] [--workspace 1G] [--out DIR]
 
-For every distinct convolution shape of models/resnet50/resnet50_dummy.prototxt at --batch and each
+For every distinct ungrouped convolution shape of models/<net>/<net>_dummy.prototxt at --batch and each
 direction the training step runs (forward; backward data, overwriting; backward filter, adding into dw as
 Caffe's gradients accumulate, and the same with beta = 0), this builds the graph-API direction exactly as
 the runtime does (backend/cuda/cudnn_graph.GraphDirection), then times, with CUDA events, the engine the
@@ -12,7 +12,7 @@ summed over the layers (weighted by how many layers share each shape), the picke
 fastest measured engines' time: the gap is what measuring engines, as PyTorch's cudnn.benchmark does,
 could save per iteration; the beta rows show whether adding into dw costs anything.
 
-Writes conv_algos.json to --out (default $OUT or .).
+Writes conv_algos_<net>.json to --out (default $OUT or .).
 """
 from __future__ import annotations
 
@@ -32,13 +32,14 @@ import common  # noqa: E402
 DIRECTIONS = (("fwd", 0, 0.0), ("bwd data", 1, 0.0), ("bwd filter +=", 2, 1.0), ("bwd filter =", 2, 0.0))
 
 
-def conv_shapes(batch: int) -> Counter:
-    """(x shape, w shape, y shape, geometry) of every Convolution of ResNet-50 at `batch`, with multiplicity."""
-    graph = common.train_graph("resnet50", batch)
+def conv_shapes(net: str, batch: int) -> Counter:
+    """(x shape, w shape, y shape, geometry) of every ungrouped Convolution of `net` at `batch` (grouped ones
+    run on the legacy API), with multiplicity."""
+    graph = common.train_graph(net, batch)
     out: Counter = Counter()
     for n in graph.nodes:
         layer = n.layer
-        if layer.type_name == "Convolution":
+        if layer.type_name == "Convolution" and layer.geom.group == 1:
             out[((layer.n, layer.c, layer.h, layer.w), tuple(layer.weight.shape),
                  (layer.n, layer.m, layer.oh, layer.ow), layer.geom)] += 1
     return out
@@ -60,6 +61,7 @@ def time_plan(direction, plan, handle_ptrs, ws: int, cuda) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--net", default="resnet50")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--workspace", default="1G")
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng()
     totals = {label: [0.0, 0.0] for label, _d, _b in DIRECTIONS}
     raw, rows = [], []
-    for (xs, wsh, ys, geom), layers in conv_shapes(args.batch).items():
+    for (xs, wsh, ys, geom), layers in conv_shapes(args.net, args.batch).items():
         arrays = {k: cuda.to_device(rng.standard_normal(int(np.prod(s))).astype(np.float32))
                   for k, s in (("x", xs), ("w", wsh), ("y", ys))}
         operands = {0: ("x", "w", "y"), 1: ("w", "y", "x"), 2: ("x", "y", "w")}
@@ -111,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, (p, b) in totals.items():
         rows.append(["all (x layers)", "", label, "", p, "", b, None])
     header = ["shape (C x H -> M)", "layers", "direction", "picked", "picked ms", "fastest", "fastest ms", "timed"]
-    print(f"\nResNet-50 convolutions, batch {args.batch}, graph API, workspace <= {args.workspace}")
+    print(f"\n{args.net} convolutions, batch {args.batch}, graph API, workspace <= {args.workspace}")
     print(common.text_table(header, rows))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "conv_algos.json").write_text(json.dumps({"batch": args.batch, "totals_ms": totals, "shapes": raw,
+    (out / f"conv_algos_{args.net}.json").write_text(json.dumps({"net": args.net, "batch": args.batch, "totals_ms": totals, "shapes": raw,
                                                      "device": common.device_info()}, indent=1))
-    print(f"wrote {out / 'conv_algos.json'}")
+    print(f"wrote {out / f'conv_algos_{args.net}.json'}")
     return 0
 
 
