@@ -28,6 +28,11 @@ from superneurons.memory.pool import make_pool, round_up
 GPU_MARGIN_MIN = 1 << 30  # bytes
 GPU_MARGIN_FRACTION = 1 / 16  # of the device's total memory, when that is more
 GPU_WORKSPACE_ALLOWANCE = 1 << 30  # bytes a pool that fits keeps beyond baseline's need, for workspace
+# ... or this many times the net's largest tensor, when more: cuDNN's tensor-core engines for a large
+# convolution copy its input and output gradient to NHWC in their workspace. VGG16's conv1_2 weight
+# gradient at batch 64 takes 3.2 ms with such an engine and 14 ms with the best that fits 1 GiB (H200,
+# tools/bench/conv_algos.py).
+GPU_WORKSPACE_TENSORS = 3
 
 
 @dataclass
@@ -182,7 +187,8 @@ class Net:
                             f"{margin / 2**20:.0f} MiB kept outside the pool; free the GPU or pass --gpu-memory SIZE")
         # A net that fits takes what baseline needs plus room for convolution workspace, not the whole
         # device: other nets in the process (a test net, a second run) need their own pools.
-        return min(free - margin, need + GPU_WORKSPACE_ALLOWANCE)
+        largest = max((t.nbytes for t in self.tensors if t.base is None), default=0)
+        return min(free - margin, need + max(GPU_WORKSPACE_ALLOWANCE, GPU_WORKSPACE_TENSORS * largest))
 
     def _install_workspace(self) -> None:
         """Convolutions borrow their workspace from the pool (when the backend supports it)."""
