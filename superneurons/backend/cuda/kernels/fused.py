@@ -204,15 +204,12 @@ def input_grad(h, gy, g, b, k, avg_dy, avg_dyh, relu, slope):
     return k * (pre_relu_grad(gy, g * h + b, relu, slope) - avg_dy - h * avg_dyh)
 
 
-@cuda.jit
-def backward_apply(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
-                   relu, slope, param_grads):
-    """dx = gamma * inv * (dy' - sum(dy')/m - x_hat * sum(dy' x_hat)/m) (batch statistics) or
-    gamma * inv * dy' (global); dx may be dy. The first block of each channel also adds the Scale's
-    parameter gradients (if `param_grads`): dbeta[c] += sum(dy'), dgamma[c] += sum(dy' x_hat)."""
-    c, n0, planes = block_region(outer, chunk)
+@cuda.jit(device=True, inline=True)
+def apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch, param_grads):
+    """Channel c's constants for the dx pass: gamma, beta, gamma * inv_std and the two means of the
+    backward sums (0 under global statistics); the channel's first block also adds the Scale's parameter
+    gradients (if `param_grads`)."""
     g, b = gamma[c], beta[c]
-    k = g * inv[c]
     avg_dy = 0.0
     avg_dyh = 0.0
     if batch:
@@ -221,6 +218,18 @@ def backward_apply(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, 
     if param_grads and n0 == 0 and cuda.threadIdx.x == 0:
         dbeta[c] += sums[c]
         dgamma[c] += sums[dim + c]
+    return g, b, g * inv[c], avg_dy, avg_dyh
+
+
+@cuda.jit
+def backward_apply(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
+                   relu, slope, param_grads):
+    """dx = gamma * inv * (dy' - sum(dy')/m - x_hat * sum(dy' x_hat)/m) (batch statistics) or
+    gamma * inv * dy' (global); dx may be dy. The first block of each channel also adds the Scale's
+    parameter gradients (if `param_grads`): dbeta[c] += sum(dy'), dgamma[c] += sum(dy' x_hat)."""
+    c, n0, planes = block_region(outer, chunk)
+    g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch,
+                                               param_grads)
     q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
     while q < planes:
         i0, i1, i2, i3, valid, q, r, p = four_positions(q, r, p, planes, inner, step_q, step_r, jump, wrap)
@@ -334,16 +343,8 @@ def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, ou
                         relu, slope, param_grads):
     """backward_apply for inner >= BLOCK."""
     c, n0, planes = block_region(outer, chunk)
-    g, b = gamma[c], beta[c]
-    k = g * inv[c]
-    avg_dy = 0.0
-    avg_dyh = 0.0
-    if batch:
-        avg_dy = sums[c] / m
-        avg_dyh = sums[dim + c] / m
-    if param_grads and n0 == 0 and cuda.threadIdx.x == 0:
-        dbeta[c] += sums[c]
-        dgamma[c] += sums[dim + c]
+    g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch,
+                                               param_grads)
     for n in range(n0, n0 + planes):
         i, end = plane_start(n, c, dim, inner)
         while i + 3 * BLOCK < end:
