@@ -15,8 +15,8 @@ memory bandwidth (a thread's single outstanding load cannot cover the memory lat
 register-heavy kernels get). Positions past the block's planes load the first (always valid) element and
 are masked out, so the loads need no branches. Partial sums are float64, added with atomics (two per block).
 
-Planes of at least BLOCK elements (every ResNet stage but the 14x14 and 7x7 ones) take the `*_rows`
-kernels instead: the block sweeps each of its planes with one flat index per thread stepping by BLOCK (four
+Long planes (ops/fused.py: ROWS_MIN_INNER, 1024 elements by default: ResNet's 56x56 and 112x112 stages)
+take the `*_rows` kernels instead: the block sweeps each of its planes with one flat index per thread stepping by BLOCK (four
 loads per trip, then a tail), one 64-bit add per element, where the (plane, offset, index) walk above
 spends about ten integer operations per element on 64-bit index arithmetic.
 """
@@ -91,6 +91,15 @@ def pre_relu_grad(g, v, relu, slope):
     return g
 
 
+@cuda.jit(device=True, inline=True)
+def add_channel_sums(s0, s1, shared, sums, c, dim):
+    """sums[c] += the block's total of s0, sums[dim + c] += its total of s1 (one atomic each per block)."""
+    t0, t1 = block_sum2(s0, s1, shared)
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(sums, c, t0)
+        cuda.atomic.add(sums, dim + c, t1)
+
+
 @cuda.jit
 def stats_partials(x, sums, outer, dim, inner, chunk):
     """sums[c] += sum of x, sums[dim + c] += sum of x*x over this block's planes of channel c."""
@@ -107,10 +116,7 @@ def stats_partials(x, sums, outer, dim, inner, chunk):
         v3 = float64(x[i3]) if valid > 3 else 0.0
         s0 += (v0 + v1) + (v2 + v3)
         s1 += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
-    t0, t1 = block_sum2(s0, s1, shared)
-    if cuda.threadIdx.x == 0:
-        cuda.atomic.add(sums, c, t0)
-        cuda.atomic.add(sums, dim + c, t1)
+    add_channel_sums(s0, s1, shared, sums, c, dim)
 
 
 @cuda.jit
@@ -193,10 +199,7 @@ def backward_partials(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, re
         d3 = float64(pre_relu_grad(g3, g * h3 + b, relu, slope)) if valid > 3 else 0.0
         s0 += (d0 + d1) + (d2 + d3)
         s1 += (d0 * h0 + d1 * h1) + (d2 * h2 + d3 * h3)
-    t0, t1 = block_sum2(s0, s1, shared)
-    if cuda.threadIdx.x == 0:
-        cuda.atomic.add(sums, c, t0)
-        cuda.atomic.add(sums, dim + c, t1)
+    add_channel_sums(s0, s1, shared, sums, c, dim)
 
 
 @cuda.jit(device=True, inline=True)
@@ -254,7 +257,7 @@ def param_grads(sums, dgamma, dbeta):
         dgamma[c] += sums[dim + c]
 
 
-# ---- planes of at least BLOCK elements: a plain sweep of each plane ---------------------------------------
+# ---- long planes (ops/fused.py: ROWS_MIN_INNER and more): a plain sweep of each plane ------------------
 @cuda.jit(device=True, inline=True)
 def plane_start(n, c, dim, inner):
     """Flat index of this thread's first element of plane n of channel c, and one past the plane's end."""
@@ -264,7 +267,7 @@ def plane_start(n, c, dim, inner):
 
 @cuda.jit
 def stats_partials_rows(x, sums, outer, dim, inner, chunk):
-    """stats_partials for inner >= BLOCK."""
+    """stats_partials for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
     s0 = 0.0
@@ -281,15 +284,12 @@ def stats_partials_rows(x, sums, outer, dim, inner, chunk):
             s0 += v0
             s1 += v0 * v0
             i += BLOCK
-    t0, t1 = block_sum2(s0, s1, shared)
-    if cuda.threadIdx.x == 0:
-        cuda.atomic.add(sums, c, t0)
-        cuda.atomic.add(sums, dim + c, t1)
+    add_channel_sums(s0, s1, shared, sums, c, dim)
 
 
 @cuda.jit
 def forward_apply_rows(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, chunk, keep, relu, slope):
-    """forward_apply for inner >= BLOCK."""
+    """forward_apply for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
     c, n0, planes = block_region(outer, chunk)
     mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
     for n in range(n0, n0 + planes):
@@ -308,7 +308,7 @@ def forward_apply_rows(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, c
 
 @cuda.jit
 def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
-    """backward_partials for inner >= BLOCK."""
+    """backward_partials for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
     g, b = gamma[c], beta[c]
@@ -332,16 +332,13 @@ def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chun
             s0 += d0
             s1 += d0 * h0
             i += BLOCK
-    t0, t1 = block_sum2(s0, s1, shared)
-    if cuda.threadIdx.x == 0:
-        cuda.atomic.add(sums, c, t0)
-        cuda.atomic.add(sums, dim + c, t1)
+    add_channel_sums(s0, s1, shared, sums, c, dim)
 
 
 @cuda.jit
 def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
                         relu, slope, param_grads):
-    """backward_apply for inner >= BLOCK."""
+    """backward_apply for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
     c, n0, planes = block_region(outer, chunk)
     g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch,
                                                param_grads)
