@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from harness import load_tool
+from test_data import take
 from PIL import Image
 
 from superneurons.backend.cpu import CpuBackend
@@ -30,15 +31,6 @@ from superneurons.runtime.net import Net
 from tests.harness import make_layer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def take(layer, shapes, n):
-    out = []
-    for _ in range(n):
-        tops = [np.full(s, np.nan, np.float32) for s in shapes]
-        layer.forward([], tops)
-        out.append(tops)
-    return out
 
 
 def one_line_error(capsys) -> str:

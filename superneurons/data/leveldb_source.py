@@ -4,23 +4,21 @@ Same surface as `lmdb_source`: records in key order (LevelDB keeps keys sorted b
 past the last record wraps to the first.
 
 LevelDB lets one process at a time open a database (its LOCK file), and within a process one
-handle per database, yet a train and a test net may read the same one: readers share one handle
-per path, counted, closed when the last reader closes. Each reader iterates on its own, so
-prefetch threads read concurrently. Another process holding the database is reported as such.
+handle: readers share it (`record_db.SharedHandles`), each iterating on its own, so prefetch
+threads read concurrently. Another process holding the database is reported as such.
 """
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Iterable, Iterator
 
-from superneurons.data.record_db import LEVELDB, build_folder_atomically, check_database_folder, chunks
+from superneurons.data.record_db import (LEVELDB, SharedHandles, build_folder_atomically, check_database_folder,
+                                         chunks)
 from superneurons.errors import UserError
 
 _WRITE_CHUNK = 1000  # records per write batch
 
-_shared: dict[str, list] = {}  # real path -> [plyvel.DB, number of readers]
-_shared_lock = threading.Lock()
+_handles = SharedHandles(lambda db: db.close())
 
 
 def require_plyvel() -> Any:
@@ -48,27 +46,12 @@ def _open_error(plyvel: Any, e: Exception, path: str, where: str) -> UserError:
     return UserError(f"{where}: cannot open LevelDB database {path!r} ({text})")
 
 
-def _acquire(key: str, path: str, where: str) -> Any:
+def _open_handle(key: str, path: str, where: str) -> Any:
     plyvel = require_plyvel()
-    with _shared_lock:
-        entry = _shared.get(key)
-        if entry is None:
-            try:
-                db = plyvel.DB(key, create_if_missing=False, paranoid_checks=True)
-            except plyvel.Error as e:
-                raise _open_error(plyvel, e, path, where) from None
-            entry = _shared[key] = [db, 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def _release(key: str) -> None:
-    with _shared_lock:
-        entry = _shared[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _shared[key]
-            entry[0].close()
+    try:
+        return plyvel.DB(key, create_if_missing=False, paranoid_checks=True)
+    except plyvel.Error as e:
+        raise _open_error(plyvel, e, path, where) from None
 
 
 class LevelDbReader:
@@ -80,7 +63,7 @@ class LevelDbReader:
         self.where = where
         self._plyvel = require_plyvel()
         self._key = os.path.realpath(path)
-        self.db = _acquire(self._key, path, where)
+        self.db = _handles.acquire(self._key, lambda: _open_handle(self._key, path, where))
         self._open = True
         try:
             # LevelDB keeps no count: walk the keys once (checksums verified, so corruption shows here).
@@ -119,7 +102,7 @@ class LevelDbReader:
     def close(self) -> None:
         if self._open:
             self._open = False
-            _release(self._key)
+            _handles.release(self._key)
 
 
 def write_leveldb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:

@@ -3,49 +3,29 @@
 Records are read in key order (LMDB keeps keys sorted bytewise) and reading past the last record
 wraps to the first, as Caffe's cursor does.
 
-LMDB allows one open environment per database and process, yet a train and a test net (or two
-layers) may read the same database: readers share one read-only environment per path, counted,
-closed when the last reader closes. Each reader's transaction is its own, so prefetch threads
-read concurrently. `lock=False`: training never writes to its database.
+Readers share one read-only environment per database (`record_db.SharedHandles`); each reader's
+transaction is its own, so prefetch threads read concurrently. `lock=False`: training never
+writes to its database.
 """
 from __future__ import annotations
 
 import os
-import threading
 from typing import Iterable, Iterator
 
 import lmdb
 
-from superneurons.data.record_db import LMDB, build_folder_atomically, check_database_folder, chunks
+from superneurons.data.record_db import LMDB, SharedHandles, build_folder_atomically, check_database_folder, chunks
 from superneurons.errors import UserError
 
 _WRITE_CHUNK = 1000  # records per write transaction
 _INITIAL_MAP = 64 << 20  # bytes; doubled whenever a chunk does not fit
 
 
-_shared: dict[str, list] = {}  # real path -> [environment, number of readers]
-_shared_lock = threading.Lock()
+_environments = SharedHandles(lambda env: env.close())
 
 
-def _acquire(key: str) -> lmdb.Environment:
-    """`key` is the database's real path, resolved once at open (the working directory may change later)."""
-    path = key
-    with _shared_lock:
-        entry = _shared.get(key)
-        if entry is None:
-            env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=512)
-            entry = _shared[key] = [env, 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def _release(key: str) -> None:
-    with _shared_lock:
-        entry = _shared[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _shared[key]
-            entry[0].close()
+def _open_environment(key: str) -> lmdb.Environment:
+    return lmdb.open(key, readonly=True, lock=False, readahead=False, max_readers=512)
 
 
 class LmdbReader:
@@ -57,7 +37,7 @@ class LmdbReader:
         self.where = where
         self._key = os.path.realpath(path)
         try:
-            self.env = _acquire(self._key)
+            self.env = _environments.acquire(self._key, lambda: _open_environment(self._key))
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
         self._open = True
@@ -91,7 +71,7 @@ class LmdbReader:
     def close(self) -> None:
         if self._open:
             self._open = False
-            _release(self._key)
+            _environments.release(self._key)
 
 
 def write_lmdb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:
@@ -125,11 +105,12 @@ def count_records(path: str) -> int:
     """Number of records in an LMDB folder, or -1 when it is missing or unreadable."""
     if not os.path.exists(os.path.join(path, "data.mdb")):
         return -1
+    key = os.path.realpath(path)
     try:
-        env = _acquire(path)
+        env = _environments.acquire(key, lambda: _open_environment(key))
     except lmdb.Error:
         return -1
     try:
         return int(env.stat()["entries"])
     finally:
-        _release(path)
+        _environments.release(key)

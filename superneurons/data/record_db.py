@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Callable, Iterable, Iterator, Protocol
+import threading
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from superneurons.errors import UserError
 
@@ -103,6 +104,33 @@ def write_database(path: str, records: Iterable[tuple[bytes, bytes]], backend: s
     from superneurons.data.lmdb_source import write_lmdb
 
     return write_lmdb(path, records)
+
+
+class SharedHandles:
+    """One open handle per database and process, counted: LMDB allows one environment per database and
+    process, LevelDB one handle (its LOCK), yet a train and a test net (or two layers) may read the same
+    database. Keys are real paths, resolved once at open (the working directory may change later)."""
+
+    def __init__(self, close: Callable[[Any], None]):
+        self._close = close
+        self._entries: dict[str, list] = {}  # real path -> [handle, number of readers]
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str, open_handle: Callable[[], Any]) -> Any:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = [open_handle(), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            entry = self._entries[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._entries[key]
+                self._close(entry[0])
 
 
 def build_folder_atomically(path: str, fill: Callable[[str], int]) -> int:

@@ -3,8 +3,8 @@
 HDF5Data: `hdf5_data_param { source: "train.txt" batch_size: N shuffle: B }`; the source lists `.h5`
 files; top `name` is the dataset `name` of every file, its first dimension the samples. As in
 Caffe there is no transformation and values become float32. Batch k is a pure function of k
-(`data.hdf5_source`); the batch counter is the layer's `state()`, so a resumed run continues
-exactly. Reads are synchronous, as Caffe's are: the rows of a file are in memory once loaded.
+(`data.hdf5_source`), so a resumed run continues exactly (`BatchPosition`). Reads are synchronous,
+as Caffe's are: the rows of a file are in memory once loaded.
 
 HDF5Output: `hdf5_output_param { file_name: "out.h5" }` writes its two bottoms as the datasets
 `data` and `label`, float32 with Caffe's four legacy axes (N, C, H, W; missing axes are 1). Caffe
@@ -21,12 +21,13 @@ from superneurons.data.batches import Seeds
 from superneurons.data.hdf5_source import Hdf5Rows
 from superneurons.io.caffemodel import require_h5py
 from superneurons.layers.base import Layer, register
+from superneurons.layers.batch_position import BatchPosition
 
 _OUTPUT_NAMES = ("data", "label")  # Caffe's HDF5_DATA_DATASET_NAME and HDF5_DATA_LABEL_NAME
 
 
 @register("HDF5Data")
-class HDF5Data(Layer):
+class HDF5Data(BatchPosition, Layer):
     is_data = True
     has_backward = False
     n_bottoms = (0, 0)
@@ -41,7 +42,7 @@ class HDF5Data(Layer):
         self.batch_size = int(p.batch_size)
         where = f"layer {self.name!r} (HDF5Data), source {p.source!r}"
         self.rows = Hdf5Rows(p.source, list(self.param.top), where, bool(p.shuffle))
-        self._next = 0  # index of the next batch forward serves
+        self.next_batch = 0
         self._last: list[np.ndarray] | None = None
         return [(self.batch_size,) + self.rows.row_shapes[name] for name in self.param.top]
 
@@ -49,8 +50,8 @@ class HDF5Data(Layer):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.
         if not (self.ctx.recomputing and self._last is not None):
             seeds = Seeds.for_layer(self.ctx.seed, self.phase, self.layer_index)
-            self._last = self.rows.batch(self._next, self.batch_size, seeds)
-            self._next += 1
+            self._last = self.rows.batch(self.next_batch, self.batch_size, seeds)
+            self.next_batch += 1
         for t, array in zip(top, self._last):
             self.ops.upload(t, array)
 
@@ -60,17 +61,7 @@ class HDF5Data(Layer):
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
 
-    # ---- position, for snapshots -----------------------------------------------------------
-    def state(self) -> dict[str, int]:
-        """The layer's position: how many batches it has served."""
-        return {"batch": self._next}
-
-    def restore(self, state: dict[str, int]) -> None:
-        """Continue from a position `state()` returned; the next forward serves batch state['batch']."""
-        k = state.get("batch") if isinstance(state, dict) else None
-        if not isinstance(k, (int, np.integer)) or k < 0:
-            raise self.fail(f"cannot restore the data position from {state!r}; expected {{'batch': n}} with n >= 0")
-        self._next = int(k)
+    def position_changed(self) -> None:
         self._last = None
 
 

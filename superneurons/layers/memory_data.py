@@ -16,10 +16,11 @@ import numpy as np
 
 from superneurons.errors import UserError
 from superneurons.layers.base import Layer, register
+from superneurons.layers.batch_position import BatchPosition
 
 
 @register("MemoryData")
-class MemoryData(Layer):
+class MemoryData(BatchPosition, Layer):
     is_data = True
     has_backward = False
     n_bottoms = (0, 0)
@@ -35,7 +36,7 @@ class MemoryData(Layer):
         self.item_shape = (int(p.channels), int(p.height), int(p.width))
         self._data: np.ndarray | None = None
         self._labels: np.ndarray | None = None
-        self._next = 0
+        self.next_batch = 0
         tops = [(self.batch_size,) + self.item_shape]
         if len(self.param.top) > 1:
             tops.append((self.batch_size,))
@@ -54,32 +55,24 @@ class MemoryData(Layer):
         if n == 0 or n % self.batch_size:
             raise self.fail(f"got {n} samples, which is not a positive multiple of batch_size {self.batch_size}")
         self._data, self._labels = data, labels.reshape(n)  # a view: the caller's memory is read in place
-        self._next = 0
+        self.next_batch = 0
 
     def forward(self, bottom, top):
         if self._data is None:
             raise self.fail("no data: call reset(data, labels) (pycaffe: net.set_input_arrays) before running "
                             "the net")
         # A recomputed forward replays the batch it served last.
-        k = self._next - 1 if self.ctx is not None and self.ctx.recomputing and self._next > 0 else self._next
+        replay = self.ctx is not None and self.ctx.recomputing and self.next_batch > 0
+        k = self.next_batch - 1 if replay else self.next_batch
         n_batches = self._data.shape[0] // self.batch_size
         lo = (k % n_batches) * self.batch_size
         self.ops.upload(top[0], self._data[lo:lo + self.batch_size])
         if len(top) > 1:
             self.ops.upload(top[1], self._labels[lo:lo + self.batch_size])
-        self._next = k + 1
+        self.next_batch = k + 1
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
-
-    def state(self) -> dict[str, int]:
-        return {"batch": self._next}
-
-    def restore(self, state: dict[str, int]) -> None:
-        k = state.get("batch") if isinstance(state, dict) else None
-        if not isinstance(k, (int, np.integer)) or k < 0:
-            raise self.fail(f"cannot restore the data position from {state!r}; expected {{'batch': n}} with n >= 0")
-        self._next = int(k)
 
 
 def _check_array(layer: Layer, what: str, array, shape: str) -> None:
