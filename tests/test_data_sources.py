@@ -392,7 +392,7 @@ def test_corrupt_absent_and_mismatched_leveldb(tmp_path):
     with pytest.raises(UserError, match=r"^where: database '.*nowhere' .*does not exist"):
         open_reader(str(tmp_path / "nowhere"), "leveldb", "where")
     good = small_leveldb(tmp_path / "good")
-    with pytest.raises(UserError, match=r"is a LEVELDB database but backend is LMDB; set `backend: LEVELDB`"):
+    with pytest.raises(UserError, match=r"is a LEVELDB database but backend is LMDB; name backend LEVELDB"):
         open_reader(good, "lmdb", "where")
     (tmp_path / "neither").mkdir()
     with pytest.raises(UserError, match=r"neither an LMDB \(data.mdb\) nor a LevelDB \(CURRENT\) database"):

@@ -10,7 +10,7 @@ from superneurons.data.image_list import read_image_list
 from superneurons.data.imageset import ImagesetOptions, imageset_records, shuffled
 from superneurons.data.record_db import BACKENDS, write_database
 from superneurons.errors import UserError
-from superneurons.runtime.progress import progress_wanted
+from superneurons.runtime.progress import bar_size, progress_wanted
 
 EXAMPLES = """examples:
   superneurons convert_imageset -resize_height=256 -resize_width=256 -shuffle images/ train.txt train_lmdb
@@ -83,7 +83,7 @@ def _progress(total: int):
     if progress_wanted(sys.stderr):
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="img", desc="convert_imageset", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=total, unit="img", desc="convert_imageset", file=sys.stderr, **bar_size(sys.stderr))
         return bar, lambda line: tqdm.write(line, file=sys.stderr), lambda: bar.update(1)
     done = [0]
 

@@ -61,7 +61,7 @@ def check_database_folder(path: str, backend: str, where: str) -> None:
         return
     if found is not None:
         raise UserError(f"{where}: database {shown} is a {_SPELLED[found]} database but backend is "
-                        f"{_SPELLED[backend]}; set `backend: {_SPELLED[found]}` (or leave backend out)")
+                        f"{_SPELLED[backend]}; name backend {_SPELLED[found]} or leave backend out")
     raise UserError(f"{where}: {shown} is not an {_SPELLED[backend]} database (no {_MARKER[backend]} in the "
                     f"folder)")
 
