@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gpu_harness import GPU_ONLY
 from harness import load_tool
 from test_data import take
 from PIL import Image
@@ -235,7 +236,10 @@ def test_hdf5_output_checks_its_bottoms(tmp_path):
         make_layer('name: "out" type: "HDF5Output"', [(2, 3), (2,)])
 
 
-def test_hdf5_data_feeds_hdf5_output_in_a_net(two_files, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=GPU_ONLY)])
+def test_hdf5_data_feeds_hdf5_output_in_a_net(device, two_files, tmp_path, request):
+    """The tops go up to the device and come back down unchanged (the GPU run checks upload/download)."""
+    backend = request.getfixturevalue("gpu") if device == "gpu" else CpuBackend()
     source, data, label = two_files
     out = tmp_path / "copy.h5"
     net_text = f'''
@@ -244,7 +248,7 @@ def test_hdf5_data_feeds_hdf5_output_in_a_net(two_files, tmp_path):
                  hdf5_data_param {{ source: "{source}" batch_size: 4 }} }}
         layer {{ name: "out" type: "HDF5Output" bottom: "data" bottom: "label"
                  hdf5_output_param {{ file_name: "{out}" }} }}'''
-    net = Net(build_graph(text_format.Parse(net_text, pb.NetParameter()), pb.TEST), CpuBackend(), train=False)
+    net = Net(build_graph(text_format.Parse(net_text, pb.NetParameter()), pb.TEST), backend, train=False)
     net.forward()
     net.forward()
     with h5py.File(out, "r") as f:
