@@ -35,17 +35,21 @@ def shuffled(entries: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return [entries[i] for i in order]
 
 
+def _format_name(text: str) -> str:
+    """'JPEG', 'jpeg', 'jpg' -> 'jpg'; other names lowercased."""
+    text = text.lower()
+    return "jpg" if text == "jpeg" else text
+
+
 def _extension(name: str) -> str:
-    ext = os.path.splitext(name)[1].lstrip(".").lower()
-    return "jpg" if ext == "jpeg" else ext
+    return _format_name(os.path.splitext(name)[1].lstrip("."))
 
 
 def _serialized(path: str, name: str, label: int, options: ImagesetOptions, pixels: np.ndarray) -> bytes:
     """The serialized Datum of one image, read as `pixels`."""
     if not options.encoded:
         return array_to_datum(pixels, label).SerializeToString()
-    wanted = (options.encode_type or _extension(name)).lower()
-    wanted = "jpg" if wanted == "jpeg" else wanted
+    wanted = _format_name(options.encode_type) if options.encode_type else _extension(name)
     resized = options.resize_height > 0 and options.resize_width > 0
     if not options.gray and not resized and wanted == _extension(name):
         with open(path, "rb") as f:  # the file as it is
