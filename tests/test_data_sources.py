@@ -318,6 +318,18 @@ def test_data_layer_reads_leveldb_as_it_reads_lmdb(imageset):
             np.testing.assert_array_equal(l, ol)
     labels = np.concatenate([l for _, l in batches["leveldb"]])
     np.testing.assert_array_equal(labels, [10 + i % 7 for i in range(12)])
+    # A train and a test net reading one LevelDB share its single handle (LevelDB's LOCK allows one).
+    text = f'name: "src" type: "Data" top: "data" data_param {{ source: "{imageset / "leveldb"}" batch_size: 2 }}'
+    train, shapes = make_layer(text, [])
+    test, _ = make_layer(text, [], phase=pb.TEST)
+    try:
+        take(test, shapes, 1)
+        test.close()  # the handle stays open for the other reader, which starts reading only now
+        records = [datum_to_array(d, "t") for d in read_records(imageset / "leveldb")]
+        np.testing.assert_array_equal(take(train, shapes, 2)[1][0], np.stack(records[2:4]))
+    finally:
+        train.close()
+        test.close()
 
 
 def test_compute_image_mean_reads_both_backends(imageset, capsys):
