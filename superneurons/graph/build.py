@@ -83,7 +83,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         layer = cls(p, phase)
         layer.layer_index = i
         nodes.append(Node(layer, list(p.bottom), list(p.top)))
-    _mark_split_copies(nodes)
+    _mark_data_copies(nodes)
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
     _mark_backward(nodes, bool(net.force_backward) and phase == pb.TRAIN)
@@ -98,11 +98,12 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered)
 
 
-def _mark_split_copies(nodes: list[Node]) -> None:
-    """A Split top consumed by an in-place layer must own its data, or the layer would overwrite its siblings."""
+def _mark_data_copies(nodes: list[Node]) -> None:
+    """A Split top consumed by an in-place layer must own its data, or the layer would overwrite its siblings
+    (`Layer.can_copy_data`)."""
     in_place_bottoms = {n.bottoms[0] for n in nodes if n.layer.in_place}
     for n in nodes:
-        if n.layer.type_name == "Split":
+        if n.layer.can_copy_data:
             n.layer.copy_data = any(t in in_place_bottoms for t in n.tops)
 
 

@@ -225,7 +225,7 @@ class Net:
             layer = node.layer
             layer.ops = self.ops
             layer.ctx = self.ctx
-            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
+            view_data = layer.views_bottom_data
             for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
                 if t in self.data and node.bottoms and t == node.bottoms[0]:
                     continue  # in place: same tensor
