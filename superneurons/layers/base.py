@@ -176,6 +176,11 @@ class Layer:
         """Whether the tops are views of bottom 0's data: the step then computes and copies nothing."""
         return self.shares_data and not self.copy_data
 
+    @property
+    def algo_name(self) -> str:
+        """The backend's algorithm for this layer's shapes (what `superneurons time` shows); "" for none."""
+        return ""
+
     def forward_flops(self) -> int:
         """Floating-point operations of one forward pass (a multiply-add counts 2), for `auto`'s time model
         (memory/cost.py). Layers whose time is arithmetic (convolutions, matrix products) override this;
