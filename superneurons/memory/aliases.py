@@ -23,11 +23,11 @@ An alias is only taken when it is provably safe, with the same arithmetic in eve
 - nothing else writes the bottom's gradient in the window: the aliasing layer is the bottom's last
   consumer (in-place layers before it run *after* it in backward, when the top gradient is dead);
 - no loss seeds either gradient, no blob name repeats among the layer's bottoms or tops.
-`SUPERNEURONS_DIFF_ALIAS=0` turns aliasing off (every mode then sums into separate memory, as before).
+The graph's `diff_alias` (memory_param's, or SUPERNEURONS_DIFF_ALIAS=0) turns aliasing off: every mode then
+sums into separate memory.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -48,17 +48,12 @@ class DiffAliases:
     accumulate: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
-def enabled() -> bool:
-    value = os.environ.get("SUPERNEURONS_DIFF_ALIAS", "").strip().lower()
-    return value not in ("0", "false", "no", "off")
-
-
 def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: dict[str, list[bool]],
                  seeds: Iterable[str]) -> DiffAliases:
     """The gradient aliases of `graph` under the given backward flags; `seeds` are the blobs whose
     gradients the loss fills before backward."""
     out = DiffAliases()
-    if not enabled():
+    if not graph.diff_alias:
         return out
     nodes = graph.nodes
     seeded = set(seeds)

@@ -147,13 +147,15 @@ class Net:
             [self._new(f"{decl.data_tensor.key}@history{j}", decl.shape, "history") for decl in self.learnable]
             for j in range(solver_history)]
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
+        from superneurons.memory.policy import memory_policy
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
         mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types, unset_types=True)
         if pool_bytes is None:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
-        self.pool = make_pool(pool_bytes, backend)
+        self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
+        self.pool = make_pool(pool_bytes, backend, self.policy.allocator)
         self.memory = make_manager(mode, self, types)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
         self.memory.setup()
