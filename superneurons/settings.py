@@ -8,6 +8,8 @@ that override one of its fields say so (`overrides`), and win over it when set.
 Values are read when the code uses them, not at import, so a variable set after `import superneurons`
 counts; each distinct value is parsed once (`get`). docs/SETTINGS.md holds the table `markdown_table()`
 prints (`python -m superneurons.settings`), and tests/test_settings.py checks that the two agree.
+`memory_policy` resolves a MemoryParameter and the overrides into the `MemoryPolicy` that graph.build and
+the Net follow.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
 
 FLAG, INT, CHOICE = "flag", "int", "choice"
 _TRUE = ("1", "true", "yes", "on")
@@ -131,6 +134,28 @@ def is_set(name: str) -> bool:
 def override(name: str, value: Any) -> Any:
     """`value` (a MemoryParameter field's), unless the environment variable `name` overrides it."""
     return get(name) if is_set(name) else value
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    fuse_layers: bool = True  # graph/fuse.py runs (graph.build)
+    diff_alias: bool = True  # memory/aliases.py shares gradients (Graph.diff_alias)
+    tensor_cache: bool = True  # offload keeps on the device what fits
+    allocator: str = "pool"  # memory/pool.ALLOCATORS
+    param_offload: bool | None = None  # None: stream the parameters only when they do not fit
+
+
+def memory_policy(memory_param: Any = None) -> MemoryPolicy:
+    """The policy of `memory_param` (None: MemoryParameter's defaults), where no environment variable
+    overrides a field; the variables are read now."""
+    p = memory_param if memory_param is not None else pb.MemoryParameter()
+    return MemoryPolicy(
+        fuse_layers=override("SUPERNEURONS_FUSE", p.fuse_layers),
+        diff_alias=override("SUPERNEURONS_DIFF_ALIAS", p.diff_alias),
+        tensor_cache=override("SUPERNEURONS_CACHE", p.tensor_cache),
+        allocator=override("SUPERNEURONS_ALLOCATOR", pb.MemoryParameter.Allocator.Name(p.allocator).lower()),
+        param_offload=override("SUPERNEURONS_PARAM_OFFLOAD", p.param_offload if p.HasField("param_offload") else None),
+    )
 
 
 def _default_text(s: Setting) -> str:

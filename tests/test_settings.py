@@ -12,10 +12,10 @@ from superneurons import settings
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.memory.aliases import diff_aliases
-from superneurons.memory.policy import MemoryPolicy, memory_policy
 from superneurons.memory.pool import HeapPool, MallocPool
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
+from superneurons.settings import MemoryPolicy, memory_policy
 from superneurons.solver.solver import Solver
 
 from test_memory_modes import BACKEND, CONV_FAN, _layer

@@ -14,8 +14,8 @@ from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
 from superneurons.layers.base import Layer, Shape, count, layer_class
-from superneurons.memory.policy import MemoryPolicy, memory_policy
 from superneurons.proto import superneurons_pb2 as pb
+from superneurons.settings import MemoryPolicy, memory_policy
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Graph:
 def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, stages: tuple[str, ...] = (),
                 source: str = "", policy: MemoryPolicy | None = None) -> Graph:
     """`policy`: fusion and gradient aliasing (None: MemoryParameter's defaults and the environment's
-    overrides, memory/policy.py)."""
+    overrides, settings.memory_policy)."""
     policy = policy if policy is not None else memory_policy()
     where = source or net.name or "<net>"
     state = make_state(phase, level, tuple(stages) or tuple(net.state.stage))

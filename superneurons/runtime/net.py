@@ -21,6 +21,7 @@ from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.pool import make_pool, round_up
+from superneurons.settings import memory_policy
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
 # pool for what is allocated elsewhere: cuDNN/cuBLAS handles and library scratch, numba's loaded
@@ -147,7 +148,6 @@ class Net:
             [self._new(f"{decl.data_tensor.key}@history{j}", decl.shape, "history") for decl in self.learnable]
             for j in range(solver_history)]
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
-        from superneurons.memory.policy import memory_policy
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
         mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types, unset_types=True)

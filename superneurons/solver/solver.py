@@ -22,10 +22,10 @@ from superneurons.backend import get_backend
 from superneurons.graph.build import build_graph
 from superneurons.io.caffemodel import load_weights_files
 from superneurons.layers.base import count
-from superneurons.memory.policy import memory_policy
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog, num, output_line
 from superneurons.runtime.net import Net
+from superneurons.settings import memory_policy
 from superneurons.solver.evaluate import evaluate, output_values
 from superneurons.solver.fused_update import grouped_update
 from superneurons.solver.lr_policy import LrPolicy
