@@ -44,6 +44,13 @@ def test_docs_table_is_the_registry():
     assert len(settings.SETTINGS) == text.count("| `SUPERNEURONS_") == 15
 
 
+def test_docs_memory_param_example_parses():
+    text = (ROOT / "docs" / "SETTINGS.md").read_text()
+    example = text.split("```\n", 2)[1]
+    param = text_format.Parse(example, pb.SolverParameter()).memory_param
+    assert memory_policy(param) == MemoryPolicy()  # the example spells out the defaults
+
+
 def test_every_variable_the_repository_names_is_declared():
     named: dict[str, str] = {}
     for folder in ("superneurons", "tools", "tests", "docs"):
