@@ -124,7 +124,7 @@ class Program:
         data, diff = self.data_key, self.diff_key
         for node in self.graph.nodes:
             layer = node.layer
-            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
+            view_data = layer.views_bottom_data
             for t, shape in zip(node.tops, node.top_shapes):
                 if t in data and node.bottoms and t == node.bottoms[0]:
                     continue  # in place
@@ -170,7 +170,7 @@ class Program:
         for i, node in enumerate(nodes):
             uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
             uses += [k for k, _fb in self.buffer_keys[node.name]]
-            view = node.layer.shares_data and not getattr(node.layer, "copy_data", False)
+            view = node.layer.views_bottom_data
             # A forward step (re)writes its tops and every buffer it keeps: a replay rebuilds them together.
             tops = () if view else tuple(r[data[t]] for t in node.tops)
             writes = tuple(dict.fromkeys(tops + tuple(k for k, _fb in self.buffer_keys[node.name])))

@@ -8,7 +8,6 @@ parameters (resident, or streamed through `params.py`), checks the floor, and ru
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable
 
 from superneurons.errors import PoolExhausted, UserError
@@ -78,11 +77,11 @@ class LivenessManager(MovementCounters):
 
     def _param_store(self, params: list, all_params: int):
         """Stream the parameters through the pool when the pool cannot hold them all beside this mode's
-        planned peak; keep them resident otherwise. SUPERNEURONS_PARAM_OFFLOAD=1 / 0 forces either."""
+        planned peak; keep them resident otherwise. The policy's param_offload true / false forces either."""
         net = self.net
-        setting = os.environ.get("SUPERNEURONS_PARAM_OFFLOAD", "").strip()
+        setting = net.policy.param_offload
         fits = all_params + max(self.plan.traces[self.name].bytes, default=0) <= net.pool.capacity
-        stream = (not fits) if not setting else env_flag("SUPERNEURONS_PARAM_OFFLOAD", False)
+        stream = (not fits) if setting is None else setting
         if net.train and params and stream:
             return OffloadedParams(net, params)
         return ResidentParams(net)
@@ -272,11 +271,6 @@ class LivenessManager(MovementCounters):
                     f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "
                     f"{self.net.pool.capacity}: give a larger pool/--gpu-memory or a leaner --memory mode")
         return ""
-
-
-def env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    return default if not value else value not in ("0", "false", "no", "off")
 
 
 def root_of(t: Any) -> Any:

@@ -14,9 +14,9 @@ Two halves:
 from __future__ import annotations
 
 import bisect
-import os
 from typing import Any, Hashable, Iterable
 
+from superneurons import settings
 from superneurons.errors import UserError
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule
 from superneurons.memory.pool import HeapPool, format_bytes, round_up
@@ -128,7 +128,7 @@ def make_transfer(backend: Any) -> Any:
         return CudaTransfer(backend)
     from superneurons.backend.cpu.transfer import CpuTransfer
 
-    return CpuTransfer(lag=int(os.environ.get("SUPERNEURONS_TRANSFER_LAG", "0") or 0))
+    return CpuTransfer(lag=settings.get("SUPERNEURONS_TRANSFER_LAG"))
 
 
 class HostMemoryError(UserError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from superneurons.errors import PoolExhausted
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
-from superneurons.memory.liveness_manager import LivenessManager, env_flag
+from superneurons.memory.liveness_manager import LivenessManager
 from superneurons.memory.offload import HostStore, host_store_limit
 from superneurons.memory.pool import round_up
 
@@ -26,8 +26,8 @@ class OffloadManager(LivenessManager):
         self.cache = TensorCache()
         self.host_keys: set[str] = set()  # evicted: the data is on the host, or on its way there
         self.leaving: dict[str, None] = {}  # evicted, copy still in flight: device block held (oldest first)
-        # SUPERNEURONS_CACHE=0: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
-        self.use_cache = env_flag("SUPERNEURONS_CACHE", True)
+        # tensor_cache off: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
+        self.use_cache = self.net.policy.tensor_cache
         self.offloadable: set[str] = set()
         super().setup()
         live = self.plan.liveness

@@ -37,7 +37,7 @@ PARAM_KINDS = ("param", "param_diff", "history")
 
 def param_root(decl: Any) -> Any:
     """The ParamDecl that owns the tensors of `decl` (shared params and test nets point at it)."""
-    while getattr(decl, "owner", None) is not None:
+    while decl.owner is not None:
         decl = decl.owner
     return decl
 
@@ -48,10 +48,10 @@ def layers_computed_by(nodes: list[Any]) -> list[list[Any]]:
     steps read none (it is a pass-through)."""
     folded: dict[int, list[Any]] = {}
     for node in nodes:
-        owner = getattr(node.layer, "fused_into", None)
+        owner = node.layer.fused_into
         if owner is not None:
             folded.setdefault(id(owner), []).append(node.layer)
-    return [[] if getattr(n.layer, "fused_into", None) is not None else [n.layer] + folded.get(id(n.layer), [])
+    return [[] if n.layer.fused_into is not None else [n.layer] + folded.get(id(n.layer), [])
             for n in nodes]
 
 

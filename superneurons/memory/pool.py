@@ -8,7 +8,6 @@ allocator, so everything above it behaves identically in CI.
 from __future__ import annotations
 
 import bisect
-import os
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
@@ -272,11 +271,6 @@ def _release_hook(backend: Any):
 ALLOCATORS = {"pool": HeapPool, "malloc": MallocPool}
 
 
-def make_pool(nbytes: int, backend: Any) -> "HeapPool | MallocPool":
-    """The Net's allocator: the heap pool, or per-tensor allocations with SUPERNEURONS_ALLOCATOR=malloc."""
-    name = os.environ.get("SUPERNEURONS_ALLOCATOR", "pool").strip().lower() or "pool"
-    if name not in ALLOCATORS:
-        from superneurons.errors import UserError
-
-        raise UserError(f"SUPERNEURONS_ALLOCATOR={name!r}: choose one of {', '.join(ALLOCATORS)}")
-    return ALLOCATORS[name](nbytes, backend)
+def make_pool(nbytes: int, backend: Any, allocator: str = "pool") -> "HeapPool | MallocPool":
+    """The Net's allocator: the heap pool, or per-tensor allocations (memory_param allocator MALLOC)."""
+    return ALLOCATORS[allocator](nbytes, backend)

@@ -21,6 +21,7 @@ from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.pool import make_pool, round_up
+from superneurons.settings import memory_policy
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
 # pool for what is allocated elsewhere: cuDNN/cuBLAS handles and library scratch, numba's loaded
@@ -153,7 +154,8 @@ class Net:
         if pool_bytes is None:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
-        self.pool = make_pool(pool_bytes, backend)
+        self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
+        self.pool = make_pool(pool_bytes, backend, self.policy.allocator)
         self.memory = make_manager(mode, self, types)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
         self.memory.setup()
@@ -225,7 +227,7 @@ class Net:
             layer = node.layer
             layer.ops = self.ops
             layer.ctx = self.ctx
-            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
+            view_data = layer.views_bottom_data
             for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
                 if t in self.data and node.bottoms and t == node.bottoms[0]:
                     continue  # in place: same tensor

@@ -607,7 +607,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
 
 def conv_algorithms(net: Any) -> list[dict]:
     """The cuDNN algorithms (and workspace) each Convolution layer uses, as `superneurons time` shows them."""
-    return [{"layer": node.name, "algo": str(getattr(node.layer, "algo_name", "") or "")}
+    return [{"layer": node.name, "algo": str(node.layer.algo_name or "")}
             for node in net.graph.nodes if node.layer.param.type in ("Convolution", "Deconvolution")]
 
 

@@ -9,11 +9,11 @@ pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the 
 """
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend.base import collect_ops
 from superneurons.errors import UserError
 
@@ -27,7 +27,7 @@ def _collect_ops() -> SimpleNamespace:
 
 
 def _env_tf32() -> bool:
-    return os.environ.get("SUPERNEURONS_TF32", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("SUPERNEURONS_TF32")
 
 
 class CudaBackend:

@@ -10,11 +10,11 @@ device's workspace source (device.WorkspaceSource: by default one private buffer
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import NamedTuple
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend.cuda import cudnn_graph, libs
 from superneurons.backend.cuda.cudnn_graph import Candidates, NoFit
 from superneurons.backend.cuda.pointers import pointer
@@ -158,7 +158,7 @@ def _find_enabled() -> bool:
     H200 (cuDNN 9.19, ResNet-50 batch 64) the measured choices trained slower end to end: 1120 against 1350
     img/s (docs/BENCHMARKS.md, issue 3), Find timing each algorithm alone on an idle GPU. Measuring uses the
     legacy API (the graph path ranks by heuristics only)."""
-    return os.environ.get("SUPERNEURONS_CUDNN_FIND", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return settings.get("SUPERNEURONS_CUDNN_FIND")
 
 
 # Per direction: the heuristic query, the measuring query, the call itself.
