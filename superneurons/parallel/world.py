@@ -73,3 +73,4 @@ class World:
         sys.stdout.flush()
         sys.stderr.flush()
         self.comm.Abort(code)
+        os._exit(code)  # MPICH's MPI_Abort may return once the launcher has the request; end here anyway

@@ -1,0 +1,293 @@
+"""Data parallelism on the CPU through MPI (what CI checks): N ranks x batch B train to the weights of 1 rank x
+batch N*B; BatchNorm's per-rank statistics; rank 0 alone logs and snapshots; a failing rank ends the job with
+its message; `--gpu` lists are checked against the machine."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_solver import TINY_NET, Quiet
+
+import parallel_job as job
+from superneurons.cli import main
+from superneurons.errors import UserError
+from superneurons.parallel import launch
+from superneurons.parallel.devices import parse_gpus
+from superneurons.parallel.reducer import gradient_steps, make_buckets
+from superneurons.solver import Solver
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+JOB = os.path.join(HERE, "parallel_job.py")
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+ENV.pop("PMI_SIZE", None)
+
+
+def mpiexec(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [launch.find_mpiexec(), "-n", str(n), sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=os.getcwd())
+
+
+def run_job(tmp_path, ranks: int, net: str, iters: int, batch: int, layer_wise: bool = True, iter_size: int = 1):
+    out = str(tmp_path / f"{net}-{ranks}")
+    r = mpiexec(ranks, JOB, "train", out, net, str(iters), "1" if layer_wise else "0", str(iter_size), str(batch))
+    assert r.returncode == 0, r.stderr
+    return [dict(np.load(f"{out}.{k}.npz")) for k in range(ranks)]
+
+
+def single(net: str, iters: int, batch: int, iter_size: int = 1) -> dict[str, np.ndarray]:
+    """The same training in this process, one rank, batch `batch`, reading every record in order."""
+    solver = Solver(job.solver_param(net, iters, batch, iter_size), "job.prototxt", memory="baseline", log=Quiet())
+    x, y = job.data(iters * iter_size * batch)
+    solver.net.layer("data").reset(x, y)
+    solver.solve()
+    return job.weights(solver)
+
+
+def max_rel(a: dict, b: dict) -> float:
+    return max(float(np.abs(a[k] - b[k]).max() / (np.abs(b[k]).max() + 1e-12)) for k in b)
+
+
+@pytest.mark.parametrize("layer_wise", [True, False])
+def test_two_ranks_train_to_the_one_rank_weights(tmp_path, layer_wise):
+    ranks = run_job(tmp_path, 2, "plain", iters=6, batch=4, layer_wise=layer_wise)
+    ref = single("plain", iters=6, batch=8)
+    rank0 = {k: v for k, v in ranks[0].items() if k != "started"}
+    assert set(rank0) == set(ref)
+    assert max_rel(rank0, ref) < 1e-5
+    for k in rank0:  # every rank applied the same update to the same weights
+        np.testing.assert_array_equal(ranks[1][k], rank0[k])
+    # Layer-wise: reductions began inside backward (one bucket per iteration here); otherwise after it.
+    assert int(ranks[0]["started"]) == (6 if layer_wise else 0)
+    # The run changed the weights (the comparison is not between two untouched fillings).
+    untouched = job.weights(Solver(job.solver_param("plain", 0, 8), "job.prototxt", memory="baseline", log=Quiet()))
+    assert max_rel(untouched, ref) > 1e-2
+
+
+def test_iter_size_accumulates_before_the_reduction(tmp_path):
+    ranks = run_job(tmp_path, 2, "plain", iters=3, batch=2, iter_size=2)
+    # 2 ranks x iter_size 2 x batch 2: each update averages 4 batches of 2 records. One rank with iter_size 2
+    # and batch 4 averages the same 8 records per update, in the same order of records per pass pair.
+    ref = single("plain", iters=3, batch=4, iter_size=2)
+    rank0 = {k: v for k, v in ranks[0].items() if k != "started"}
+    # Pass j of iteration t on rank r reads records ((t*2 + j)*2 + i)*2 + r; one rank's pass j reads
+    # (t*2 + j)*4 + i: the same 4 records per pass, so the same gradients up to summation order.
+    assert max_rel(rank0, ref) < 1e-5
+
+
+def test_batchnorm_uses_per_rank_statistics(tmp_path):
+    """Each rank normalizes with its own batch's mean and variance (as Caffe): the update is the mean of the
+    gradients two single-rank nets compute on the two halves, which differs from one rank on the whole batch."""
+    iters, batch = 4, 4
+    ranks = run_job(tmp_path, 2, "bn", iters=iters, batch=batch)
+    rank0 = {k: v for k, v in ranks[0].items() if k != "started"}
+
+    # Reference: two nets of batch 4 in this process, gradients averaged by hand before rank 0's update.
+    solvers = [Solver(job.solver_param("bn", iters, batch), "job.prototxt", memory="baseline", log=Quiet())
+               for _ in range(2)]
+    x, y = job.data(iters * batch * 2)
+    for r, s in enumerate(solvers):
+        s.net.layer("data").reset(x[r::2], y[r::2])
+    lead, other = solvers
+    for it in range(iters):
+        for s in solvers:
+            s.net.clear_param_diffs()
+            s.net.ctx.iteration = it
+            s.net.forward_backward()
+        for a, b in zip(lead.net.learnable, other.net.learnable):
+            a.diff[...] = (a.diff + b.diff) * 0.5
+        lead.apply_update()
+        lead.iter += 1
+        for a, b in zip(lead.net.learnable, other.net.learnable):
+            b.data[...] = a.data
+    expected = job.weights(lead)
+    assert max_rel(rank0, expected) < 1e-5
+    # Rank 1's running statistics are its own (not reduced), its learned weights rank 0's.
+    np.testing.assert_array_equal(ranks[1]["conv.0"], rank0["conv.0"])
+    assert not np.array_equal(ranks[1]["bn.0"], rank0["bn.0"])
+    # And one rank on the whole batch (statistics over 8 records) trains to other weights.
+    whole = single("bn", iters=iters, batch=2 * batch)
+    assert max_rel(rank0, whole) > 1e-4
+
+
+# ---- buckets --------------------------------------------------------------------------------------------------
+
+SHARED = """
+name: "shared"
+layer { name: "data" type: "DummyData" top: "a" top: "label"
+  dummy_data_param { data_filler { type: "gaussian" } data_filler { type: "constant" value: 1 }
+    shape { dim: 4 dim: 6 } shape { dim: 4 } } }
+layer { name: "ip_a" type: "InnerProduct" bottom: "a" top: "h"
+  param { name: "w" } param { name: "b" } inner_product_param { num_output: 6 weight_filler { type: "xavier" } } }
+layer { name: "ip_b" type: "InnerProduct" bottom: "h" top: "h2"
+  param { name: "w" } param { name: "b" } inner_product_param { num_output: 6 weight_filler { type: "xavier" } } }
+layer { name: "ip_c" type: "InnerProduct" bottom: "h2" top: "out"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "out" bottom: "label" top: "loss" }
+"""
+
+
+def _solver(net_text: str) -> Solver:
+    from test_solver import solver_param
+
+    return Solver(solver_param("base_lr: 0.1", net=net_text), "s.prototxt", memory="baseline", log=Quiet())
+
+
+def test_buckets_follow_backward_and_wait_for_a_shared_weights_last_user():
+    net = _solver(SHARED).net
+    names = [s.node.name for s in net.backward_steps]
+    steps = gradient_steps(net)
+    by_layer = {f"{n.name}.{k}": d for n in net.layers_in_prototxt_order() for k, d in enumerate(n.layer.params)
+                if d.owner is None and d in net.learnable}
+    # ip_a owns the shared w/b; ip_b (earlier in backward) also writes them: final after ip_a's step.
+    assert names[steps[id(by_layer["ip_a.0"])]] == "ip_a"
+    assert names[steps[id(by_layer["ip_c.0"])]] == "ip_c"
+    buckets = make_buckets(net, bucket_bytes=1)  # one parameter per bucket
+    assert [d for b in buckets for d in b.decls] == sorted(net.learnable, key=lambda d: steps[id(d)])
+    assert [b.ready_after for b in buckets] == sorted(b.ready_after for b in buckets)
+    one = make_buckets(net, bucket_bytes=1 << 30)
+    assert len(one) == 1 and one[0].ready_after == steps[id(by_layer["ip_a.0"])]
+
+
+def test_fused_scale_gradients_are_final_after_the_batchnorm_step():
+    solver = Solver(job.solver_param("bn", 1, 2), "job.prototxt", memory="baseline", log=Quiet())
+    net = solver.net
+    steps = gradient_steps(net)
+    scale = net.layer("scale")
+    if getattr(scale, "fused_into", None) is None:
+        pytest.skip("fusion is off (SUPERNEURONS_FUSE=0)")
+    names = [s.node.name for s in net.backward_steps]
+    assert all(names[steps[id(d)]] == "bn" for d in scale.params)
+
+
+# ---- the command line ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "conf/nets").mkdir(parents=True)
+    (tmp_path / "conf/nets/tiny.prototxt").write_text(TINY_NET)
+    (tmp_path / "conf/solver.prototxt").write_text(
+        'net: "nets/tiny.prototxt"\ntest_iter: 1\ntest_interval: 3\nbase_lr: 0.05\nmomentum: 0.9\n'
+        'lr_policy: "fixed"\ndisplay: 1\nmax_iter: 6\nsnapshot: 3\nsnapshot_prefix: "out/tiny"\nrandom_seed: 1\n')
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _cli(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return mpiexec(n, "-m", "superneurons", "train", "--no-progress", *args, timeout=timeout)
+
+
+def test_mpiexec_train_on_the_cpu_logs_once_and_resumes_only_with_as_many_ranks(workdir):
+    r = _cli(2, "--solver", "conf/solver.prototxt")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines.count("Optimization Done.") == 1  # rank 0 alone logs
+    assert lines.count("Iteration 3, Testing net (#0)") == 1
+    assert any(l.startswith("Data parallel: 2 rank(s)") for l in lines)
+    extra = json.loads((workdir / "out/tiny_iter_3.solverstate.extra").read_text())
+    assert extra["ranks"] == 2
+    # Another number of ranks: one line, exit 1 (here on 1 rank, the plain command).
+    alone = subprocess.run([sys.executable, "-m", "superneurons", "train", "--solver", "conf/solver.prototxt",
+                            "--snapshot", "out/tiny_iter_3.solverstate"], capture_output=True, text=True, env=ENV)
+    assert alone.returncode == 1
+    err = alone.stderr.strip().splitlines()
+    assert len(err) == 1 and "taken with 2 rank(s)" in err[0] and "this run has 1" in err[0], alone.stderr
+    three = _cli(3, "--solver", "conf/solver.prototxt", "--snapshot", "out/tiny_iter_3.solverstate")
+    assert three.returncode != 0 and "taken with 2 rank(s)" in three.stderr and "this run has 3" in three.stderr
+
+
+def test_resumed_two_rank_run_repeats_the_uninterrupted_one(workdir):
+    assert _cli(2, "--solver", "conf/solver.prototxt").returncode == 0
+    whole = (workdir / "out/tiny_iter_6.caffemodel").read_bytes()
+    (workdir / "out/tiny_iter_6.caffemodel").unlink()
+    r = _cli(2, "--solver", "conf/solver.prototxt", "--snapshot", "out/tiny_iter_3.solverstate")
+    assert r.returncode == 0, r.stderr
+    assert (workdir / "out/tiny_iter_6.caffemodel").read_bytes() == whole
+
+
+def test_a_failing_rank_stops_every_rank_with_its_message(workdir):
+    (workdir / "conf/solver.prototxt").write_text(
+        'net: "nets/tiny.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\ndisplay: 0\nmax_iter: 1000000\n'
+        'snapshot: 0\nsnapshot_after_train: false\nrandom_seed: 1\n')
+    start = time.monotonic()
+    r = mpiexec(2, JOB, "fail", "conf/solver.prototxt", "1", "5", timeout=60)
+    elapsed = time.monotonic() - start
+    assert r.returncode != 0
+    assert elapsed < 30  # rank 0 would train for a million iterations
+    mine = [l for l in r.stderr.splitlines() if "injected failure" in l]
+    assert mine == ["superneurons train: error: rank 1: injected failure at iteration 5"], r.stderr
+    assert "Optimization Done." not in r.stdout
+    left = subprocess.run(["pgrep", "-f", f"{JOB} fail conf/solver.prototxt"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "a rank outlived the job"
+
+
+def test_local_launcher_relays_the_failing_rank_message(workdir, monkeypatch):
+    """launch.spawn (what `--gpu 0,1` runs) with CPU workers: the first failing rank's line becomes the error,
+    MPI's abort chatter is left out, nothing is left running."""
+    (workdir / "conf/solver.prototxt").write_text(
+        'net: "nets/tiny.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\ndisplay: 0\nmax_iter: 1000000\n'
+        'snapshot: 0\nsnapshot_after_train: false\nrandom_seed: 1\n')
+    monkeypatch.setattr(launch, "worker_command", lambda n, args_file: [
+        launch.find_mpiexec(), "-n", str(n), sys.executable, JOB, "fail", "conf/solver.prototxt", "0", "3"])
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    args = SimpleNamespace(solver="conf/solver.prototxt", gpu=None)
+    with pytest.raises(UserError, match=r"^rank 0: injected failure at iteration 3$"):
+        launch.spawn(args, [0, 1])
+
+
+def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
+    from superneurons.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--solver", "conf/solver.prototxt", "--no-progress"])
+    os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]
+    assert launch.spawn(args, [0, 1]) == 0  # the workers have no --gpu: two CPU ranks
+    out = capfd.readouterr().out.splitlines()
+    assert out.count("Optimization Done.") == 1 and any(l.startswith("Data parallel: 2 rank(s)") for l in out)
+    assert json.loads((workdir / "out/tiny_iter_6.solverstate.extra").read_text())["ranks"] == 2
+
+
+# ---- --gpu ----------------------------------------------------------------------------------------------------
+
+def test_gpu_lists_are_checked_against_the_machine():
+    assert parse_gpus("0,1,2,3", available=4) == [0, 1, 2, 3]
+    assert parse_gpus(" 2, 0 ", available=4) == [2, 0]
+    assert parse_gpus("all", available=3) == [0, 1, 2]
+    with pytest.raises(UserError, match=r"there is no GPU 4; this machine has 4 GPU\(s\), numbered 0\.\.3"):
+        parse_gpus("0,4", available=4)
+    with pytest.raises(UserError, match="GPU 1 is listed twice"):
+        parse_gpus("0,1,1", available=4)
+    with pytest.raises(UserError, match="--gpu all: this machine has no usable NVIDIA GPU"):
+        parse_gpus("all", available=0)
+    with pytest.raises(UserError, match="'x' is not a device number"):
+        parse_gpus("0,x", available=2)
+
+
+@pytest.mark.parametrize("flag, words", [("all", "--gpu all: this machine has no usable NVIDIA GPU"),
+                                         ("5", "there is no GPU 5"), ("0,0", "there is no GPU 0")])
+def test_train_refuses_bad_gpu_lists_in_one_line(workdir, capsys, flag, words):
+    from superneurons.parallel.devices import gpu_count
+
+    if gpu_count() > 0:
+        pytest.skip("this machine has a GPU")
+    assert main(["train", "--solver", "conf/solver.prototxt", "--gpu", flag]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_plan_spawns_for_several_gpus_and_joins_an_mpi_job(monkeypatch):
+    monkeypatch.setattr("superneurons.parallel.devices.gpu_count", lambda: 4)
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch.plan("0,1,2,3") == launch.Job(spawn=True, gpus=[0, 1, 2, 3])
+    assert launch.plan("all") == launch.Job(spawn=True, gpus=[0, 1, 2, 3])
+    assert launch.plan("2") == launch.Job(gpus=[2])
+    assert launch.plan(None) == launch.Job()
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert launch.plan("all") == launch.Job(rank=True, gpus=[0, 1, 2, 3])
+    assert launch.plan(None) == launch.Job(rank=True)
