@@ -166,6 +166,32 @@ def test_fused_scale_gradients_are_final_after_the_batchnorm_step():
     assert all(names[steps[id(d)]] == "bn" for d in scale.params)
 
 
+@pytest.mark.parametrize("which", ["shared", "bn"])
+def test_memory_plan_buckets_are_the_ones_the_net_reduces(which, capsys):
+    from superneurons.parallel.reducer import bucket_plan
+
+    solver = _solver(SHARED) if which == "shared" else Solver(job.solver_param("bn", 1, 2), "job.prototxt",
+                                                              memory="baseline", log=Quiet())
+    for size in (1, 200, 1 << 30):
+        planned = bucket_plan(solver.net.graph, 4, bucket_bytes=size)
+        made = make_buckets(solver.net, bucket_bytes=size)
+        assert planned["bucket_bytes"] == [b.nbytes for b in made]
+        assert planned["gradient_bytes"] == sum(d.diff_tensor.nbytes for d in solver.net.learnable)
+        assert planned["extra_pool_bytes"] == 0
+
+
+def test_memory_command_shows_the_reduction_per_gpu(tmp_path, capsys):
+    model = os.path.join(ROOT, "models/resnet50/resnet50_dummy.prototxt")
+    assert main(["memory", "--model", model, "--batch", "2", "--ranks", "8", "--memory", "liveness", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    r = doc["reduction"]
+    assert r["ranks"] == 8 and r["buckets"] == len(r["bucket_bytes"]) >= 2
+    assert r["gradient_bytes"] == sum(r["bucket_bytes"])
+    assert 25_000_000 * 4 < r["gradient_bytes"] < 26_000_000 * 4  # ResNet-50's 25.5M learnable parameters
+    assert main(["memory", "--model", model, "--batch", "2", "--ranks", "0"]) == 1
+    assert "--ranks must be at least 1" in capsys.readouterr().err
+
+
 # ---- the command line ----------------------------------------------------------------------------------------
 
 @pytest.fixture

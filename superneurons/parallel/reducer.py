@@ -68,24 +68,26 @@ def make_buckets(net: Any, bucket_bytes: int = BUCKET_BYTES) -> list[Bucket]:
     `bucket_bytes`; parameters no backward step writes come last, reduced at finish."""
     steps = gradient_steps(net)
     never = len(net.backward_steps)
-    order = sorted(net.learnable, key=lambda d: steps.get(id(d), never))  # stable: prototxt order within a step
-    buckets: list[Bucket] = []
-    current: list[Any] = []
+    items = [(d, d.diff_tensor.nbytes, steps.get(id(d), never)) for d in net.learnable]
+    return [Bucket(decls, None if last == never else last, nbytes)
+            for decls, nbytes, last in cut(items, bucket_bytes)]
+
+
+def cut(items: list[tuple[Any, int, int]], bucket_bytes: int) -> list[tuple[list[Any], int, int]]:
+    """(thing, bytes, step it is final after) in the order they become final (stable), cut into buckets of
+    about `bucket_bytes`: (things, bytes, the step after which all are final)."""
+    out: list[tuple[list[Any], int, int]] = []
+    current: list[tuple[Any, int, int]] = []
     size = 0
-    for decl in order:
-        current.append(decl)
-        size += decl.diff_tensor.nbytes
+    for item in sorted(items, key=lambda it: it[2]):
+        current.append(item)
+        size += item[1]
         if size >= bucket_bytes:
-            buckets.append(_bucket(current, steps, never, size))
+            out.append(([it[0] for it in current], size, max(it[2] for it in current)))
             current, size = [], 0
     if current:
-        buckets.append(_bucket(current, steps, never, size))
-    return buckets
-
-
-def _bucket(decls: list[Any], steps: dict[int, int], never: int, nbytes: int) -> Bucket:
-    last = max(steps.get(id(d), never) for d in decls)
-    return Bucket(list(decls), None if last == never else last, nbytes)
+        out.append(([it[0] for it in current], size, max(it[2] for it in current)))
+    return out
 
 
 class GradientReducer:
@@ -143,14 +145,31 @@ class GradientReducer:
         store.settle()
 
 
-def bucket_plan(net: Any, ranks: int, bucket_bytes: int = BUCKET_BYTES) -> dict[str, Any]:
-    """What the reduction holds on each GPU, for `superneurons memory --ranks N`."""
-    buckets = make_buckets(net, bucket_bytes) if net.learnable else []
+def bucket_plan(graph: Any, ranks: int, bucket_bytes: int = BUCKET_BYTES) -> dict[str, Any]:
+    """What the reduction holds on each GPU, from the graph alone (no memory allocated), for
+    `superneurons memory --ranks N`: the buckets a training Net of this graph would reduce."""
+    nodes = graph.nodes
+    computed_by = layers_computed_by(nodes)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    backward = [n for n in reversed(nodes) if n.need_backward]
+    final: dict[Any, tuple[int, int]] = {}  # a parameter (a shared one by its name) -> (bytes, last step)
+    for step, node in enumerate(backward):
+        for layer in computed_by[index[id(node)]]:
+            specs = layer.param.param
+            for k, decl in enumerate(layer.params):
+                if not decl.learnable:
+                    continue
+                name = specs[k].name if k < len(specs) and specs[k].name else None
+                key = ("shared", name) if name else (id(layer), k)
+                n = 4
+                for d in decl.shape:
+                    n *= d
+                final[key] = (n, step)
+    buckets = cut([(key, n, step) for key, (n, step) in final.items()], bucket_bytes)
     return {
         "ranks": ranks,
         "buckets": len(buckets),
-        "bucket_bytes": [b.nbytes for b in buckets],
-        "gradient_bytes": sum(b.nbytes for b in buckets),
+        "bucket_bytes": [n for _keys, n, _step in buckets],
+        "gradient_bytes": sum(n for _keys, n, _step in buckets),
         "extra_pool_bytes": 0,  # in place: each gradient is reduced in its own pool block
-        "overlapped": sum(1 for b in buckets if b.ready_after is not None),
     }
