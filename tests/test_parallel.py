@@ -377,3 +377,18 @@ def test_two_ranks_on_an_lmdb_train_to_the_one_rank_weights(tmp_path, monkeypatc
     one, two = blobs(tmp_path / "out1/m_iter_8.caffemodel"), blobs(tmp_path / "out2/m_iter_8.caffemodel")
     assert set(one) == set(two) and one
     assert max_rel(two, one) < 1e-5
+
+
+def test_one_rank_through_the_data_parallel_path_is_the_plain_run_bit_for_bit(tmp_path, monkeypatch):
+    """`mpiexec -n 1 superneurons train` (communicator, buckets, broadcast) against `superneurons train`: the
+    CPU twin of the one-GPU NCCL check in test_parallel_gpu.py, same net and solver."""
+    import test_parallel_gpu as gpu_test
+
+    monkeypatch.chdir(tmp_path)
+    plain, dp = gpu_test._solver(tmp_path, "plain", True), gpu_test._solver(tmp_path, "dp", True)
+    r = subprocess.run([sys.executable, "-m", "superneurons", "train", "--solver", plain, "--no-progress"],
+                       capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    r = _cli(1, "--solver", dp)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plain/m_iter_20.caffemodel").read_bytes() == (tmp_path / "dp/m_iter_20.caffemodel").read_bytes()
