@@ -392,3 +392,52 @@ def test_one_rank_through_the_data_parallel_path_is_the_plain_run_bit_for_bit(tm
     r = _cli(1, "--solver", dp)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "plain/m_iter_20.caffemodel").read_bytes() == (tmp_path / "dp/m_iter_20.caffemodel").read_bytes()
+
+
+# ---- tools/bench/scaling.py -----------------------------------------------------------------------------------
+
+def _scaling():
+    sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+    import scaling
+
+    return scaling
+
+
+def test_scaling_benchmark_arguments_and_efficiency(capsys):
+    scaling = _scaling()
+    assert scaling.__doc__ and "python3 tools/bench/scaling.py" in scaling.__doc__
+    with pytest.raises(SystemExit) as e:
+        scaling.main(["--help"])
+    assert e.value.code == 0
+    assert scaling.parse_counts("8,1,2,2") == [1, 2, 8]
+    for bad in ("0,1", "two", ""):
+        with pytest.raises(SystemExit):
+            scaling.parse_counts(bad)
+    with pytest.raises(SystemExit, match="unknown net"):
+        scaling.main(["--nets", "resnet51", "--dry-run"])
+    rows = [{"net": "resnet50", "gpus": n, "batch_per_gpu": 64, "budget": None,
+             "ours": {"img_per_s": speed}, "torch": {"img_per_s": ddp}}
+            for n, speed, ddp in ((1, 1000.0, 1100.0), (2, 1900.0, 2000.0), (8, 7400.0, 7000.0))]
+    scaling.add_efficiency(rows)
+    assert [r["ours"]["efficiency"] for r in rows] == [1.0, 0.95, 7400 / 8000]
+    assert rows[2]["ours_vs_ddp"] == 7400 / 7000
+    met = {t["name"]: t["met"] for t in scaling.targets(rows)}
+    assert met == {"resnet50_efficiency_8gpu": True, "resnet50_vs_ddp_1gpu": False, "resnet50_vs_ddp_2gpu": False,
+                   "resnet50_vs_ddp_8gpu": True}
+    capsys.readouterr()
+    assert scaling.main(["--dry-run", "--gpus", "1,8", "--no-torch", "--budget", "12G"]) == 0
+    jobs = capsys.readouterr().out.splitlines()
+    assert len(jobs) == 2 * 2 * 2  # 2 nets x 2 counts x (plain + budget rows)
+    assert any(" -n 8 " in j and "rank ours --net resnet50 --batch 256" in j and "--budget" in j for j in jobs)
+
+
+def test_scaling_benchmark_runs_its_ranks_on_the_cpu(tmp_path):
+    scaling = _scaling()
+    code = scaling.main(["--device", "cpu", "--nets", "cifar10_quick", "--gpus", "2", "--batches", "2",
+                         "--iterations", "1", "--warmup", "1", "--budget", "0", "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "bench_scaling.json").read_text())
+    (row,) = doc["rows"]
+    ours = row["ours"]
+    assert ours["ok"] and ours["ranks"] == 2 and ours["img_per_s"] > 0 and ours["layer_wise"] and ours["buckets"] >= 1
+    assert "torch" not in row  # no PyTorch on the CPU
