@@ -46,7 +46,9 @@ class MpiCollective:
 
 def _check(result: tuple, what: str) -> Any:
     """The value of a cuda-python driver call, or an error naming the call."""
-    if result[0] != result[0].CUDA_SUCCESS:
+    from cuda.bindings import driver as drv
+
+    if result[0] != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what} failed: {result[0]!r}")
     return result[1] if len(result) == 2 else None
 
