@@ -263,7 +263,7 @@ def _left_running(pattern: str, wait_s: float = 5.0) -> list[str]:
         time.sleep(0.2)
 
 
-def test_local_launcher_relays_the_failing_rank_message(workdir, monkeypatch):
+def test_local_launcher_relays_the_failing_rank_message(workdir, monkeypatch, capfd):
     """launch.spawn (what `--gpu 0,1` runs) with CPU workers: the first failing rank's line becomes the error,
     MPI's abort chatter is left out, nothing is left running."""
     (workdir / "conf/solver.prototxt").write_text(
@@ -276,6 +276,7 @@ def test_local_launcher_relays_the_failing_rank_message(workdir, monkeypatch):
     with pytest.raises(UserError, match=r"^rank 0: injected failure at iteration 3$"):
         launch.spawn(args, [0, 1])
     assert not _left_running(f"{JOB} fail conf/solver.prototxt 0 3"), "a rank outlived the job"
+    assert "MPI_Abort" not in capfd.readouterr().err  # the rank's line is the message, not MPI's
 
 
 def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
