@@ -453,3 +453,29 @@ def test_scaling_benchmark_runs_its_ranks_on_the_cpu(tmp_path):
     ours = row["ours"]
     assert ours["ok"] and ours["ranks"] == 2 and ours["img_per_s"] > 0 and ours["layer_wise"] and ours["buckets"] >= 1
     assert "torch" not in row  # no PyTorch on the CPU
+
+
+def test_local_rank_picks_its_gpu_and_other_ranks_follow_rank_0():
+    from superneurons.parallel.rank import pick_device
+    from superneurons.parallel.solver import follower_param
+    from superneurons.proto import superneurons_pb2 as pb
+
+    cpu = pb.SolverParameter(solver_mode=pb.SolverParameter.CPU)
+    gpu = pb.SolverParameter(solver_mode=pb.SolverParameter.GPU, device_id=2)
+    second = SimpleNamespace(local_rank=1, local_size=2)
+    assert pick_device(second, [3, 5], cpu) == 5
+    assert pick_device(second, None, cpu) is None  # CPU ranks
+    with pytest.raises(UserError, match=r"2 ranks on this machine but --gpu names 1 GPU\(s\) \(0\)"):
+        pick_device(second, [0], cpu)
+    with pytest.raises(UserError, match="name their GPUs with --gpu"):
+        pick_device(second, None, gpu)
+    assert pick_device(SimpleNamespace(local_rank=0, local_size=1), None, gpu) == 2
+
+    param = job.solver_param("plain", 10, 2)
+    param.test_iter.append(3)
+    param.test_interval, param.snapshot, param.display = 5, 5, 1
+    follower = follower_param(param)
+    assert (len(follower.test_iter), follower.test_interval, follower.snapshot, follower.display,
+            follower.snapshot_after_train) == (0, 0, 0, 0, False)
+    assert follower.max_iter == param.max_iter and follower.base_lr == param.base_lr
+    assert len(param.test_iter) == 1  # rank 0's own parameters are untouched
