@@ -300,14 +300,16 @@ def test_gpu_lists_are_checked_against_the_machine():
         parse_gpus("0,4", available=4)
     with pytest.raises(UserError, match="GPU 1 is listed twice"):
         parse_gpus("0,1,1", available=4)
-    with pytest.raises(UserError, match="--gpu all: this machine has no usable NVIDIA GPU"):
-        parse_gpus("all", available=0)
+    for spec in ("all", "0"):
+        with pytest.raises(UserError, match=f"--gpu {spec}: this machine has no usable NVIDIA GPU; drop --gpu"):
+            parse_gpus(spec, available=0)
     with pytest.raises(UserError, match="'x' is not a device number"):
         parse_gpus("0,x", available=2)
 
 
 @pytest.mark.parametrize("flag, words", [("all", "--gpu all: this machine has no usable NVIDIA GPU"),
-                                         ("5", "there is no GPU 5"), ("0,0", "there is no GPU 0")])
+                                         ("5", "--gpu 5: this machine has no usable NVIDIA GPU"),
+                                         ("0,0", "--gpu 0,0: this machine has no usable NVIDIA GPU")])
 def test_train_refuses_bad_gpu_lists_in_one_line(workdir, capsys, flag, words):
     from superneurons.parallel.devices import gpu_count
 

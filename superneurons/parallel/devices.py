@@ -16,9 +16,9 @@ def parse_gpus(text: str, available: int | None = None) -> list[int]:
     machine with none."""
     spec = str(text).strip()
     count = gpu_count() if available is None else available
+    if count == 0:
+        raise UserError(f"--gpu {spec}: this machine has no usable NVIDIA GPU; drop --gpu to train on the CPU")
     if spec.lower() == "all":
-        if count == 0:
-            raise UserError("--gpu all: this machine has no usable NVIDIA GPU; drop --gpu to train on the CPU")
         return list(range(count))
     ids: list[int] = []
     for part in spec.split(","):
@@ -31,7 +31,7 @@ def parse_gpus(text: str, available: int | None = None) -> list[int]:
         if device in ids:
             raise UserError(f"--gpu {spec!r}: GPU {device} is listed twice; each GPU runs one process")
         if not 0 <= device < count:
-            have = f"numbered 0..{count - 1}" if count else "none usable"
-            raise UserError(f"--gpu {spec!r}: there is no GPU {device}; this machine has {count} GPU(s), {have}")
+            raise UserError(f"--gpu {spec!r}: there is no GPU {device}; this machine has {count} GPU(s), "
+                            f"numbered 0..{count - 1}")
         ids.append(device)
     return ids
