@@ -1,6 +1,7 @@
 """An MPI program the data-parallel tests start with `mpiexec -n N python tests/parallel_job.py ...`.
 
-  train OUT NET ITERS LAYER_WISE ITER_SIZE BATCH   every rank trains NET (see NETS) on its share of DATA with
+  train OUT NET ITERS LAYER_WISE ITER_SIZE BATCH [MEMORY POOL_BYTES]
+                                                   every rank trains NET (see NETS) on its share of DATA with
                                                    batch BATCH per rank; rank r writes OUT.r.npz (its weights)
   fail SOLVER RANK ITER                            `superneurons train --solver SOLVER`, where rank RANK raises
                                                    a UserError at iteration ITER (a rank failing mid-run)
@@ -74,7 +75,8 @@ def weights(solver) -> dict[str, np.ndarray]:
             if decl.owner is None}
 
 
-def train(out: str, net: str, iters: int, layer_wise: bool, iter_size: int, batch: int) -> None:
+def train(out: str, net: str, iters: int, layer_wise: bool, iter_size: int, batch: int, memory: str = "baseline",
+          pool_bytes: int | None = None) -> None:
     from superneurons.backend.cpu import CpuBackend
     from superneurons.parallel.collectives import MpiCollective
     from superneurons.parallel.solver import RankSolver
@@ -85,12 +87,13 @@ def train(out: str, net: str, iters: int, layer_wise: bool, iter_size: int, batc
     backend = CpuBackend()
     with open(os.devnull, "w") as sink:
         solver = RankSolver(solver_param(net, iters, batch, iter_size, layer_wise), "job.prototxt", world=world,
-                            collective=MpiCollective(world, backend.ops), backend=backend, memory="baseline",
-                            log=TrainLog(stream=sink))
+                            collective=MpiCollective(world, backend.ops), backend=backend, memory=memory,
+                            pool_bytes=pool_bytes, log=TrainLog(stream=sink))
         x, y = data(iters * iter_size * batch * world.size)
         solver.net.layer("data").reset(x[world.rank::world.size], y[world.rank::world.size])
         solver.solve()
-    np.savez(f"{out}.{world.rank}.npz", started=solver.reducer.started_during_backward, **weights(solver))
+    np.savez(f"{out}.{world.rank}.npz", started=solver.reducer.started_during_backward,
+             streamed=solver.net.params.offloaded, **weights(solver))
 
 
 def fail(solver_path: str, rank: int, at: int) -> int:
@@ -111,7 +114,8 @@ def fail(solver_path: str, rank: int, at: int) -> int:
 if __name__ == "__main__":
     what, rest = sys.argv[1], sys.argv[2:]
     if what == "train":
-        train(rest[0], rest[1], int(rest[2]), rest[3] == "1", int(rest[4]), int(rest[5]))
+        memory, pool = (rest[6], int(rest[7])) if len(rest) > 6 else ("baseline", None)
+        train(rest[0], rest[1], int(rest[2]), rest[3] == "1", int(rest[4]), int(rest[5]), memory, pool)
     elif what == "fail":
         sys.exit(fail(rest[0], int(rest[1]), int(rest[2])))
     else:

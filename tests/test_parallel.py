@@ -34,9 +34,12 @@ def mpiexec(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedPro
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=os.getcwd())
 
 
-def run_job(tmp_path, ranks: int, net: str, iters: int, batch: int, layer_wise: bool = True, iter_size: int = 1):
+def run_job(tmp_path, ranks: int, net: str, iters: int, batch: int, layer_wise: bool = True, iter_size: int = 1,
+            memory: tuple[str, int] | None = None):
     out = str(tmp_path / f"{net}-{ranks}")
-    r = mpiexec(ranks, JOB, "train", out, net, str(iters), "1" if layer_wise else "0", str(iter_size), str(batch))
+    extra = [memory[0], str(memory[1])] if memory else []
+    r = mpiexec(ranks, JOB, "train", out, net, str(iters), "1" if layer_wise else "0", str(iter_size), str(batch),
+                *extra)
     assert r.returncode == 0, r.stderr
     return [dict(np.load(f"{out}.{k}.npz")) for k in range(ranks)]
 
@@ -50,6 +53,10 @@ def single(net: str, iters: int, batch: int, iter_size: int = 1) -> dict[str, np
     return job.weights(solver)
 
 
+def _weights_only(saved: dict) -> dict:
+    return {k: v for k, v in saved.items() if k not in ("started", "streamed")}
+
+
 def max_rel(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max() / (np.abs(b[k]).max() + 1e-12)) for k in b)
 
@@ -58,7 +65,7 @@ def max_rel(a: dict, b: dict) -> float:
 def test_two_ranks_train_to_the_one_rank_weights(tmp_path, layer_wise):
     ranks = run_job(tmp_path, 2, "plain", iters=6, batch=4, layer_wise=layer_wise)
     ref = single("plain", iters=6, batch=8)
-    rank0 = {k: v for k, v in ranks[0].items() if k != "started"}
+    rank0 = _weights_only(ranks[0])
     assert set(rank0) == set(ref)
     assert max_rel(rank0, ref) < 1e-5
     for k in rank0:  # every rank applied the same update to the same weights
@@ -70,12 +77,20 @@ def test_two_ranks_train_to_the_one_rank_weights(tmp_path, layer_wise):
     assert max_rel(untouched, ref) > 1e-2
 
 
+def test_streamed_parameters_are_reduced_after_backward(tmp_path):
+    """Under a budget that keeps the parameters on the host between uses, each gradient comes to the device,
+    is averaged, and goes home: the same weights as one rank on the whole batch."""
+    ranks = run_job(tmp_path, 2, "plain", iters=4, batch=4, memory=("recompute", 12288))
+    assert bool(ranks[0]["streamed"]) and int(ranks[0]["started"]) == 0
+    assert max_rel(_weights_only(ranks[0]), single("plain", iters=4, batch=8)) < 1e-5
+
+
 def test_iter_size_accumulates_before_the_reduction(tmp_path):
     ranks = run_job(tmp_path, 2, "plain", iters=3, batch=2, iter_size=2)
     # 2 ranks x iter_size 2 x batch 2: each update averages 4 batches of 2 records. One rank with iter_size 2
     # and batch 4 averages the same 8 records per update, in the same order of records per pass pair.
     ref = single("plain", iters=3, batch=4, iter_size=2)
-    rank0 = {k: v for k, v in ranks[0].items() if k != "started"}
+    rank0 = _weights_only(ranks[0])
     # Pass j of iteration t on rank r reads records ((t*2 + j)*2 + i)*2 + r; one rank's pass j reads
     # (t*2 + j)*4 + i: the same 4 records per pass, so the same gradients up to summation order.
     assert max_rel(rank0, ref) < 1e-5
@@ -86,7 +101,7 @@ def test_batchnorm_uses_per_rank_statistics(tmp_path):
     gradients two single-rank nets compute on the two halves, which differs from one rank on the whole batch."""
     iters, batch = 4, 4
     ranks = run_job(tmp_path, 2, "bn", iters=iters, batch=batch)
-    rank0 = {k: v for k, v in ranks[0].items() if k != "started"}
+    rank0 = _weights_only(ranks[0])
 
     # Reference: two nets of batch 4 in this process, gradients averaged by hand before rank 0's update.
     solvers = [Solver(job.solver_param("bn", iters, batch), "job.prototxt", memory="baseline", log=Quiet())
