@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class RunContext:
     seed: int = 0
     iteration: int = 0
     recomputing: bool = False  # True while the recompute manager replays a forward step
+    rank: int = 0  # data parallelism: this process's rank and the number of ranks (data layers read their share)
+    ranks: int = 1
 
 
 class Tensor:
@@ -170,6 +172,9 @@ class Net:
         self._install_workspace()
         self._fill_params(seed, share_params_with)
         self._build_steps()
+        # Called with i after backward step i (data parallelism starts reducing the gradients that step
+        # finished while backward goes on; superneurons/parallel/reducer.py). None: nothing to call.
+        self.after_backward_step: Callable[[int], None] | None = None
 
     def default_pool_bytes(self, share: "Net | None" = None) -> int:
         """On the GPU, a training net's pool is what baseline needs plus GPU_WORKSPACE_ALLOWANCE, or, when
@@ -437,6 +442,8 @@ class Net:
                 for store, tensors, changed in streamed[i]:  # the gradients accumulated: copy them home
                     store.release(tensors, changed)
             mm.after_backward(i, step)
+            if self.after_backward_step is not None:
+                self.after_backward_step(i)
         if streamed is not None:
             self._settle_params()
 
