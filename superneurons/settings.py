@@ -20,7 +20,7 @@ from typing import Any
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 
-FLAG, INT, CHOICE = "flag", "int", "choice"
+FLAG, INT, CHOICE, TEXT = "flag", "int", "choice", "text"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -28,7 +28,7 @@ _FALSE = ("0", "false", "no", "off")
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str  # FLAG, INT or CHOICE
+    kind: str  # FLAG, INT, CHOICE or TEXT
     default: Any  # None: unset means "decide" (see doc)
     doc: str
     choices: tuple[str, ...] = ()
@@ -39,6 +39,8 @@ class Setting:
         text = (raw or "").strip().lower()
         if not text:
             return self.default
+        if self.kind == TEXT:
+            return raw.strip()
         if self.kind == FLAG:
             if text in _TRUE:
                 return True
@@ -107,6 +109,10 @@ _DECLARED = (
             "blocks)."),
     Setting("SUPERNEURONS_BN_MIN_BLOCK", INT, 8192,
             "Fused BatchNorm: the fewest elements one block of the partial-sum kernels takes on."),
+    # -- set by the program itself, not by users
+    Setting("SUPERNEURONS_DP_ERRORS", TEXT, None,
+            "Internal: the folder where the data-parallel launcher (`--gpu 0,1`) asks each rank to write its "
+            "error, so the job ends with the failing rank's message."),
 )
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}

@@ -90,7 +90,7 @@ def train(out: str, net: str, iters: int, layer_wise: bool, iter_size: int, batc
                             collective=MpiCollective(world, backend.ops), backend=backend, memory=memory,
                             pool_bytes=pool_bytes, log=TrainLog(stream=sink))
         x, y = data(iters * iter_size * batch * world.size)
-        solver.net.layer("data").reset(x[world.rank::world.size], y[world.rank::world.size])
+        solver.net.layer("data").reset(np.ascontiguousarray(x[world.rank::world.size]), np.ascontiguousarray(y[world.rank::world.size]))
         solver.solve()
     np.savez(f"{out}.{world.rank}.npz", started=solver.reducer.started_during_backward,
              streamed=solver.net.params.offloaded, **weights(solver))

@@ -108,7 +108,7 @@ def test_batchnorm_uses_per_rank_statistics(tmp_path):
                for _ in range(2)]
     x, y = job.data(iters * batch * 2)
     for r, s in enumerate(solvers):
-        s.net.layer("data").reset(x[r::2], y[r::2])
+        s.net.layer("data").reset(np.ascontiguousarray(x[r::2]), np.ascontiguousarray(y[r::2]))
     lead, other = solvers
     for it in range(iters):
         for s in solvers:

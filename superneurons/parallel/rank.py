@@ -14,6 +14,7 @@ import traceback
 from typing import Any
 
 from superneurons.errors import UserError
+from superneurons import settings
 from superneurons.parallel.launch import ERRORS_ENV, error_file
 from superneurons.parallel.world import World
 from superneurons.proto import superneurons_pb2 as pb
@@ -39,7 +40,7 @@ def train_rank(args: Any, param: pb.SolverParameter, gpus: list[int] | None) -> 
     try:
         return _train(args, param, gpus, world)
     except BaseException as e:  # noqa: BLE001 - every failure must end the whole job, not hang it
-        if world.size == 1 and ERRORS_ENV not in os.environ:
+        if world.size == 1 and not settings.get(ERRORS_ENV):
             raise  # a job of one: the command line reports it as usual
         _report(world, e, getattr(args, "debug", False))
         world.abort(1)
@@ -92,7 +93,7 @@ def _report(world: World, e: BaseException, debug: bool) -> None:
     if debug or not isinstance(e, (UserError, KeyboardInterrupt)):
         traceback.print_exception(e, file=sys.stderr)
     line = f"rank {world.rank}: {describe(e)}"
-    folder = os.environ.get(ERRORS_ENV)
+    folder = settings.get(ERRORS_ENV)
     if folder:
         try:
             with open(error_file(folder, world.rank), "w", encoding="utf-8") as f:
