@@ -175,11 +175,10 @@ class Net:
         history sets), so the memory techniques and convolution workspace share what is there.
         Elsewhere, and for nets that borrow another's parameters (test nets), what baseline needs."""
         need = self.baseline_bytes() + 4096
-        if getattr(self.backend, "name", "cpu") != "cuda" or not self.train or share is not None:
+        device = self.backend.device_memory()
+        if device is None or not self.train or share is not None:
             return need
-        from superneurons.backend.cuda.transfer import device_memory
-
-        free, total = device_memory()
+        free, total = device
         params = sum(round_up(t.nbytes) for t in self.tensors if t.base is None and t.kind == "param")
         margin = max(GPU_MARGIN_MIN, int(total * GPU_MARGIN_FRACTION)) + 2 * params
         if free - margin <= 0:
@@ -191,18 +190,14 @@ class Net:
         return min(free - margin, need + max(GPU_WORKSPACE_ALLOWANCE, GPU_WORKSPACE_TENSORS * largest))
 
     def _install_workspace(self) -> None:
-        """Convolutions borrow their workspace from the pool (when the backend supports it)."""
-        if hasattr(self.backend, "set_workspace_source"):
-            from superneurons.memory.workspace import PoolWorkspace
+        """Convolutions borrow their workspace from the pool."""
+        from superneurons.memory.workspace import PoolWorkspace
 
-            self.workspace = PoolWorkspace(self.pool, getattr(self.memory, "reclaim", None))
-        else:
-            self.workspace = None
+        self.workspace = PoolWorkspace(self.pool, getattr(self.memory, "reclaim", None))
 
     def _use_workspace(self) -> None:
         # One backend serves the train net and its test nets: each pass borrows from its own Net's pool.
-        if self.workspace is not None:
-            self.backend.set_workspace_source(self.workspace)
+        self.backend.set_workspace_source(self.workspace)
 
     # -- construction -------------------------------------------------------------------------
     def _new(self, key: str, shape, kind: str, dtype=np.float32, base: Tensor | None = None) -> Tensor:
