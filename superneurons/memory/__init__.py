@@ -82,15 +82,16 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     from superneurons.memory.cost import choose
     from superneurons.memory.plan import make_plan
     from superneurons.memory.pool import round_up
+    from superneurons.memory.tensors import PARAM_KINDS
 
     # The Net's own parameter tensors (shared ones are declared once) and solver history, as the pool holds them.
-    params = sum(round_up(t.nbytes) for t in net.tensors
-                 if t.base is None and t.kind in ("param", "param_diff", "history"))
+    params = sum(round_up(t.nbytes) for t in net.tensors if t.base is None and t.kind in PARAM_KINDS)
     update = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
                   for i, d in enumerate(net.learnable)), default=0)
 
     def plan_for(types: tuple[str, ...], modes) -> Any:
-        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes)
+        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
+                         layout=net.layout)
         plan.param_bytes, plan.update_bytes = params, update
         return plan
 

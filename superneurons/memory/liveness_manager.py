@@ -15,10 +15,9 @@ from superneurons.errors import PoolExhausted, UserError
 from superneurons.memory.counters import MovementCounters
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
-from superneurons.memory.params import PARAM_KINDS, OffloadedParams, ResidentParams
+from superneurons.memory.params import OffloadedParams, ResidentParams
 from superneurons.memory.pool import format_bytes, round_up
-
-_PARAM_KINDS = PARAM_KINDS  # parameters, their gradients, solver history: placed at setup or streamed
+from superneurons.memory.tensors import PARAM_KINDS  # parameters, their gradients, history: placed or streamed
 
 
 class LivenessManager(MovementCounters):
@@ -39,16 +38,12 @@ class LivenessManager(MovementCounters):
 
         net = self.net
         self.in_setup = True
+        # Planned on the layout the Net built its tensors from: the plan's keys are the Net's tensors.
         self.plan = make_plan(net.graph, train=net.train, modes=(self.name,), plan_backward=False,
-                              checkpoint_types=self.checkpoint_types)
+                              checkpoint_types=self.checkpoint_types, layout=net.layout)
         self.program = self.plan.program
         schedule = self.plan.schedules[self.name]
         self.tensors = {t.key: t for t in net.tensors}
-        roots = {t.key for t in net.tensors if t.base is None and t.kind not in _PARAM_KINDS}
-        if roots != set(self.program.tensors):
-            planned = set(self.program.tensors)
-            raise RuntimeError(f"memory plan and Net disagree on tensors: only in Net {sorted(roots - planned)}, "
-                               f"only in plan {sorted(planned - roots)}")
         self.views: dict[str, list[Any]] = {}
         for t in net.tensors:
             if t.base is not None:
@@ -58,7 +53,7 @@ class LivenessManager(MovementCounters):
                 self.views.setdefault(r.key, []).append(t)
         self.buffer_decl = {f"{n.name}#{name}": buf for n in net.graph.nodes for name, buf in n.layer.buffers.items()}
         self.nf = self.program.n_forward
-        params = [t for t in net.tensors if t.base is None and t.kind in _PARAM_KINDS]
+        params = [t for t in net.tensors if t.base is None and t.kind in PARAM_KINDS]
         all_params = sum(round_up(t.nbytes) for t in params)
         self.param_store = self._param_store(params, all_params)
         self._check_floor(all_params)
@@ -266,7 +261,7 @@ class LivenessManager(MovementCounters):
             st = steps[s]
             params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
             if params is None:
-                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in _PARAM_KINDS)
+                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in PARAM_KINDS)
             plan_peak = max(self.plan.traces[self.name].bytes) + params
             return (f", at {st.phase} step {s + 1} (layer {st.node.name!r}); this mode's plan needs "
                     f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "

@@ -31,8 +31,6 @@ import numpy as np
 
 from superneurons.memory.pool import BLOCK, HeapPool, round_up
 
-PARAM_KINDS = ("param", "param_diff", "history")
-
 
 def param_root(decl: Any) -> Any:
     """The ParamDecl that owns the tensors of `decl` (shared params and test nets point at it)."""

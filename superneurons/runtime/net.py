@@ -18,9 +18,9 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph, Node
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
-from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.pool import make_pool, round_up
+from superneurons.memory.tensors import declare_tensors
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
 # pool for what is allocated elsewhere: cuDNN/cuBLAS handles and library scratch, numba's loaded
@@ -139,13 +139,9 @@ class Net:
         self.tensors: list[Tensor] = []
         self.data: dict[str, Tensor] = {}
         self.diff: dict[str, Tensor] = {}
-        self.learnable: list[ParamDecl] = []  # owned, learnable params in prototxt order (the solver's list)
-        self._param_tensors: dict[int, tuple[Tensor, Tensor | None]] = {}
-        self._declare_tensors(share_params_with)
-        # The solver's history, one tensor per learnable parameter and set (Caffe's .solverstate order).
-        self.history: list[list[Tensor]] = [
-            [self._new(f"{decl.data_tensor.key}@history{j}", decl.shape, "history") for decl in self.learnable]
-            for j in range(solver_history)]
+        self.learnable: list[ParamDecl] = []  # owned, learnable params in route order (the solver's list)
+        self.history: list[list[Tensor]] = []  # per solver history set, one tensor per learnable param
+        self._declare_tensors(share_params_with, solver_history)
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
@@ -200,49 +196,14 @@ class Net:
         self.backend.set_workspace_source(self.workspace)
 
     # -- construction -------------------------------------------------------------------------
-    def _new(self, key: str, shape, kind: str, dtype=np.float32, base: Tensor | None = None) -> Tensor:
-        t = Tensor(key, shape, dtype, kind, base)
-        self.tensors.append(t)
-        return t
-
-    def _declare_tensors(self, share: "Net | None") -> None:
-        by_name = {n.name: n for n in self.graph.nodes}
-        shared_owner: dict[str, ParamDecl] = {}
-        # Split and Eltwise SUM gradients that share memory (the planner asks the same question).
-        aliases = DiffAliases()
-        if self.train:
-            graph = self.graph
-            aliases = diff_aliases(graph, {n.name: n.need_backward for n in graph.nodes},
-                                   {n.name: list(n.propagate_down) for n in graph.nodes},
-                                   [t for t, _w in graph.loss_blobs])
-        install_aliases(self.graph, aliases)
-        for node in self.graph.nodes:
+    def _declare_tensors(self, share: "Net | None", solver_history: int) -> None:
+        """One Tensor per TensorSpec of the layout (`memory.tensors`, the planner's too), in its order."""
+        graph = self.graph
+        borrowed = set()
+        for node in graph.nodes:
             layer = node.layer
             layer.ops = self.ops
             layer.ctx = self.ctx
-            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
-            for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
-                if t in self.data and node.bottoms and t == node.bottoms[0]:
-                    continue  # in place: same tensor
-                if view_data:
-                    self.data[t] = self._new(t, shape, "data", base=self.data[node.bottoms[0]])
-                else:
-                    self.data[t] = self._new(t, shape, "data")
-            # Bottom diffs first: a top diff that is a view (Flatten) needs its bottom's diff to exist,
-            # which it does not yet when the bottom comes from a data layer under force_backward.
-            if self.train:
-                for b, pd in zip(node.bottoms, node.propagate_down):
-                    if pd and b not in self.diff:
-                        self.diff[b] = self._new(b + "@diff", self.data[b].shape, "diff")
-            if self.train and node.need_backward:
-                for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
-                    if t not in self.diff:
-                        base = self.diff.get(node.bottoms[0]) if layer.shares_diff else None
-                        if t in aliases.views:
-                            base = self.diff[aliases.views[t]]
-                        self.diff[t] = self._new(t + "@diff", shape, "diff", base=base)
-            for name, buf in layer.buffers.items():
-                buf.tensor = self._new(f"{node.name}#{name}", buf.shape, "buffer", dtype=buf.dtype)
             specs = layer.param.param
             other = share.graph.node(node.name) if share is not None and node.name in _names(share) else None
             for k, decl in enumerate(layer.params):
@@ -253,23 +214,35 @@ class Net:
                 decl.name = spec.name if spec is not None and spec.name else ""
                 if other is not None and k < len(other.layer.params) and other.layer.params[k].shape == decl.shape:
                     decl.owner = other.layer.params[k]  # the test net reads the train net's weights
-                    continue
-                if decl.name and decl.name in shared_owner:
-                    owner = shared_owner[decl.name]
-                    if owner.shape != decl.shape:
-                        raise UserError(f"layer {node.name!r}: shared param {decl.name!r} has shape {decl.shape}, "
-                                        f"its owner has {owner.shape}")
-                    decl.owner = owner
-                    continue
-                decl.owner = None
-                if decl.name:
-                    shared_owner[decl.name] = decl
-                data = self._new(f"{node.name}.{k}", decl.shape, "param")
-                diff = self._new(f"{node.name}.{k}@diff", decl.shape, "param_diff") if self.train else None
-                decl.data_tensor, decl.diff_tensor = data, diff
-                if decl.learnable and self.train:
-                    self.learnable.append(decl)
-        self._by_name = by_name
+                    borrowed.add((node.name, k))
+        self.layout = declare_tensors(graph, train=self.train, borrowed=borrowed, history=solver_history)
+        # Split and Eltwise SUM gradients that share memory: the layers are told which.
+        install_aliases(graph, self.layout.aliases)
+        by_key: dict[str, Tensor] = {}
+        for spec in self.layout.specs:
+            base = by_key[spec.base] if spec.base is not None else None  # declared before its views
+            t = by_key[spec.key] = Tensor(spec.key, spec.shape, spec.dtype, spec.kind, base)
+            self.tensors.append(t)
+        self.data = {blob: by_key[key] for blob, key in self.layout.data_key.items()}
+        self.diff = {blob: by_key[key] for blob, key in self.layout.diff_key.items()}
+        for node in graph.nodes:
+            for key, name, _for_backward in self.layout.buffer_keys[node.name]:
+                node.layer.buffers[name].tensor = by_key[key]
+        decls = {(n.name, k): decl for n in graph.nodes for k, decl in enumerate(n.layer.params)}
+        for slot in self.layout.params:
+            decl = decls[slot.node, slot.index]
+            if slot.borrowed:
+                continue
+            if slot.shared_with is not None:
+                decl.owner = decls[slot.shared_with]
+                continue
+            decl.owner = None
+            decl.data_tensor = by_key[slot.data]
+            decl.diff_tensor = by_key[slot.diff] if slot.diff is not None else None
+        self.learnable = [decls[slot.node, slot.index] for slot in self.layout.learnable()]
+        # The solver's history, one tensor per learnable parameter and set (Caffe's .solverstate order).
+        self.history = [[by_key[key] for key in keys] for keys in self.layout.history]
+        self._by_name = {n.name: n for n in graph.nodes}
 
     def baseline_bytes(self) -> int:
         return sum(round_up(t.nbytes) for t in self.tensors if t.base is None)
