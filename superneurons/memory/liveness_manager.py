@@ -9,23 +9,25 @@ parameters (resident, or streamed through `params.py`), checks the floor, and ru
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from superneurons.errors import PoolExhausted, UserError
-from superneurons.memory.counters import MovementCounters
+from superneurons.memory.interface import MemoryManager, NetServices
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.params import OffloadedParams, ResidentParams
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.tensors import PARAM_KINDS  # parameters, their gradients, history: placed or streamed
 
+if TYPE_CHECKING:
+    from superneurons.runtime.net import Step, Tensor
 
-class LivenessManager(MovementCounters):
+
+class LivenessManager(MemoryManager):
     name = "liveness"
 
-    def __init__(self, net: Any, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
-        self.net = net
-        self.checkpoint_types = tuple(checkpoint_types)
+    def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
+        super().__init__(net, checkpoint_types)
         self.trace: list[int] = []  # peak activation bytes in the pool per global step (this iteration)
         self.on: set[str] = set()  # roots with device memory now
         self.allocs = 0  # tensors given device memory / freed by the schedule (cumulative; `superneurons time`)
@@ -67,7 +69,7 @@ class LivenessManager(MovementCounters):
             self._place(k)
         for t in net.tensors:  # parameter views (none today) follow their base
             if t.base is not None and t.array is None and root_of(t).array is not None:
-                net._materialize(t)
+                net.materialize(t)
         self._compile(schedule)
         self.in_setup = False
 
@@ -118,21 +120,21 @@ class LivenessManager(MovementCounters):
         self.after = [[(do[op], arg) for op, arg in acts] for acts in schedule.after]
 
     # -- the hooks -----------------------------------------------------------------------------
-    def before_forward(self, i: int, step: Any) -> None:
+    def before_forward(self, i: int, step: Step) -> None:
         if i == 0:
             self._start_iteration()
         self._enter(i)
 
-    def after_forward(self, i: int, step: Any) -> None:
+    def after_forward(self, i: int, step: Step) -> None:
         self._leave(i)
 
-    def before_backward(self, i: int, step: Any) -> None:
+    def before_backward(self, i: int, step: Step) -> None:
         self._enter(self.nf + i)
 
-    def after_backward(self, i: int, step: Any) -> None:
+    def after_backward(self, i: int, step: Step) -> None:
         self._leave(self.nf + i)
 
-    def ensure(self, tensor: Any) -> None:
+    def ensure(self, tensor: Tensor) -> None:
         """Give `tensor` device memory now (the loss gradient Net.backward seeds)."""
         k = root_of(tensor).key
         if k not in self.on:
@@ -170,7 +172,7 @@ class LivenessManager(MovementCounters):
         net, t = self.net, self.tensors[k]
         while True:
             try:
-                net._materialize(t)
+                net.materialize(t)
                 break
             except PoolExhausted as e:
                 if not (self._make_param_room() or self._defragment(t.nbytes)):
@@ -189,7 +191,7 @@ class LivenessManager(MovementCounters):
 
     def _quiesce(self) -> None:
         """Finish every copy in flight: a copy reads or writes a pool block, which compaction moves."""
-        store = getattr(self, "param_store", None)
+        store = self.param_store
         if store is not None and store.offloaded:
             for event in list(store.incoming.values()):
                 event.synchronize()
@@ -197,12 +199,12 @@ class LivenessManager(MovementCounters):
 
     def _make_param_room(self) -> bool:
         """Streamed parameters may hold blocks for copies in flight or prefetched ahead: reclaim them."""
-        store = getattr(self, "param_store", None)
+        store = self.param_store
         return store is not None and store.make_room()
 
     def _bind(self, k: str, t: Any) -> None:
         for v in self.views.get(k, ()):
-            self.net._materialize(v)
+            self.net.materialize(v)
         buf = self.buffer_decl.get(k)
         if buf is not None:
             buf.array = t.array
@@ -210,7 +212,7 @@ class LivenessManager(MovementCounters):
 
     def _unplace(self, k: str) -> None:
         self._unbind(k)
-        self.net._release(self.tensors[k])
+        self.net.release(self.tensors[k])
 
     def _unbind(self, k: str) -> None:
         """Detach root `k` and its views from their arrays; the pool block itself is the caller's."""

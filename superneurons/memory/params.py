@@ -214,7 +214,7 @@ class OffloadedParams:
         else:
             # From the top of the pool, away from the activations; may evict cached ones (offload, recompute).
             net.memory.alloc_block(t.key, t.nbytes, high=True)
-        net._attach(t)
+        net.attach(t)
         if pending is None:
             if t.key in self.zero:
                 net.ops.fill(t.array, 0.0)

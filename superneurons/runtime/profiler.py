@@ -206,4 +206,4 @@ class Profiler:
             self.timings[node.name].algo = str(getattr(node.layer, "algo_name", "") or "")
         return Profile([self.timings[n.name] for n in net.graph.nodes], fwd_ms, bwd_ms, it_ms,
                        net.pool.high_water, net.pool.capacity, layer_ms, memory_ms,
-                       memory_mode=getattr(mm, "name", "baseline"))
+                       memory_mode=mm.name)
