@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from superneurons.graph.build import Graph
     from superneurons.layers.base import ParamDecl
     from superneurons.memory.cost import Choice
+    from superneurons.memory.params import OffloadedParams
     from superneurons.memory.pool import HeapPool, MallocPool
     from superneurons.memory.tensors import TensorLayout
     from superneurons.runtime.net import RunContext, Step, Tensor
@@ -72,7 +73,7 @@ class MemoryManager(StepHooks, MovementCounters, ABC):
         self.auto: Choice | None = None  # under --memory auto: the choice that picked this manager
         # The store that streams parameters from the host, when this manager decided to (params.py);
         # None: parameters stay where `setup` placed them.
-        self.param_store: Any = None
+        self.param_store: OffloadedParams | None = None
 
     @abstractmethod
     def setup(self) -> None:

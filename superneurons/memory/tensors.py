@@ -107,7 +107,8 @@ class TensorLayout:
         """The owned, learnable parameters (the solver's list), in route order."""
         return [p for p in self.params if p.learnable and p.data is not None and p.diff is not None]
 
-    def _add(self, kind: str, owner: str, index: int | str, shape, dtype=np.float32, base: str | None = None) -> str:
+    def add(self, kind: str, owner: str, index: int | str, shape, dtype=np.float32, base: str | None = None) -> str:
+        """Declare one more tensor (after its base, if it is a view); returns its key."""
         spec = TensorSpec(tensor_key(kind, owner, index), tuple(int(d) for d in shape), np.dtype(dtype), kind, base)
         self.specs.append(spec)
         self.by_key[spec.key] = spec
@@ -138,7 +139,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
 
     def bottom_diff(b: str) -> str:
         if b not in diff:
-            diff[b] = out._add(DIFF, b, 0, graph.blob_shapes[b])
+            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b])
         return diff[b]
 
     borrowed = set(borrowed)
@@ -149,7 +150,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
         for t, shape in zip(node.tops, node.top_shapes):
             if t in data and node.bottoms and t == node.bottoms[0]:
                 continue  # in place: the bottom's tensor
-            data[t] = out._add(DATA, t, 0, shape, base=data[node.bottoms[0]] if view else None)
+            data[t] = out.add(DATA, t, 0, shape, base=data[node.bottoms[0]] if view else None)
         if train:
             # Bottom gradients first: a top gradient that is a view (Flatten) needs its bottom's gradient,
             # which does not exist yet when the bottom comes from a layer without backward (force_backward).
@@ -163,8 +164,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                     base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
                     if t in out.aliases.views:
                         base = bottom_diff(out.aliases.views[t])
-                    diff[t] = out._add(DIFF, t, 0, shape, base=base)
-        out.buffer_keys[node.name] = [(out._add(BUFFER, node.name, name, buf.shape, buf.dtype), name,
+                    diff[t] = out.add(DIFF, t, 0, shape, base=base)
+        out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype), name,
                                        bool(buf.for_backward)) for name, buf in layer.buffers.items()]
         specs = layer.param.param
         for k, decl in enumerate(layer.params):
@@ -181,10 +182,10 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                 continue
             if name:
                 named[name] = (node.name, k, tuple(decl.shape))
-            value = out._add(PARAM, node.name, k, decl.shape)
-            grad = out._add(PARAM_DIFF, node.name, k, decl.shape) if train else None
+            value = out.add(PARAM, node.name, k, decl.shape)
+            grad = out.add(PARAM_DIFF, node.name, k, decl.shape) if train else None
             out.params.append(ParamSlot(node.name, k, value, grad, decl.learnable))
     learnable = out.learnable()
-    out.history = [[out._add(HISTORY, p.data, j, out.by_key[p.data].shape) for p in learnable]
+    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape) for p in learnable]
                    for j in range(history)]
     return out

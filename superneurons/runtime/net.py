@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class RunContext:
 
     seed: int = 0
     iteration: int = 0
-    recomputing: bool = False  # True while a forward step runs as a recomputation replay
+    recomputing: bool = False  # True while the recompute manager replays a forward step
 
 
 class Tensor:
