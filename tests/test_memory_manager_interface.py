@@ -95,9 +95,7 @@ def test_gradients_are_reported_once_when_final(text, mode, streamed, monkeypatc
     assert net.params.offloaded == streamed
     rec = Recorder(net)
     net.add_hooks(rec)
-    rng = np.random.default_rng(0)
-    net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape).astype(np.float32)
-    net.data["label"].array[...] = rng.integers(0, 3, net.data["label"].shape).astype(np.float32)
+    _inputs(net)
     net.clear_param_diffs()
     net.forward_backward()
     # Every learnable parameter once, with the value it ends the pass with.
@@ -123,10 +121,17 @@ def test_gradients_are_reported_once_when_final(text, mode, streamed, monkeypatc
     assert rec.calls[len(net.forward_steps) * 2] == ("before_backward", first)
 
 
+def _inputs(net: Net) -> None:
+    rng = np.random.default_rng(0)
+    net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape).astype(np.float32)
+    net.data["label"].array[...] = rng.integers(0, 3, net.data["label"].shape).astype(np.float32)
+
+
 def test_shared_weights_are_reported_at_their_last_readers_step():
     net = Net(_graph(SHARED), BACKEND)
     rec = Recorder(net)
     net.add_hooks(rec)
+    _inputs(net)
     net.forward_backward()
     w2 = net.layer("fb").params[0]
     assert net.layer("fc").params[0].owner is w2
