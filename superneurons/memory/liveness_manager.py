@@ -53,7 +53,8 @@ class LivenessManager(MemoryManager):
                 while r.base is not None:
                     r = r.base
                 self.views.setdefault(r.key, []).append(t)
-        self.buffer_decl = {f"{n.name}#{name}": buf for n in net.graph.nodes for name, buf in n.layer.buffers.items()}
+        self.buffer_decl = {key: n.layer.buffers[name] for n in net.graph.nodes
+                            for key, name, _for_backward in net.layout.buffer_keys[n.name]}
         self.nf = self.program.n_forward
         params = [t for t in net.tensors if t.base is None and t.kind in PARAM_KINDS]
         all_params = sum(round_up(t.nbytes) for t in params)
