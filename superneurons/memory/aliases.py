@@ -12,9 +12,9 @@ The layers say which they are (`Layer.sums_top_diffs`, `Layer.identity_diff_bott
   that top. Without it a ResNet's projection block holds two input-sized gradients at once (the sum and
   the second convolution's output), 1.17x max(l_i) under recompute; with it, none beyond max(l_i).
 
-Both the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) ask `diff_aliases` which top
-gradients become views of which bottom gradients, so they agree on the roots; the layers are told which
-index shares memory (`Layer.diff_alias`).
+`tensors.declare_tensors` asks `diff_aliases` which top gradients become views of which bottom gradients,
+and the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) share that layout, so they agree on
+the roots; the layers are told which index shares memory (`Layer.diff_alias`).
 
 An alias is only taken when it is provably safe, with the same arithmetic in every memory mode:
 - the shared memory is (re)written every iteration before the aliasing layer's backward reads it: some

@@ -149,7 +149,7 @@ class OffloadManager(LivenessManager):
             return
         net, t = self.net, self.tensors[k]
         self.alloc_block(k, t.nbytes)
-        net._attach(t)
+        net.attach(t)
         if t.zero_init:
             net.ops.fill(t.array, 0.0)
         self._bind(k, t)
@@ -203,7 +203,7 @@ class OffloadManager(LivenessManager):
         self.host.cancel(k)
         self.host_keys.discard(k)
         t = self.tensors[k]
-        self.net._attach(t)
+        self.net.attach(t)
         self._bind(k, t)
         self.cache.insert(k, t.nbytes)
 

@@ -3,7 +3,7 @@
 The learnable parameters are grouped into buckets in the order backward finishes their gradients: a
 parameter's gradient is final after the last backward step that writes it (its own layer's, or the layer
 graph/fuse.py folded it into; a shared weight after its last user). With `layer_wise_reduce: true`
-(Caffe's default) the Net calls `after_backward_step(i)` after each backward step, and a bucket whose
+(Caffe's default) the reducer is one of the Net's step hooks (`Net.add_hooks`), and a bucket whose
 last gradient step i finished starts its reduction then, on the collective's own stream (NCCL) or as a
 non-blocking MPI call, while backward goes on; `finish`, called before the update, waits for them. With
 `layer_wise_reduce: false`, or when the parameters are streamed from the host (a gradient is on the device
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from superneurons.memory.interface import StepHooks
 from superneurons.memory.params import layers_computed_by, param_root
 
 # Gradients per bucket: big enough that a bucket is a few large transfers, small enough that the first
@@ -90,7 +91,7 @@ def cut(items: list[tuple[Any, int, int]], bucket_bytes: int) -> list[tuple[list
     return out
 
 
-class GradientReducer:
+class GradientReducer(StepHooks):
     """Attach to a training net: `attach()` installs the backward hook (layer-wise mode); the solver calls
     `finish()` before each update."""
 
@@ -110,12 +111,13 @@ class GradientReducer:
 
     def attach(self) -> None:
         if self.layer_wise:
-            self.net.after_backward_step = self._after_backward_step
+            self.net.add_hooks(self)
 
     def detach(self) -> None:
-        self.net.after_backward_step = None
+        if self.layer_wise:
+            self.net.remove_hooks(self)
 
-    def _after_backward_step(self, i: int) -> None:
+    def after_backward(self, i: int, step: Any) -> None:
         if self.net.ctx.iteration % self.iter_size != self.iter_size - 1:
             return  # gradients still accumulate over this iteration's passes
         for bucket in self._by_step.get(i, ()):

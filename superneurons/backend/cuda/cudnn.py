@@ -5,7 +5,7 @@ Descriptors are cached per shape. Each convolution direction of each (shapes, ge
 cuDNN's graph API (cudnn_graph.py: execution plans built once; the default, because cuDNN 9's legacy calls
 spend ~3x the host time per call) or through the legacy API with algorithms ranked by cuDNN's heuristics or,
 with SUPERNEURONS_CUDNN_FIND=1, measured with cudnnFind*AlgorithmEx (see ConvPlan). Workspace comes from the
-device's workspace source (device.WorkspaceSource: by default one private buffer grown on demand up to a limit).
+device's workspace source (base.WorkspaceSource: by default one private buffer grown on demand up to a limit).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Handle:
         call("cudnnCreate", _c.byref(self.value))
         call("cudnnSetStream", self.value, _c.c_void_p(stream))
         self.math = DEFAULT_MATH if tf32 else FMA_MATH
-        self.workspace_source = workspace_source  # a device.WorkspaceSource; Device swaps it
+        self.workspace_source = workspace_source  # a base.WorkspaceSource; Device swaps it
         self._tensors: dict = {}
         self._convs: dict = {}
 
