@@ -470,6 +470,68 @@ class Net:
     def layers_in_prototxt_order(self) -> Iterable[Node]:
         return sorted(self.graph.nodes, key=lambda n: n.layer.layer_index)
 
+    # -- for the Python API (superneurons.pycaffe): blobs by name, runs over part of the net -----------
+    # pycaffe reads and writes any blob between calls and runs a slice of the layers, so these need every
+    # tensor resident: slices and unseeded backward passes are refused under the memory modes that free
+    # or move tensors between steps.
+    def blob_array(self, name: str, diff: bool = False) -> Any:
+        """The backend array that holds blob `name`'s data (`diff`: its gradient) now, not a copy; None
+        when the net keeps no gradient for the blob or the memory mode has freed it. KeyError: no such blob."""
+        if diff:
+            t = self.diff.get(name)
+            if name not in self.data:
+                raise KeyError(name)
+            return None if t is None else t.array
+        return self.data[name].array
+
+    def layer_position(self, name: str) -> int:
+        """Layer `name`'s position in the prototxt (split layers included), Caffe's layer index."""
+        return self._by_name[name].layer.layer_index
+
+    def forward_layers(self, first: int, last: int) -> float:
+        """Run the forward steps of the layers at prototxt positions first..last (both included), in the
+        route's order; returns the weighted loss (Caffe's Net::ForwardFromTo). The whole range is `forward`."""
+        n = len(self.forward_steps)
+        if first <= 0 and last >= n - 1:
+            return self.forward()
+        self._require_resident("forward over part of the net")
+        self._use_workspace()
+        for i, step in enumerate(self.forward_steps):
+            if first <= step.node.layer.layer_index <= last:
+                self.memory.before_forward(i, step)
+                step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
+                self.memory.after_forward(i, step)
+        return self.loss_value()
+
+    def seed_loss_diffs(self) -> None:
+        """Set each loss blob's gradient to its loss weight, as `backward` does first."""
+        for _data, diff, w in self.loss_blobs:
+            if diff is not None:
+                self.memory.ensure(diff)
+                self.ops.fill(diff.array, w)
+
+    def backward_layers(self, first: int, last: int) -> None:
+        """Run the backward steps of the layers at prototxt positions first..last (both included), from the
+        gradients the blobs hold now: the loss gradients are not reset (see `seed_loss_diffs`), so a caller
+        may set any top's gradient first (Caffe's Net::BackwardFromTo)."""
+        self._require_resident("backward from given gradients")
+        self._use_workspace()
+        for i, step in enumerate(self.backward_steps):
+            if not first <= step.node.layer.layer_index <= last:
+                continue
+            self.memory.before_backward(i, step)
+            node = step.node
+            node.layer.backward([t.array for t in step.tops],
+                                [t.array if t is not None else None for t in step.top_diffs],
+                                node.propagate_down, [t.array for t in step.bottoms],
+                                [t.array if t is not None else None for t in step.bottom_diffs])
+            self.memory.after_backward(i, step)
+
+    def _require_resident(self, what: str) -> None:
+        if self.memory.name != "baseline" or self._param_fwd is not None:
+            raise UserError(f"net {self.name!r}: {what} needs every tensor resident; it runs under memory mode "
+                            f"{self.memory.name!r} (build the net with memory='baseline')")
+
 
 def _names(net: Net) -> set[str]:
     return {n.name for n in net.graph.nodes}
