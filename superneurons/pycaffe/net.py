@@ -81,6 +81,9 @@ class Blob:
 
     @property
     def data(self) -> np.ndarray:
+        staged = self._net._pending.get(self._key[-1]) if self._key[0] == "blob" else None
+        if staged is not None:
+            return staged
         return self._net._host.get(self._key + ("data",), self._data_of, self.shape)
 
     @property
@@ -89,7 +92,8 @@ class Blob:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self._shape_of())
+        staged = self._net._pending.get(self._key[-1]) if self._key[0] == "blob" else None
+        return staged.shape if staged is not None else tuple(self._shape_of())
 
     @property
     def count(self) -> int:
@@ -105,7 +109,8 @@ class Blob:
     width = property(lambda self: self._legacy(3))
 
     def reshape(self, *shape: int | Sequence[int]) -> None:
-        """Give an input blob a new shape; the net is set up again for it at once (weights kept)."""
+        """Give an input blob a new shape (its data then reads as zeros until written); the net is set up for
+        it, weights kept, at the next `net.reshape()`, forward or backward, as in Caffe."""
         dims = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
         dims = tuple(int(d) for d in dims)
         if self._reshape is None:
@@ -154,6 +159,7 @@ class Net:
         self._backend = mode.current_backend()
         self._standalone = True
         self._passes = 0
+        self._pending: dict[str, np.ndarray] = {}
         self._shares: Any = None
         self._attach(self._build_runtime())
         if weights:
@@ -164,7 +170,7 @@ class Net:
         """The Python view of a Net someone else runs (a solver's train and test nets)."""
         self = cls.__new__(cls)
         self._file, self._net_param, self._backend, self._standalone = runtime.graph.source, None, backend, False
-        self._phase, self._passes = runtime.graph.phase, 0
+        self._phase, self._passes, self._pending = runtime.graph.phase, 0, {}
         self._attach(runtime)
         return self
 
@@ -174,8 +180,13 @@ class Net:
         from superneurons.runtime.net import Net as RuntimeNet
 
         graph = build_graph(self._net_param, self._phase, self._level, self._stages, source=self._file)
-        return RuntimeNet(graph, self._backend, train=self._phase == TRAIN, seed=mode.random_seed(),
-                          memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share)
+        runtime = RuntimeNet(graph, self._backend, train=self._phase == TRAIN, seed=mode.random_seed(),
+                             memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share)
+        for name in graph.blob_shapes:  # Caffe's blobs start at zero; users read inputs they have not written
+            array = runtime.blob_array(name)
+            if array is not None:
+                runtime.ops.fill(array, 0.0)
+        return runtime
 
     def _attach(self, runtime: Any) -> None:
         self._net = runtime
@@ -244,6 +255,7 @@ class Net:
                 **kwargs: np.ndarray) -> dict[str, np.ndarray]:
         """Run the net (or layers start..end) with the inputs given by name; returns {blob: data} for the
         outputs (or `end`'s blob) and `blobs`. The arrays are the net's: copy what you keep."""
+        self.reshape()
         blobs = list(blobs or [])
         first = self._position(start, "start") if start is not None else 0
         last = self._position(end, "end") if end is not None else len(self._layer_names) - 1
@@ -267,6 +279,7 @@ class Net:
                  **kwargs: np.ndarray) -> dict[str, np.ndarray]:
         """Backpropagate (from layer `start` down to `end`), with the output gradients given by name; returns
         {blob: diff} for the inputs (or `end`'s blob) and `diffs`. Parameter gradients add up, as in Caffe."""
+        self.reshape()
         diffs = list(diffs or [])
         first = self._position(end, "end") if end is not None else 0
         last = self._position(start, "start") if start is not None else len(self._layer_names) - 1
@@ -309,9 +322,9 @@ class Net:
         collected: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
         for batch in self._batches(kwargs):
             for name, value in self.forward(blobs=blobs, **batch).items():
-                collected[name].extend(value.copy())
+                _collect(collected[name], value)
         n = len(next(iter(kwargs.values()))) if kwargs else 0
-        return {name: np.asarray(values[:n] if n else values) for name, values in collected.items()}
+        return {name: _trim(values, n) for name, values in collected.items()}
 
     def forward_backward_all(self, blobs: Iterable[str] | None = None, diffs: Iterable[str] | None = None,
                              **kwargs: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -323,12 +336,11 @@ class Net:
         grads: dict[str, list[np.ndarray]] = {name: [] for name in set(self.inputs + diffs)}
         for fb, bb in zip(self._batches(forward_in), self._batches(backward_in)):
             for name, value in self.forward(blobs=blobs, **fb).items():
-                outs[name].extend(value.copy())
+                _collect(outs[name], value)
             for name, value in self.backward(diffs=diffs, **bb).items():
-                grads[name].extend(value.copy())
+                _collect(grads[name], value)
         n = len(next(iter(kwargs.values()))) if kwargs else 0
-        trim = (lambda v: np.asarray(v[:n] if n else v))  # noqa: E731
-        return {k: trim(v) for k, v in outs.items()}, {k: trim(v) for k, v in grads.items()}
+        return {k: _trim(v, n) for k, v in outs.items()}, {k: _trim(v, n) for k, v in grads.items()}
 
     def _batches(self, arrays: dict[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
         if not arrays:
@@ -352,10 +364,26 @@ class Net:
         if name not in self.inputs:
             raise UserError(f"blob {name!r} cannot be reshaped: only input blobs take a new shape "
                             f"(this net's: {', '.join(self.inputs) or 'none'})")
-        if dims == self.blobs[name].shape:
-            return
         if not dims or min(dims) < 1:
             raise UserError(f"blob {name!r}: cannot reshape to {dims}; every dimension must be at least 1")
+        if dims == tuple(self._net.graph.blob_shapes[name]):
+            self._pending.pop(name, None)
+        else:
+            self._pending[name] = np.zeros(dims, dtype=np.float32)
+
+    def reshape(self) -> None:
+        """Set the net up again for the shapes its input blobs were given (`Blob.reshape`), keeping the
+        weights and what was written into the reshaped inputs; forward and backward do this first."""
+        if not self._pending:
+            return
+        for name, staged in self._pending.items():
+            self._set_input_shape(name, staged.shape)
+        staged, self._pending = self._pending, {}
+        self._rebuild()
+        for name, values in staged.items():
+            self._net.backend.from_host(self._net.blob_array(name), values)
+
+    def _set_input_shape(self, name: str, dims: tuple[int, ...]) -> None:
         for lp in self._net_param.layer:
             if lp.type == "Input" and name in lp.top:
                 shapes = list(lp.input_param.shape)
@@ -366,10 +394,6 @@ class Net:
                 shape = lp.input_param.shape[list(lp.top).index(name)]
                 del shape.dim[:]
                 shape.dim.extend(dims)
-        self._rebuild()
-
-    def reshape(self) -> None:
-        """Caffe sets every layer up again for its inputs' shapes; here `Blob.reshape` already has."""
 
     def _rebuild(self, share: Any = None) -> None:
         """A new runtime Net for the changed shapes or sharing, keeping the weights (and our host copies in step)."""
@@ -447,3 +471,16 @@ class Net:
         plan = make_plan(graph, train=self._net.train, plan_backward=False)
         batch = next((shape[0] for shape in graph.blob_shapes.values() if shape), None)
         return to_json(plan, batch)
+
+
+def _collect(into: list, value: np.ndarray) -> None:
+    """Items of a batch's blob (a scalar blob, e.g. a loss, one value per batch)."""
+    if np.ndim(value):
+        into.extend(np.array(value, copy=True))
+    else:
+        into.append(np.array(value, copy=True))
+
+
+def _trim(values: list, n: int) -> np.ndarray:
+    """The collected items without the padding of the last batch (n: the number of real items, 0: all)."""
+    return np.asarray(values[:n] if n and len(values) >= n and np.ndim(values[0]) else values)
