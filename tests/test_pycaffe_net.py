@@ -288,3 +288,34 @@ def test_import_stays_cheap_and_pycaffe_names_resolve():
             "from superneurons.proto import caffe_pb2\n"
             "assert caffe_pb2.Datum and caffe.Classifier and caffe.draw.draw_net\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_backward_on_a_net_without_gradients_says_why(mlp_file):
+    net = caffe.Net(mlp_file, caffe.TEST)
+    with pytest.raises(UserError, match="TEST net keeps no gradients"):
+        net.backward()
+
+
+@pytest.mark.gpu
+def test_gpu_blobs_are_host_copies_kept_in_step(mlp_file, tmp_path, rng):
+    """On the GPU: feed through blob arrays, forward/backward against NumPy, a solver step, CPU weights."""
+    caffe.set_mode_gpu()
+    caffe.set_device(0)
+    try:
+        net = caffe.Net(mlp_file, caffe.TRAIN)
+        x, t = rng.standard_normal((4, 6)), rng.standard_normal((4, 3))
+        net.blobs["data"].data[...] = x
+        net.blobs["target"].data[...] = t
+        net.params["ip1"][1].data[...] += 0.25  # a write into a parameter reaches the device
+        loss = float(net.forward()["loss"])
+        h, y, ref_loss, grads = reference(net, x, t)
+        assert abs(loss - ref_loss) <= 1e-3 * max(1.0, abs(ref_loss))
+        np.testing.assert_allclose(net.blobs["ip2"].data, y, rtol=1e-3, atol=1e-3)
+        net.backward()
+        np.testing.assert_allclose(net.params["ip1"][0].diff, grads["ip1"][0], rtol=1e-3, atol=1e-3)
+        net.save(str(tmp_path / "gpu.caffemodel"))
+        caffe.set_mode_cpu()
+        cpu = caffe.Net(mlp_file, str(tmp_path / "gpu.caffemodel"), caffe.TRAIN)
+        np.testing.assert_array_equal(cpu.params["ip1"][1].data, net.params["ip1"][1].data)
+    finally:
+        caffe.set_mode_cpu()

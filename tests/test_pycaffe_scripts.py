@@ -198,7 +198,7 @@ def test_finetune_with_copy_from_and_a_renamed_last_layer(digits, tmp_path, monk
     net_file = tmp_path / "finetune.prototxt"
     net_file.write_text(TRAIN_TEST.read_text().replace('name: "ip2"', 'name: "ip2_digits"'))
     solver_file = tmp_path / "solver.prototxt"
-    solver_file.write_text(f'net: "{net_file}"\n' + LENET_SOLVER.replace("base_lr: 0.01", "base_lr: 0.001"))
+    solver_file.write_text(f'net: "{net_file}"\n' + LENET_SOLVER)
     solver = caffe.SGDSolver(str(solver_file))
     solver.net.copy_from(str(MODEL))
     trained = file_blobs(MODEL)
@@ -216,7 +216,7 @@ def test_finetune_with_copy_from_and_a_renamed_last_layer(digits, tmp_path, monk
         return float(np.mean([test_net.forward()["accuracy"] for _ in range(3)]))
 
     before = accuracy()
-    solver.step(60)
+    solver.step(25)
     after = accuracy()
     # Only the new layer started from scratch: the pretrained features make it learn the digits fast.
     assert before < 0.5 and after >= 0.9, (before, after)
@@ -319,10 +319,10 @@ def test_netspec_lenet_trains_like_the_prototxt_lenet(digits, tmp_path, monkeypa
     assert list(spec.layer[1].param) == list(repo[2].param)
 
     a, b = caffe.get_solver(str(ours)), caffe.get_solver(str(reference))
-    a.step(120)
-    b.step(120)
+    a.step(40)
+    b.step(40)
     for name in b.net.params:  # same fillers, same batches, same updates
         for x, y in zip(a.net.params[name], b.net.params[name]):
             np.testing.assert_array_equal(x.data, y.data)
     accuracy = np.mean([a.test_nets[0].forward()["accuracy"] for _ in range(3)])
-    assert accuracy >= 0.9, accuracy
+    assert accuracy >= 0.85, accuracy  # 0.91 after 40 iterations

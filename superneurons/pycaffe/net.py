@@ -287,6 +287,11 @@ class Net:
         if kwargs and set(kwargs) != set(self.outputs):
             raise UserError(f"backward() got gradients for {sorted(kwargs)}, the net's outputs are {self.outputs}")
 
+        if not self._net.runs_backward():
+            raise UserError(f"backward(): net {self._net.name!r} runs no layer backward: a {_phase_name(self._phase)} "
+                            "net keeps no gradients, and a TRAIN net only backpropagates from its losses (Caffe's "
+                            "force_backward on a net without a loss is not supported)")
+
         def run() -> None:
             if not kwargs and first == 0 and last == len(self._layer_names) - 1:
                 self._net.backward()
@@ -484,3 +489,7 @@ def _collect(into: list, value: np.ndarray) -> None:
 def _trim(values: list, n: int) -> np.ndarray:
     """The collected items without the padding of the last batch (n: the number of real items, 0: all)."""
     return np.asarray(values[:n] if n and len(values) >= n and np.ndim(values[0]) else values)
+
+
+def _phase_name(phase: int) -> str:
+    return "TRAIN" if phase == TRAIN else "TEST"

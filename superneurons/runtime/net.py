@@ -484,6 +484,10 @@ class Net:
             return None if t is None else t.array
         return self.data[name].array
 
+    def runs_backward(self) -> bool:
+        """Whether `backward` runs any layer (not for a test net, nor for a net without a loss)."""
+        return bool(self.backward_steps)
+
     def layer_position(self, name: str) -> int:
         """Layer `name`'s position in the prototxt (split layers included), Caffe's layer index."""
         return self._by_name[name].layer.layer_index
