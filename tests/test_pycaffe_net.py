@@ -250,6 +250,21 @@ def test_solver_step_is_sgd_with_momentum_and_weight_decay(mlp_file, tmp_path, r
     assert (tmp_path / "mlp_iter_2.caffemodel").exists() and (tmp_path / "mlp_iter_2.solverstate").exists()
     assert type(caffe.get_solver(str(solver_file))).__name__ == "Solver"
     assert caffe.get_solver(str(solver_file)).runtime.rule.name == "Adam"
+    no_momentum = tmp_path / "adagrad.prototxt"
+    no_momentum.write_text(solver_file.read_text().replace("momentum: 0.9", ""))
+    assert caffe.AdaGradSolver(str(no_momentum)).runtime.rule.name == "AdaGrad"
+    assert caffe.RMSPropSolver(str(no_momentum)).runtime.rule.name == "RMSProp"
+    for cls, rule in ((caffe.NesterovSolver, "Nesterov"), (caffe.AdaDeltaSolver, "AdaDelta"),
+                      (caffe.AdamSolver, "Adam"), (caffe.SGDSolver, "SGD")):
+        assert cls(str(solver_file)).runtime.rule.name == rule
+
+    # solve(): to max_iter from a snapshot, then the final snapshot.
+    resumed = caffe.SGDSolver(str(solver_file))
+    resumed.solve(str(tmp_path / "mlp_iter_2.solverstate"))
+    assert resumed.iter == 2
+    for name in ("ip1", "ip2"):
+        for a, b in zip(resumed.net.params[name], net.params[name]):
+            np.testing.assert_array_equal(a.data, b.data)
 
 
 def test_memory_options_and_plan(mlp_file):
