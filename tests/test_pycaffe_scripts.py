@@ -6,13 +6,12 @@ elsewhere each result is recomputed independently in NumPy.
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import load_tool
+from harness import lmdb_digest, load_tool
 from PIL import Image
 
 import superneurons as caffe
@@ -152,17 +151,7 @@ def test_solver_step_resumes_caffes_solverstate_like_caffe(digits, tmp_path, mon
     the loss read from solver.net.blobs gives Caffe's losses and weights."""
     with np.load(FIX / "caffe_lenet_resume.npz") as f:
         ref = {k: f[k] for k in f.files}
-    import lmdb
-
-    digest = hashlib.sha256()
-    env = lmdb.open(str(digits / "data" / "digits" / "train_lmdb"), readonly=True, lock=False)
-    with env.begin() as txn:
-        for i, (_, value) in enumerate(txn.cursor()):
-            if i == int(ref["train_records"]):
-                break
-            digest.update(value)
-    env.close()
-    if digest.hexdigest() != str(ref["train_sha256"]):
+    if lmdb_digest(digits / "data" / "digits" / "train_lmdb", int(ref["train_records"])) != str(ref["train_sha256"]):
         pytest.skip("tools/make_digits_lmdb.py no longer writes the train records Caffe read for the fixture")
     monkeypatch.chdir(digits)
     for f in ("lenet_iter_400.caffemodel", "lenet_iter_400.solverstate"):
