@@ -71,6 +71,26 @@ def test_resize_image(rng):
     assert four.shape == (3, 3, 4)
 
 
+@pytest.mark.parametrize("shape,out", [((5, 7, 3), (10, 14)), ((12, 9, 3), (6, 6)), ((12, 9, 1), (5, 4)),
+                                       ((20, 3, 3), (4, 9)), ((6, 6, 4), (3, 3)), ((4, 5, 2), (9, 11))])
+def test_resize_image_is_scikit_images_recipe(shape, out, rng):
+    """pycaffe's resize through scikit-image, spelled out with SciPy's filters (where SciPy is installed)."""
+    ndimage = pytest.importorskip("scipy.ndimage")
+    image = rng.uniform(-2, 3, shape)
+    if shape[-1] in (1, 3):
+        lo, hi = image.min(), image.max()
+        unit = (image - lo) / (hi - lo)
+        factors = np.array([shape[0] / out[0], shape[1] / out[1], 1.0])
+        if (factors > 1).any():
+            unit = ndimage.gaussian_filter(unit, np.maximum(0, (factors - 1) / 2), mode="constant", cval=0)
+        unit = ndimage.zoom(unit, (out[0] / shape[0], out[1] / shape[1], 1), order=1, mode="grid-constant",
+                            grid_mode=True)
+        expected = np.clip(unit, 0, 1) * (hi - lo) + lo
+    else:
+        expected = ndimage.zoom(image, (out[0] / shape[0], out[1] / shape[1], 1), order=1)
+    np.testing.assert_allclose(caffe.io.resize_image(image, out), expected, atol=2e-6)
+
+
 def test_oversample_takes_corners_centre_and_mirrors(rng):
     images = rng.standard_normal((2, 8, 10, 3)).astype(np.float32)
     crops = caffe.io.oversample(images, (4, 6))

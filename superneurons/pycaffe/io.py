@@ -34,28 +34,69 @@ def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1)
     As pycaffe, which calls scikit-image's resize on images of 1 or 3 channels: the image is scaled to
     [0, 1], smoothed with a Gaussian of sigma (factor - 1) / 2 along each axis it shrinks (anti-aliasing),
     sampled at pixel centres with zeros outside (`mode='constant'`), clipped to [0, 1] and scaled back; a
-    constant image stays constant. Other channel counts are zoomed without that (scipy's zoom, as pycaffe).
+    constant image stays constant. Other channel counts are zoomed with the corners aligned (scipy's zoom,
+    as pycaffe). Order 1 is computed here; other orders need SciPy.
     """
-    from scipy import ndimage
-
     im = np.asarray(im, dtype=np.float64)
     if im.ndim != 3:
         raise UserError(f"resize_image: expected an H x W x K image, got shape {im.shape}")
-    out_h, out_w = (int(d) for d in new_dims[:2])
+    out = (int(new_dims[0]), int(new_dims[1]))
+    if min(out) < 1:
+        raise UserError(f"resize_image: cannot resize to {out}")
     if im.shape[-1] in (1, 3):
         lo, hi = float(im.min()), float(im.max())
         if hi <= lo:
-            return np.full((out_h, out_w, im.shape[-1]), lo, dtype=np.float32)
+            return np.full(out + (im.shape[-1],), lo, dtype=np.float32)
         unit = (im - lo) / (hi - lo)
-        factors = np.array([im.shape[0] / out_h, im.shape[1] / out_w, 1.0])
-        if np.any(factors > 1):
-            unit = ndimage.gaussian_filter(unit, np.maximum(0, (factors - 1) / 2), cval=0, mode="constant")
-        zoomed = ndimage.zoom(unit, (out_h / im.shape[0], out_w / im.shape[1], 1.0), order=interp_order,
-                              mode="grid-constant", cval=0, grid_mode=True)
+        for axis in (0, 1):
+            factor = im.shape[axis] / out[axis]
+            if factor > 1:
+                unit = _gaussian_smooth(unit, axis, (factor - 1) / 2)
+        zoomed = _zoom(unit, out, interp_order, centres=True)
         resized = np.clip(zoomed, 0.0, 1.0) * (hi - lo) + lo
     else:
-        resized = ndimage.zoom(im, (out_h / im.shape[0], out_w / im.shape[1], 1.0), order=interp_order)
+        resized = _zoom(im, out, interp_order, centres=False)
     return resized.astype(np.float32)
+
+
+def _gaussian_smooth(a: np.ndarray, axis: int, sigma: float) -> np.ndarray:
+    """A Gaussian filter along `axis` with zeros beyond the border (scipy.ndimage's, truncated at 4 sigma)."""
+    radius = int(4.0 * sigma + 0.5)
+    taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    taps /= taps.sum()
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (radius, radius)
+    padded = np.pad(a, pad)
+    n = a.shape[axis]
+    return sum(w * np.take(padded, np.arange(j, j + n), axis=axis) for j, w in enumerate(taps))
+
+
+def _zoom(a: np.ndarray, out: tuple[int, int], order: int, centres: bool) -> np.ndarray:
+    """Resample the first two axes to `out`: `centres` maps pixel centres (zeros outside the image),
+    else the corner pixels onto each other."""
+    if order != 1:
+        try:
+            from scipy import ndimage
+        except ImportError:
+            raise UserError(f"resize_image with interp_order={order} needs SciPy (pip install scipy); "
+                            "order 1 does not") from None
+        factors = (out[0] / a.shape[0], out[1] / a.shape[1], 1.0)
+        if centres:
+            return ndimage.zoom(a, factors, order=order, mode="grid-constant", cval=0.0, grid_mode=True)
+        return ndimage.zoom(a, factors, order=order)
+    for axis in (0, 1):
+        n_in, n_out = a.shape[axis], out[axis]
+        if centres:
+            pos = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
+        else:
+            pos = np.arange(n_out) * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros(1)
+        left = np.floor(pos).astype(np.int64)
+        frac = (pos - left).reshape((-1,) + (1,) * (a.ndim - 1 - axis))
+        padded = np.pad(a, [(1, 2) if k == axis else (0, 0) for k in range(a.ndim)])  # zeros beyond each edge
+        lo = np.take(padded, np.clip(left, -1, n_in) + 1, axis=axis)
+        hi = np.take(padded, np.clip(left + 1, -1, n_in) + 1, axis=axis)
+        a = (1 - frac) * lo + frac * hi
+    return a
 
 
 def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
