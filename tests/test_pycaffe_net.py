@@ -305,10 +305,29 @@ def test_import_stays_cheap_and_pycaffe_names_resolve():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_backward_on_a_net_without_gradients_says_why(mlp_file):
-    net = caffe.Net(mlp_file, caffe.TEST)
-    with pytest.raises(UserError, match="TEST net keeps no gradients"):
+def test_backward_on_a_net_without_gradients_says_why(tmp_path):
+    model = tmp_path / "plain.prototxt"
+    model.write_text(MLP.replace("force_backward: true", ""))
+    net = caffe.Net(str(model), caffe.TEST)
+    with pytest.raises(UserError, match="force_backward"):
         net.backward()
+
+
+def test_forced_backward_of_a_deploy_net_gives_input_gradients(tmp_path, rng):
+    """Saliency: a TEST net without a loss, force_backward, gradients of a chosen output w.r.t. the input."""
+    model = tmp_path / "deploy.prototxt"
+    model.write_text(MLP[:MLP.index('layer { name: "loss"')]
+                     .replace(' top: "target"', "").replace(" shape { dim: 4 dim: 3 }", ""))
+    net = caffe.Net(str(model), caffe.TEST)
+    assert net.inputs == ["data"] and net.outputs == ["ip2"]
+    x, g = rng.standard_normal((4, 6)), rng.standard_normal((4, 3))
+    net.forward(data=x)
+    diffs = net.backward(ip2=g)
+    w1, b1 = (p.data.astype(np.float64) for p in net.params["ip1"])
+    w2 = net.params["ip2"][0].data.astype(np.float64)
+    h = np.maximum(x @ w1.T + b1, 0)
+    np.testing.assert_allclose(diffs["data"], ((g @ w2) * (h > 0)) @ w1, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(net.params["ip2"][0].diff, g.T @ h, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.gpu

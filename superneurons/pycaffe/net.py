@@ -180,7 +180,9 @@ class Net:
         from superneurons.runtime.net import Net as RuntimeNet
 
         graph = build_graph(self._net_param, self._phase, self._level, self._stages, source=self._file)
-        runtime = RuntimeNet(graph, self._backend, train=self._phase == TRAIN, seed=mode.random_seed(),
+        # A TEST net keeps gradients only under force_backward (saliency maps, deep dream), as in Caffe.
+        keeps_gradients = self._phase == TRAIN or bool(self._net_param.force_backward)
+        runtime = RuntimeNet(graph, self._backend, train=keeps_gradients, seed=mode.random_seed(),
                              memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share)
         for name in graph.blob_shapes:  # Caffe's blobs start at zero; users read inputs they have not written
             array = runtime.blob_array(name)
@@ -288,9 +290,9 @@ class Net:
             raise UserError(f"backward() got gradients for {sorted(kwargs)}, the net's outputs are {self.outputs}")
 
         if not self._net.runs_backward():
-            raise UserError(f"backward(): net {self._net.name!r} runs no layer backward: a {_phase_name(self._phase)} "
-                            "net keeps no gradients, and a TRAIN net only backpropagates from its losses (Caffe's "
-                            "force_backward on a net without a loss is not supported)")
+            raise UserError(f"backward(): net {self._net.name!r} ({_phase_name(self._phase)}) runs no layer backward: "
+                            "a TEST net keeps gradients only with force_backward: true in its prototxt, and "
+                            "otherwise only layers below a loss backpropagate")
 
         def run() -> None:
             if not kwargs and first == 0 and last == len(self._layer_names) - 1:
@@ -299,10 +301,9 @@ class Net:
             self._net.seed_loss_diffs()
             for name, value in kwargs.items():
                 array = self._net.blob_array(name, diff=True)
-                if array is None:
-                    raise UserError(f"backward(): blob {name!r} takes no gradient in this net (no layer below it "
-                                    "learns or needs one; TRAIN-phase nets backpropagate to their losses)")
-                self._net.backend.from_host(array, np.asarray(value, dtype=np.float32).reshape(self.blobs[name].shape))
+                if array is not None:  # else no layer reads it (an input passed through): nothing to do
+                    self._net.backend.from_host(array, np.asarray(value, dtype=np.float32).reshape(
+                        self.blobs[name].shape))
             self._net.backward_layers(first, last)
 
         self._run(run)
