@@ -223,15 +223,20 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
         net.set_input_arrays(data[:3], labels[:3])
 
 
-def test_solver_step_is_sgd_with_momentum_and_weight_decay(mlp_file, tmp_path, rng):
-    """Two iterations through caffe.SGDSolver against the update computed in NumPy."""
+@pytest.mark.parametrize("copies", [False, True], ids=["cpu-views", "host-copies"])
+def test_solver_step_is_sgd_with_momentum_and_weight_decay(mlp_file, tmp_path, rng, monkeypatch, copies):
+    """Two iterations through caffe.SGDSolver against the update computed in NumPy (also through the host
+    copies the GPU uses, with a stale copy of the same weights held through the test net)."""
+    monkeypatch.setattr(pycaffe_net, "FORCE_HOST_COPIES", copies)
     solver_file = tmp_path / "solver.prototxt"
-    solver_file.write_text(f'net: "{mlp_file}"\nbase_lr: 0.1\nmomentum: 0.9\nweight_decay: 0.01\n'
-                           'lr_policy: "fixed"\nmax_iter: 2\nrandom_seed: 3\ntype: "Adam"\n'
+    solver_file.write_text(f'net: "{mlp_file}"\ntest_iter: 1\ntest_interval: 100\nbase_lr: 0.1\nmomentum: 0.9\n'
+                           'weight_decay: 0.01\nlr_policy: "fixed"\nmax_iter: 2\nrandom_seed: 3\ntype: "Adam"\n'
                            f'snapshot_prefix: "{tmp_path}/mlp"\n')
     solver = caffe.SGDSolver(str(solver_file))  # the class wins over the prototxt's type, as in pycaffe
     net = solver.net
-    assert solver.iter == 0 and solver.test_nets == []
+    assert solver.iter == 0 and len(solver.test_nets) == 1
+    seen_by_test_net = solver.test_nets[0].params["ip2"][1].data
+    net.params["ip2"][1].data[...] = 0.5  # an edit through the train net wins over the test net's old copy
     x, t = rng.standard_normal((4, 6)), rng.standard_normal((4, 3))
     net.blobs["data"].data[...] = x
     net.blobs["target"].data[...] = t
@@ -246,6 +251,7 @@ def test_solver_step_is_sgd_with_momentum_and_weight_decay(mlp_file, tmp_path, r
                 v = history[name][k] = 0.9 * history[name][k] + 0.1 * (grads[name][k] + 0.01 * before[name][k])
                 np.testing.assert_allclose(net.params[name][k].data, before[name][k] - v, rtol=1e-4, atol=1e-6)
     assert solver.iter == 2
+    np.testing.assert_array_equal(seen_by_test_net, net.params["ip2"][1].data)  # the test net reads the same
     solver.snapshot()
     assert (tmp_path / "mlp_iter_2.caffemodel").exists() and (tmp_path / "mlp_iter_2.solverstate").exists()
     assert type(caffe.get_solver(str(solver_file))).__name__ == "Solver"

@@ -29,11 +29,15 @@ FORCE_HOST_COPIES = False
 
 class HostArrays:
     """The NumPy arrays handed to Python for a net's backend arrays: the arrays themselves where they are
-    host arrays, else host copies that `pull` refreshes from the device and `push` writes back."""
+    host arrays, else host copies that `pull` refreshes from the device and `push` writes back. A copy is
+    written back only when it differs from what was last pulled: a net and the nets sharing its weights
+    (a solver's test nets) may all hold copies of one parameter, and an unchanged one must not undo an edit
+    made through another."""
 
     def __init__(self, backend: Any):
         self.backend = backend
-        self.copies: dict[tuple, tuple[np.ndarray, Callable[[], Any]]] = {}
+        # key -> (the array handed out, the values last pulled into it, how to find the backend array)
+        self.copies: dict[tuple, tuple[np.ndarray, np.ndarray, Callable[[], Any]]] = {}
         self.placeholders: dict[tuple, np.ndarray] = {}
 
     def get(self, key: tuple, array_of: Callable[[], Any], shape: Sequence[int]) -> np.ndarray:
@@ -48,27 +52,25 @@ class HostArrays:
         held = self.copies.get(key)
         if held is None or held[0].shape != tuple(shape):
             host = np.ascontiguousarray(self.backend.to_host(array)).reshape(tuple(shape))
-            self.copies[key] = (host, array_of)
+            self.copies[key] = (host, host.copy(), array_of)
             return host
         return held[0]
 
     def push(self) -> None:
-        """Write the host copies (possibly changed by the user) into the backend arrays."""
-        for host, array_of in self.copies.values():
+        """Write the host copies the user changed into the backend arrays."""
+        for host, pulled, array_of in self.copies.values():
             array = array_of()
-            if array is not None:
+            if array is not None and not np.array_equal(host, pulled):
                 self.backend.from_host(array, host)
+                pulled[...] = host
 
     def pull(self) -> None:
         """Refresh the host copies from the backend arrays (after the net has run)."""
-        for host, array_of in self.copies.values():
+        for host, pulled, array_of in self.copies.values():
             array = array_of()
             if array is not None:
                 host[...] = np.asarray(self.backend.to_host(array)).reshape(host.shape)
-
-    def forget(self) -> None:
-        self.copies.clear()
-        self.placeholders.clear()
+                pulled[...] = host
 
 
 class Blob:
@@ -171,6 +173,7 @@ class Net:
         self = cls.__new__(cls)
         self._file, self._net_param, self._backend, self._standalone = runtime.graph.source, None, backend, False
         self._phase, self._passes, self._pending = runtime.graph.phase, 0, {}
+        _zero_blobs(runtime)
         self._attach(runtime)
         return self
 
@@ -184,10 +187,7 @@ class Net:
         keeps_gradients = self._phase == TRAIN or bool(self._net_param.force_backward)
         runtime = RuntimeNet(graph, self._backend, train=keeps_gradients, seed=mode.random_seed(),
                              memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share)
-        for name in graph.blob_shapes:  # Caffe's blobs start at zero; users read inputs they have not written
-            array = runtime.blob_array(name)
-            if array is not None:
-                runtime.ops.fill(array, 0.0)
+        _zero_blobs(runtime)
         return runtime
 
     def _attach(self, runtime: Any) -> None:
@@ -494,3 +494,11 @@ def _trim(values: list, n: int) -> np.ndarray:
 
 def _phase_name(phase: int) -> str:
     return "TRAIN" if phase == TRAIN else "TEST"
+
+
+def _zero_blobs(runtime: Any) -> None:
+    """Caffe's blobs start at zero, and pycaffe code reads (or runs on) inputs it has not written yet."""
+    for name in runtime.graph.blob_shapes:
+        array = runtime.blob_array(name)
+        if array is not None:
+            runtime.ops.fill(array, 0.0)
