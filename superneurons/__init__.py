@@ -15,6 +15,7 @@ _PYCAFFE.update({
     "to_proto": ("superneurons.pycaffe.net_spec", "to_proto"),
     "params": ("superneurons.pycaffe.net_spec", "params"),
     "Classifier": ("superneurons.pycaffe.classifier", "Classifier"),
+    "Detector": ("superneurons.pycaffe.classifier", "Detector"),
     "draw": ("superneurons.pycaffe.draw", None),
     # These two are also our packages: each serves pycaffe's names besides its own (see their __getattr__).
     "io": ("superneurons.io", None),

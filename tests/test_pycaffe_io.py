@@ -225,3 +225,50 @@ def test_draw_writes_graphviz_text_and_says_what_is_missing(tmp_path, monkeypatc
         caffe.draw.draw_net_to_file(net, str(tmp_path / "tiny.png"))
     with pytest.raises(UserError, match="rankdir"):
         caffe.draw.net_to_dot(net, "XY")
+
+
+# -- caffe.Detector ------------------------------------------------------------------------------------------
+
+
+DETECT_NET = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "score" type: "InnerProduct" bottom: "data" top: "score"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+"""
+
+
+@pytest.fixture
+def detector_files(tmp_path, rng):
+    model = tmp_path / "detect.prototxt"
+    model.write_text(DETECT_NET)
+    caffe.Net(str(model), caffe.TEST).save(str(tmp_path / "detect.caffemodel"))  # random weights
+    pixels = rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)
+    Image.fromarray(pixels, "RGB").save(tmp_path / "image.png")
+    return str(model), str(tmp_path / "detect.caffemodel"), str(tmp_path / "image.png"), pixels / np.float32(255)
+
+
+def test_detector_scores_each_window(detector_files):
+    model, weights, image_file, image = detector_files
+    detector = caffe.Detector(model, weights, raw_scale=255, channel_swap=(2, 1, 0))
+    windows = [(0, 0, 10, 10), (5, 3, 20, 17)]
+    detections = detector.detect_windows([(image_file, windows)])
+    assert [d["window"] for d in detections] == windows and detections[0]["filename"] == image_file
+    w, b = (p.data.astype(np.float64) for p in detector.params["score"])
+    for (y0, x0, y1, x1), d in zip(windows, detections):
+        x = caffe.io.resize_image(image[y0:y1, x0:x1], (8, 8)).transpose(2, 0, 1)[::-1] * 255
+        np.testing.assert_allclose(d["prediction"], x.reshape(-1) @ w.T + b, rtol=1e-4, atol=1e-3)
+
+
+def test_detector_context_padding_geometry(detector_files):
+    """Windows grown by context_pad pixels at the input's scale (8 px input, pad 1: by 8/6), the part
+    outside the image filled with the mean (in the image's terms: channel order back, raw_scale undone)."""
+    model, weights, _image_file, image = detector_files
+    mean = np.array([10.0, 20.0, 30.0])
+    detector = caffe.Detector(model, weights, mean=mean, raw_scale=255, channel_swap=(2, 1, 0), context_pad=1)
+    inside = detector.crop(image, (5, 5, 14, 14))  # 10 x 10 around (10, 10): grown to rows/cols 3..17
+    np.testing.assert_allclose(inside, caffe.io.resize_image(image[3:17, 3:17], (8, 8)))
+    corner = detector.crop(image, (0, 0, 9, 9))  # grown to -2..12: 1 px of mean, then 7 px of image
+    np.testing.assert_allclose(corner[1:, 1:], caffe.io.resize_image(image[0:12, 0:12], (7, 7)))
+    expected_mean = np.array([30.0, 20.0, 10.0]) / 255  # the mean is BGR (the net's order); the image RGB
+    np.testing.assert_allclose(corner[0, :], np.tile(expected_mean, (8, 1)), rtol=1e-6)
+    np.testing.assert_allclose(corner[:, 0], np.tile(expected_mean, (8, 1)), rtol=1e-6)
