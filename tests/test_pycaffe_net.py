@@ -264,12 +264,19 @@ def test_solver_step_is_sgd_with_momentum_and_weight_decay(mlp_file, tmp_path, r
                       (caffe.AdamSolver, "Adam"), (caffe.SGDSolver, "SGD")):
         assert cls(str(solver_file)).runtime.rule.name == rule
 
+    # share_weights: a Net of ours reads the solver's weights as they train.
+    watcher = caffe.Net(mlp_file, caffe.TEST)
+    solver.share_weights(watcher)
+    solver.step(1)
+    np.testing.assert_array_equal(watcher.params["ip1"][0].data, net.params["ip1"][0].data)
+
     # solve(): to max_iter from a snapshot, then the final snapshot.
     resumed = caffe.SGDSolver(str(solver_file))
     resumed.solve(str(tmp_path / "mlp_iter_2.solverstate"))
     assert resumed.iter == 2
+    snapshot = caffe.Net(mlp_file, str(tmp_path / "mlp_iter_2.caffemodel"), caffe.TEST)
     for name in ("ip1", "ip2"):
-        for a, b in zip(resumed.net.params[name], net.params[name]):
+        for a, b in zip(resumed.net.params[name], snapshot.params[name]):
             np.testing.assert_array_equal(a.data, b.data)
 
 

@@ -42,9 +42,14 @@ def current_backend() -> Any:
     """The backend for the current mode, made on first use."""
     from superneurons.backend import get_backend
 
+    from superneurons.errors import UserError
+
     key = ("cuda", _state["device"]) if _state["gpu"] else ("cpu", 0)
     if key not in _backends:
-        _backends[key] = get_backend(*key)
+        try:
+            _backends[key] = get_backend(*key)
+        except UserError as e:
+            raise UserError(f"caffe.set_mode_gpu() (device {key[1]}): {e} (from Python: caffe.set_mode_cpu())") from None
     return _backends[key]
 
 

@@ -94,6 +94,10 @@ class Solver:
         """Write `<prefix>_iter_N.caffemodel` and `.solverstate` now."""
         self._run(self._solver.snapshot)
 
+    def share_weights(self, net: Net) -> None:
+        """Make `net` (a Net you built) use this solver's weights for the layers both have, as they train."""
+        net.share_with(self._net)
+
     def test_all(self) -> None:
         """Score every test net now (the log lines Caffe prints at test_interval)."""
         self._run(self._solver.test_all)
