@@ -49,7 +49,8 @@ def current_backend() -> Any:
         try:
             _backends[key] = get_backend(*key)
         except UserError as e:
-            raise UserError(f"caffe.set_mode_gpu() (device {key[1]}): {e} (from Python: caffe.set_mode_cpu())") from None
+            raise UserError(f"caffe.set_mode_gpu() (device {key[1]}): {e} "
+                            "(from Python: caffe.set_mode_cpu())") from None
     return _backends[key]
 
 

@@ -202,7 +202,8 @@ class Net:
                 if top not in self.blobs:
                     self.blobs[top] = self._blob(top)
         self.layer_dict: OrderedDict[str, Layer] = OrderedDict(
-            (n.name, Layer(n.name, n.layer.type_name, [self._param_blob(n.name, k) for k in range(len(n.layer.params))]))
+            (n.name, Layer(n.name, n.layer.type_name,
+                           [self._param_blob(n.name, k) for k in range(len(n.layer.params))]))
             for n in nodes)
         self.layers = list(self.layer_dict.values())
         self.params: OrderedDict[str, list[Blob]] = OrderedDict(
