@@ -315,3 +315,31 @@ def test_netspec_lenet_trains_like_the_prototxt_lenet(digits, tmp_path, monkeypa
             np.testing.assert_array_equal(x.data, y.data)
     accuracy = np.mean([a.test_nets[0].forward()["accuracy"] for _ in range(3)])
     assert accuracy >= 0.85, accuracy  # 0.91 after 40 iterations
+
+
+@pytest.mark.gpu
+def test_gpu_classification_and_training_follow_the_cpu(fixture, digits, tmp_path, monkeypatch):
+    """On the GPU (SUPERNEURONS_TF32=0: FMA math): Caffe's probabilities, and ten LeNet iterations that end
+    near the CPU's weights."""
+    monkeypatch.setenv("SUPERNEURONS_TF32", "0")
+    monkeypatch.chdir(digits)
+    batch = int(fixture["batch_size"])
+    x = fixture["images"][:batch, None] * np.float32(fixture["scale"])
+    solver_file = tmp_path / "solver.prototxt"
+    solver_file.write_text(f'net: "{TRAIN_TEST}"\n' + LENET_SOLVER)
+    weights = {}
+    for gpu in (True, False):
+        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
+        try:
+            net = caffe.Net(str(DEPLOY), str(MODEL), caffe.TEST)
+            net.blobs["data"].reshape(*x.shape)
+            prob = net.forward(data=x)["prob"]
+            assert np.abs(prob - fixture["prob"][:batch]).max() <= 1e-4
+            solver = caffe.get_solver(str(solver_file))
+            solver.step(10)
+            weights[gpu] = {name: [b.data.copy() for b in blobs] for name, blobs in solver.net.params.items()}
+        finally:
+            caffe.set_mode_cpu()
+    for name in weights[False]:
+        for on_gpu, on_cpu in zip(weights[True][name], weights[False][name]):
+            np.testing.assert_allclose(on_gpu, on_cpu, atol=1e-4)
