@@ -272,11 +272,8 @@ class Net:
                     raise UserError(f"forward(): input {name!r} has {np.shape(value)[0] if np.ndim(value) else 0} "
                                     f"items, the blob holds {target.shape[0]} (reshape it first)")
                 target.data[...] = value
-        self._run(lambda: self._forward(first, last), fresh_pass=first == 0)
+        self._run(lambda: self._net.forward_layers(first, last), fresh_pass=first == 0)
         return {name: self.blobs[name].data for name in outputs}
-
-    def _forward(self, first: int, last: int) -> float:
-        return self._net.forward_layers(first, last)
 
     def backward(self, diffs: Iterable[str] | None = None, start: str | None = None, end: str | None = None,
                  **kwargs: np.ndarray) -> dict[str, np.ndarray]:
@@ -289,7 +286,6 @@ class Net:
         outputs = set([self._blob_for(end)] + diffs) if end is not None else set(self.inputs + diffs)
         if kwargs and set(kwargs) != set(self.outputs):
             raise UserError(f"backward() got gradients for {sorted(kwargs)}, the net's outputs are {self.outputs}")
-
         if not self._net.runs_backward():
             raise UserError(f"backward(): net {self._net.name!r} ({_phase_name(self._phase)}) runs no layer backward: "
                             "a TEST net keeps gradients only with force_backward: true in its prototxt, and "
