@@ -1,8 +1,10 @@
 """Data: Caffe's database input layer, reading serialized Datum records from an LMDB folder.
 
 `PrefetchingDataLayer` is the machinery shared with ImageData: shapes from the first record in
-`setup` (so `superneurons summary` works without running anything), a DataTransformer, and a
-prefetch thread started at the first forward, when the run's seed is known.
+`setup` (so `superneurons summary` works without running anything), a DataTransformer, and the
+batch makers started at the first forward, when the run's seed is known: decode worker processes
+(`data.workers`, `decode_workers` of them, by default one per CPU core) or, with 0 or 1, one
+prefetch thread in the process. Both make the same bytes.
 
 Reproducibility and resuming: batch k is a pure function of k (see `superneurons.data.batches`).
 The layer's whole position is the number of batches it has served, which `state()` returns and
@@ -16,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from superneurons.data.batches import SKIP, Batch, RecordSource, Seeds, batches
-from superneurons.data.datum import datum_to_array, parse_datum
-from superneurons.data.lmdb_source import LmdbReader
+from superneurons.data.batches import SKIP, Batch, BatchPlan, RecordSource, Seeds, batches
 from superneurons.data.prefetch import Prefetcher
+from superneurons.data.records import LmdbRecords
 from superneurons.data.transformer import DataTransformer, effective_transform_param
+from superneurons.data.workers import WorkerPool, choose_workers
 from superneurons.layers.base import Layer, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -28,12 +30,12 @@ DEFAULT_PREFETCH = 4
 
 
 class _Pipeline:
-    """The layer's source and prefetch thread; closed by the layer or when the layer is collected."""
+    """The layer's source and batch makers; closed by the layer or when the layer is collected."""
 
     def __init__(self, source: RecordSource):
         self.source = source
-        self.prefetcher: Prefetcher[Batch] | None = None
-        self.seeds: Seeds | None = None  # what the running prefetcher was started with
+        self.prefetcher: Prefetcher[Batch] | WorkerPool | None = None
+        self.plan: BatchPlan | None = None  # what the running prefetcher was started with
 
     def stop(self) -> None:
         if self.prefetcher is not None:
@@ -61,6 +63,7 @@ class PrefetchingDataLayer(Layer):
     batch_size: int
     rand_skip: int = 0
     prefetch_depth: int = DEFAULT_PREFETCH
+    workers: int = 0  # decode worker processes; 0 or 1: one prefetch thread in this process
 
     # ---- the machinery ---------------------------------------------------------------------
     @property
@@ -76,9 +79,9 @@ class PrefetchingDataLayer(Layer):
             raise self.fail(f"batch_size must be at least 1, got {self.batch_size}")
         param = effective_transform_param(self.param, legacy)
         self.transformer = DataTransformer(param, self.phase == pb.TRAIN, self.where)
-        first = source.records_from(0, Seeds((0, 0, 0)))
+        first = source.open(Seeds((0, 0, 0)))
         try:
-            _, pixels, _ = next(first)
+            _, pixels, _ = first.read(0)
         finally:
             first.close()
         self.item_shape = self.transformer.out_shape(pixels.shape)
@@ -103,14 +106,19 @@ class PrefetchingDataLayer(Layer):
     def _take(self) -> Batch:
         pipe = self._pipe
         seeds = Seeds.for_layer(self.ctx.seed, self.phase, self.layer_index)
-        if pipe.seeds != seeds:  # the run's seed was set (or changed on resume) after the thread started
+        # Caffe skips a random number of records in [0, rand_skip) so parallel solvers see different data.
+        skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
+        plan = BatchPlan(self.batch_size, self.item_shape, seeds, skip, self.ctx.rank, self.ctx.ranks)
+        if pipe.plan != plan:  # the run's seed was set (or changed on resume) after the makers started
             pipe.stop()
         if pipe.prefetcher is None:
-            pipe.seeds = seeds
-            # Caffe skips a random number of records in [0, rand_skip) so parallel solvers see different data.
-            skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
-            items = batches(pipe.source, self.transformer, self.batch_size, self.item_shape, seeds, skip, self._next)
-            pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
+            pipe.plan = plan
+            if self.workers > 1:
+                pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, self.workers,
+                                             self.prefetch_depth, self.where)
+            else:
+                items = batches(pipe.source, self.transformer, plan, self._next)
+                pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
         batch = pipe.prefetcher.next()
         assert batch.index == self._next, (batch.index, self._next)
         self._next += 1
@@ -131,31 +139,10 @@ class PrefetchingDataLayer(Layer):
         self._last = None
 
     def close(self) -> None:
-        """Stop the prefetch thread and close the source (also done when the layer is collected)."""
+        """Stop the batch makers and close the source (also done when the layer is collected)."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
-
-
-class LmdbRecords:
-    """The records of an LMDB database of serialized Datums, decoded to arrays."""
-
-    def __init__(self, path: str, where: str, force_color: bool, force_gray: bool):
-        self.reader = LmdbReader(path, where)
-        self.count = self.reader.count
-        self.where = where
-        self.force_color = force_color
-        self.force_gray = force_gray
-
-    def records_from(self, start: int, seeds: Seeds):
-        for n, value in enumerate(self.reader.values_from(start), start):
-            number = n % self.count
-            datum = parse_datum(value, f"{self.where}: record {number}")
-            pixels = datum_to_array(datum, f"{self.where}: record {number}", self.force_color, self.force_gray)
-            yield number, pixels, datum.label
-
-    def close(self) -> None:
-        self.reader.close()
 
 
 @register("Data")
@@ -170,6 +157,7 @@ class Data(PrefetchingDataLayer):
         self.batch_size = int(p.batch_size)
         self.rand_skip = int(p.rand_skip)
         self.prefetch_depth = max(1, int(p.prefetch))
+        self.workers = choose_workers(p)
         tp = self.param.transform_param
         force_color = tp.force_color or p.force_encoded_color
         return LmdbRecords(p.source, self.where, force_color, tp.force_gray), p
