@@ -183,6 +183,14 @@ class WorkerPool:
             self.close()
             raise
 
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
+    def shared_memory_name(self) -> str | None:
+        return None if self._ring is None else self._ring.name
+
     def _issue(self, k: int) -> None:
         try:
             self._conns[k % self.workers].send((k, k % self.slots))

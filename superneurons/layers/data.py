@@ -124,6 +124,11 @@ class PrefetchingDataLayer(Layer):
         self._next += 1
         return batch
 
+    @property
+    def batch_maker(self) -> Prefetcher[Batch] | WorkerPool | None:
+        """What makes the batches now (started by the first forward), for monitoring and tests."""
+        return self._pipe.prefetcher
+
     # ---- position, for snapshots -----------------------------------------------------------
     def state(self) -> dict[str, int]:
         """The layer's position: how many batches it has served."""
