@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from superneurons.backend.cuda.probe import gpu_available
 from superneurons.data.datum import array_to_datum, encoded_datum
 from superneurons.data.lmdb_source import write_lmdb
 from superneurons.data.workers import WorkerPool, request_workers
@@ -281,3 +282,36 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[-1][0] != "Z"  # a zombie has exited; its parent reaps it later
     except FileNotFoundError:
         return False
+
+
+# ---- the device copy ---------------------------------------------------------------------------
+def test_upload_async_on_the_cpu_is_a_copy(rng):
+    from superneurons.backend.cpu import CpuBackend
+
+    ops = CpuBackend().ops
+    dst = np.zeros((4, 3), np.float32)
+    host = rng.standard_normal((4, 3)).astype(np.float32)
+    ops.upload_async(dst, host)
+    host[:] = 0  # the caller may reuse its array at once
+    assert dst.any() and not np.shares_memory(dst, host)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")
+def test_upload_async_is_ordered_with_the_compute_on_the_gpu(gpu, rng):
+    shape = (64, 3, 64, 64)
+    d = gpu.view(gpu.arena(int(np.prod(shape)) * 4), 0, shape)
+    host = np.empty(shape, np.float32)
+    want = []
+    got = []
+    for step in range(5):  # more uploads than staging buffers, each followed by compute on the result
+        x = rng.standard_normal(shape).astype(np.float32)
+        host[:] = x
+        gpu.ops.fill(d, 7.0)  # queued before the copy: the copy must land after it
+        gpu.ops.upload_async(d, host)
+        host[:] = np.nan  # the host array is free again once upload_async returns
+        gpu.ops.scal(2.0, d)  # queued after: must see the copy
+        got.append(gpu.to_host(d))
+        want.append(2 * x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

@@ -96,9 +96,9 @@ class PrefetchingDataLayer(Layer):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.
         if not (self.ctx.recomputing and self._last is not None):
             self._last = self._take()
-        self.ops.upload(top[0], self._last.data)
+        self.ops.upload_async(top[0], self._last.data)
         if len(top) > 1:
-            self.ops.upload(top[1], self._last.label)
+            self.ops.upload_async(top[1], self._last.label)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
