@@ -315,3 +315,22 @@ def test_upload_async_is_ordered_with_the_compute_on_the_gpu(gpu, rng):
         want.append(2 * x)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_too_little_shared_memory_falls_back_to_the_thread(tmp_path, monkeypatch, capsys):
+    import shutil
+    from collections import namedtuple
+
+    from superneurons.data.prefetch import Prefetcher
+
+    src = jpeg_db(tmp_path / "jpeg", n=9)
+    want = run(lambda: data_layer(src, 3, 1), 4)
+    usage = namedtuple("usage", "total used free")(64 << 20, 64 << 20, 1000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
+    layer, shapes = data_layer(src, 3, 3)
+    try:
+        assert_same(take(layer, shapes, 4), want)
+        assert isinstance(layer.batch_maker, Prefetcher)
+    finally:
+        layer.close()
+    assert "/dev/shm has 0 MiB free, the decode workers" in capsys.readouterr().err

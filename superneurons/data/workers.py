@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -78,15 +79,31 @@ def _mp_context():
     return _context
 
 
+class SharedMemoryShort(Exception):
+    """/dev/shm cannot hold the slot ring (a container's default is often 64 MiB); the layer falls back
+    to its in-process thread rather than let a worker die of SIGBUS when it writes past the limit."""
+
+
+def _check_shared_memory(nbytes: int, where: str) -> None:
+    if not os.path.isdir("/dev/shm"):
+        return
+    free = shutil.disk_usage("/dev/shm").free
+    if free < nbytes:
+        raise SharedMemoryShort(f"{where}: /dev/shm has {free / 2**20:.0f} MiB free, the decode workers' slots need "
+                                f"{nbytes / 2**20:.0f} MiB; making batches in one thread instead (enlarge "
+                                f"/dev/shm, e.g. docker --shm-size, or lower prefetch or --data-workers)")
+
+
 class SlotRing:
     """S slots of (data, label) for batches of one plan, in one shared-memory block."""
 
-    def __init__(self, plan: BatchPlan, slots: int, name: str | None = None):
+    def __init__(self, plan: BatchPlan, slots: int, name: str | None = None, where: str = ""):
         self.data_shape = (plan.batch_size,) + tuple(plan.item_shape)
         self.data_bytes = int(np.prod(self.data_shape)) * 4
         self.slot_bytes = self.data_bytes + plan.batch_size * 4
         self.slots = slots
         if name is None:
+            _check_shared_memory(slots * self.slot_bytes, where)
             self.shm = shared_memory.SharedMemory(create=True, size=slots * self.slot_bytes)
         else:
             self.shm = shared_memory.SharedMemory(name=name)
@@ -164,9 +181,9 @@ class WorkerPool:
         self._next = start  # the batch next() serves
         self._held: int | None = None  # the batch served last, whose slot the consumer may still read
         self._failure: Exception | None = None
-        self._ring = SlotRing(plan, self.slots)
         self._conns: list[Any] = []
         self._procs: list[Any] = []
+        self._ring: SlotRing | None = SlotRing(plan, self.slots, where=where)
         ctx = _mp_context()
         try:
             for w in range(workers):
@@ -247,7 +264,7 @@ class WorkerPool:
         for conn in self._conns:
             conn.close()
         self._conns, self._procs = [], []
-        ring, self._ring = getattr(self, "_ring", None), None
+        ring, self._ring = self._ring, None
         if ring is not None:
             ring.close()
             ring.shm.unlink()

@@ -13,6 +13,7 @@ uninterrupted one.
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -22,7 +23,7 @@ from superneurons.data.batches import SKIP, Batch, BatchPlan, RecordSource, Seed
 from superneurons.data.prefetch import Prefetcher
 from superneurons.data.records import LmdbRecords
 from superneurons.data.transformer import DataTransformer, effective_transform_param
-from superneurons.data.workers import WorkerPool, choose_workers
+from superneurons.data.workers import SharedMemoryShort, WorkerPool, choose_workers
 from superneurons.layers.base import Layer, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -114,9 +115,13 @@ class PrefetchingDataLayer(Layer):
         if pipe.prefetcher is None:
             pipe.plan = plan
             if self.workers > 1:
-                pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, self.workers,
-                                             self.prefetch_depth, self.where)
-            else:
+                try:
+                    pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, self.workers,
+                                                 self.prefetch_depth, self.where)
+                except SharedMemoryShort as e:
+                    print(f"warning: {e}", file=sys.stderr, flush=True)
+                    self.workers = 0
+            if pipe.prefetcher is None:
                 items = batches(pipe.source, self.transformer, plan, self._next)
                 pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
         batch = pipe.prefetcher.next()
