@@ -148,7 +148,7 @@ def layer_alone(db: str, batch: int, crop: int, workers: int, warmup: int, itera
     finally:
         layer.close()
     return {"workers": workers, "img_per_s": batch * iterations / elapsed, "ms_per_batch": 1e3 * elapsed / iterations,
-            "slots": pool.slots if pool else None, "ring_mib": ring / 2**20 if ring else None,
+            "maker": type(maker).__name__, "slots": pool.slots if pool else None, "ring_mib": ring / 2**20 if ring else None,
             "rss_anon_mib": rss["anon"] / 1024, "rss_shmem_mib": rss["shmem"] / 1024}
 
 
@@ -363,12 +363,14 @@ def main() -> int:
     if net_runs:
         targets.append(target("resnet50_lmdb", ">= 0.95x DummyData speed",
                               ratio(net_runs[1].get("img_per_s"), net_runs[0].get("img_per_s")), 0.95))
+    notes = [f"{r['workers']} workers ran as {r['maker']}: /dev/shm too small for the slot ring?"
+             for r in layer_runs if r.get("workers", 0) > 1 and r.get("maker") not in (None, "WorkerPool")]
     device = "GPU (tops on the device)" if gpu else "CPU backend"
     finish("input", f"Data layer alone on a {args.images}-image JPEG LMDB, batch {args.batch}, crop {args.crop}, "
            f"mirror, mean; {cores} cores, {device}", args, header, rows,
            extra={"database": database, "data_layer": layer_runs, "dataloader": torch_runs, "resnet50": net_runs,
                   "cores": cores, "gpu": gpu},
-           targets=targets, tables=tables)
+           targets=targets, tables=tables, notes=notes)
     return 0
 
 
