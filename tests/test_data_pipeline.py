@@ -17,6 +17,7 @@ from superneurons.data.workers import WorkerPool, request_workers
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 from tests.harness import make_layer
+from tests.test_data import take
 
 TRAIN_TRANSFORM = "crop_size: 24 mirror: true mean_value: 104 mean_value: 117 mean_value: 123 scale: 0.5"
 
@@ -66,15 +67,6 @@ def image_data_layer(list_file, batch, workers):
     layer, shapes = make_layer(text, [], phase=pb.TRAIN)
     layer.ctx.seed = 5
     return layer, shapes
-
-
-def take(layer, shapes, n):
-    out = []
-    for _ in range(n):
-        tops = [np.full(s, np.nan, np.float32) for s in shapes]
-        layer.forward([], tops)
-        out.append(tops)
-    return out
 
 
 def run(make, n):
@@ -255,12 +247,14 @@ def test_workers_do_not_outlive_their_run(tmp_path, how):
         "print(*layer.batch_maker.pids, layer.batch_maker.shared_memory_name, flush=True)\n"
         "time.sleep(60)\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    path = [root, os.path.join(root, "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            cwd=root, env=env, text=True)
     try:
-        *pids, name = run.stdout.readline().split()
-        assert len(pids) == 3, run.stderr.read()
+        line = run.stdout.readline().split()
+        assert len(line) == 4, run.stderr.read()
+        *pids, name = line
         run.send_signal(how)
         run.wait(10)
         deadline = time.monotonic() + 5
