@@ -234,7 +234,8 @@ def test_data_workers_flag_overrides_the_prototxt(tmp_path):
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 def test_workers_do_not_outlive_their_run(tmp_path, how):
-    """Ctrl-C, or the run killed outright: no decode worker is left behind."""
+    """Ctrl-C, or the run killed outright: no decode worker is left behind. The run is a script without
+    an `if __name__ == "__main__":` guard, which the workers must not run again."""
     import subprocess
     import sys
 
@@ -249,7 +250,8 @@ def test_workers_do_not_outlive_their_run(tmp_path, how):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = [root, os.path.join(root, "tests"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    (tmp_path / "run.py").write_text(script)
+    run = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            cwd=root, env=env, text=True)
     try:
         line = run.stdout.readline().split()

@@ -10,10 +10,10 @@ Why processes: JPEG decoding in Pillow releases the GIL, but parsing the Datum, 
 NumPy's small per-image steps do not; on 2 cores two threads gave 1.08x one thread, two processes
 1.43x (docs/ARCHITECTURE.md's data section).
 
-Why 'forkserver': a worker is forked from a small server process that imported only this package,
-never the parent's CUDA context, threads (other layers' prefetchers, the CUDA driver's) or LMDB
-environments, so none of those can be half-copied into a worker; starting one costs a fork, not
-an interpreter. Workers open their own database after they start.
+Why 'forkserver': a worker is forked from a small server process that never had the parent's CUDA
+context, threads (other layers' prefetchers, the CUDA driver's) or LMDB environments, so none of
+those can be half-copied into a worker, and it costs a fork and an import of this package, not
+a copy of a large parent. Workers open their own database after they start.
 
 Faults: a record that does not parse or decode comes back as the worker's UserError, raised in the
 consumer; a worker that dies is noticed through its process sentinel within a poll interval. Workers
@@ -23,6 +23,7 @@ none outlive the run.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -30,6 +31,7 @@ import shutil
 import signal
 import sys
 import traceback
+import types
 from multiprocessing import connection, shared_memory
 from typing import Any
 
@@ -72,8 +74,10 @@ def _mp_context():
     global _context
     if _context is None:
         if "forkserver" in mp.get_all_start_methods():
+            # Nothing preloaded in the server: before 3.12 it does not take the parent's sys.path, so
+            # it could import another copy of this package than the parent's. Each worker imports it
+            # after taking the parent's path (~0.3 s, all workers at once).
             _context = mp.get_context("forkserver")
-            _context.set_forkserver_preload([__name__])
         else:  # macOS has forkserver too; this is for platforms with spawn only
             _context = mp.get_context("spawn")
     return _context
@@ -123,6 +127,20 @@ class SlotRing:
             self.shm.close()
         except BufferError:  # a Batch handed out still views it; the mapping goes when that array does
             pass
+
+
+@contextlib.contextmanager
+def _main_script_hidden():
+    """While workers start, `__main__` is an empty module. A forkserver (or spawn) child re-runs the
+    parent's main script before its target, which a script without an `if __name__ == "__main__":`
+    guard cannot survive (it would build its net again, in the worker); the workers need nothing
+    from it, so it is not handed to them."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _die_with_parent() -> None:
@@ -190,7 +208,8 @@ class WorkerPool:
                 ours, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=_worker_main, name=f"decode-{w}", daemon=True,
                                    args=(theirs, self._ring.name, self.slots, source, transformer, plan, where))
-                proc.start()
+                with _main_script_hidden():
+                    proc.start()
                 theirs.close()
                 self._conns.append(ours)
                 self._procs.append(proc)
