@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -294,7 +295,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=5000, help="pictures in the database (default %(default)s)")
-    ap.add_argument("--db", default="", help="where the LMDB is kept (default: <out>/input_lmdb)")
+    ap.add_argument("--db", default="", help="where the LMDB is kept (default: in the temporary folder, not --out: "
+                    "it is ~70 MB)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--crop", type=int, default=224)
     ap.add_argument("--workers", default="1,4,8,all", help="worker counts for (a) and (c) (default %(default)s)")
@@ -321,7 +323,7 @@ def main() -> int:
     cores = len(os.sched_getaffinity(0))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    db = Path(args.db) if args.db else out / "input_lmdb"
+    db = Path(args.db or Path(tempfile.gettempdir()) / f"superneurons_input_{args.images}_lmdb").resolve()
     database = make_db(db, args.images, cores)
     print(f"database {db}: {database}", flush=True)
     counts = worker_counts(args.workers, cores)

@@ -33,8 +33,9 @@ class _Stager:
         nbytes = dst.size * dst.dtype.itemsize
         if not nbytes:
             return
-        stages = self.buffers.setdefault(nbytes, [[cuda.pinned_array(nbytes, np.uint8), None]
-                                                  for _ in range(_STAGES)])
+        if nbytes not in self.buffers:
+            self.buffers[nbytes] = [[cuda.pinned_array(nbytes, np.uint8), None] for _ in range(_STAGES)]
+        stages = self.buffers[nbytes]
         turn = self.turn[nbytes] = (self.turn.get(nbytes, -1) + 1) % _STAGES
         buffer, pending = stages[turn]
         if pending is not None:
