@@ -1,8 +1,8 @@
 """Input pipeline speed (issue 13): the Data layer on a JPEG LMDB, alone and under ResNet-50, beside PyTorch's
 DataLoader on the same LMDB, same run.
 
-    python tools/bench/input.py [--images 5000] [--batch 64] [--workers 1,4,8,all] [--iterations 150]
-                                [--net-iterations 30] [--no-net] [--no-torch] [--cpu] [--out DIR]
+    python3 tools/bench/input.py [--images 5000] [--batch 64] [--workers 1,4,8,all] [--iterations 150]
+                                 [--net-iterations 30] [--no-net] [--no-torch] [--cpu] [--out DIR]
 
 1. The database: `--images` ImageNet-like pictures (smooth colour fields, edges and grain, 500x375, 375x500
    or 500x333 as ImageNet's photos mostly are), each saved as a JPEG file's bytes, then converted as Caffe's
@@ -290,7 +290,7 @@ def worker_counts(text: str, cores: int) -> list[int]:
     return counts
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,7 +311,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per measurement process")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for input.json (default $OUT or .)")
     ap.add_argument("--task", help=argparse.SUPPRESS)  # internal: one measurement, in this process
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.task:
         spec = json.loads(args.task)
         print(RESULT + json.dumps(TASKS[spec.pop("task")](**spec)), flush=True)
