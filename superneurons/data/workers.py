@@ -159,15 +159,15 @@ def _worker_main(conn, ring_name: str, slots: int, source: RecordSource, transfo
     ring = SlotRing(plan, slots, ring_name)
     reader = None
     try:
-        reader = source.open(plan.seeds)
         while True:
             try:
-                task = conn.recv()
+                k, s = conn.recv()
             except (EOFError, OSError):
                 return  # the consumer is gone
-            k, s = task
-            data, label = ring.slot(s)
             try:
+                if reader is None:  # here, so that a database that will not open is reported like a record
+                    reader = source.open(plan.seeds)
+                data, label = ring.slot(s)
                 fill_batch(reader, transformer, plan, k, data, label, where)
             except UserError as e:
                 conn.send(("user", k, str(e)))
