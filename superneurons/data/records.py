@@ -6,6 +6,8 @@ the database open only to count records and read the first one while setting up.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from superneurons.data.batches import SHUFFLE, Seeds
@@ -23,6 +25,7 @@ class LmdbRecords:
         self.force_gray = force_gray
         self._db: LmdbReader | None = LmdbReader(path, where)  # validates the path; this process's handle
         self.count = self._db.count
+        self.real_path = os.path.realpath(path)  # what readers open: the working directory may change later
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_db": None}
@@ -39,7 +42,7 @@ class LmdbRecords:
 class LmdbRecordReader:
     def __init__(self, source: LmdbRecords):
         self.source = source
-        self._db = LmdbReader(source.path, source.where)
+        self._db = LmdbReader(source.real_path, source.where)
         self._cursor: LmdbCursor = self._db.cursor()
 
     def read(self, position: int) -> tuple[int, np.ndarray, int]:
