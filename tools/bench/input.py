@@ -13,7 +13,8 @@ DataLoader on the same LMDB, same run.
 2. (a) The Data layer alone: `crop_size: 224`, `mirror: true`, three `mean_value`s, TRAIN, batch --batch,
    forward into tops on the device (the GPU unless --cpu or none is there), at each --workers count
    (decode_workers; 1 is the in-process prefetch thread). After --warmup batches (worker start-up), img/s
-   over --iterations batches, the device synchronized at the end.
+   over --iterations batches, the device synchronized at the end. Beside it, the same batches made by as
+   many threads of one process (no upload): the measurement behind using processes.
 3. (c) PyTorch's DataLoader, same LMDB, same workers (num_workers = the count), the same decode (Pillow,
    BGR like Caffe) and transform (random 224 crop, mirror, mean subtraction, float32) in the Dataset, batch
    --batch, pin_memory and .cuda(non_blocking=True) on the GPU, timed the same way. In its own process.
@@ -153,6 +154,39 @@ def layer_alone(db: str, batch: int, crop: int, workers: int, warmup: int, itera
             "rss_anon_mib": rss["anon"] / 1024, "rss_shmem_mib": rss["shmem"] / 1024}
 
 
+def threads_alone(db: str, batch: int, crop: int, workers: int, warmup: int, iterations: int, gpu: bool) -> dict:
+    """The same batches made by `workers` threads of one process instead of processes (no upload): what
+    the choice of processes is measured against."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from superneurons.data.batches import BatchPlan, Seeds, fill_batch, new_batch
+    from superneurons.data.records import LmdbRecords
+    from superneurons.data.transformer import DataTransformer
+    from superneurons.proto import superneurons_pb2 as pb
+
+    source = LmdbRecords(db, "bench", False, False)
+    transformer = DataTransformer(pb.TransformationParameter(crop_size=crop, mirror=True, mean_value=MEAN), True,
+                                  "bench")
+    plan = BatchPlan(batch, (3, crop, crop), Seeds.for_layer(1, pb.TRAIN, 0))
+    local = threading.local()
+
+    def make(k: int) -> int:
+        if not hasattr(local, "reader"):
+            local.reader = source.open(plan.seeds)  # one LMDB transaction per thread
+        b = new_batch(plan, k)
+        fill_batch(local.reader, transformer, plan, k, b.data, b.label, "bench")
+        return k
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(make, range(warmup)))
+        t0 = time.perf_counter()
+        list(pool.map(make, range(warmup, warmup + iterations)))
+        elapsed = time.perf_counter() - t0
+    source.close()
+    return {"workers": workers, "img_per_s": batch * iterations / elapsed}
+
+
 # ---- (c) PyTorch's DataLoader ------------------------------------------------------------------
 class LmdbImages:
     """A map-style torch Dataset over the same LMDB: Pillow decode (BGR, as Caffe), random crop, mirror, mean."""
@@ -264,7 +298,7 @@ def resnet(source: str, db: str, batch: int, crop: int, workers: int, warmup: in
 
 
 # ---- running the parts -----------------------------------------------------------------------------
-TASKS = {"layer": layer_alone, "torch": torch_loader, "resnet": resnet}
+TASKS = {"layer": layer_alone, "threads": threads_alone, "torch": torch_loader, "resnet": resnet}
 
 
 def in_process(task: str, timeout: int, **kw) -> dict:
@@ -329,10 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     counts = worker_counts(args.workers, cores)
     shared = dict(db=str(db), batch=args.batch, crop=args.crop, warmup=args.warmup, iterations=args.iterations,
                   gpu=gpu)
-    layer_runs, torch_runs = [], []
+    layer_runs, thread_runs, torch_runs = [], [], []
     for w in counts:
         layer_runs.append(in_process("layer", args.timeout, workers=w, **shared))
         print(f"data layer, {w} workers: {layer_runs[-1]}", flush=True)
+        thread_runs.append(in_process("threads", args.timeout, workers=w, **shared))
+        print(f"the same batches from {w} threads: {thread_runs[-1]}", flush=True)
         if not args.no_torch:
             torch_runs.append(in_process("torch", args.timeout, workers=w, **shared))
             print(f"PyTorch DataLoader, {w} workers: {torch_runs[-1]}", flush=True)
@@ -348,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, w in enumerate(counts):
         ours = layer_runs[i].get("img_per_s")
         theirs = torch_runs[i].get("img_per_s") if torch_runs else None
-        rows.append([w, ours, theirs, ratio(ours, theirs), layer_runs[i].get("ring_mib"),
-                     layer_runs[i].get("rss_anon_mib")])
-    header = ["workers", "Data layer img/s", "PyTorch DataLoader img/s", "ratio", "slot ring MiB", "private RSS MiB"]
+        rows.append([w, ours, theirs, ratio(ours, theirs), thread_runs[i].get("img_per_s"),
+                     layer_runs[i].get("ring_mib"), layer_runs[i].get("rss_anon_mib")])
+    header = ["workers", "Data layer img/s", "PyTorch DataLoader img/s", "ratio", "threads instead img/s",
+              "slot ring MiB", "private RSS MiB"]
     tables = []
     if net_runs:
         dummy, lmdb_run = net_runs[0].get("img_per_s"), net_runs[1].get("img_per_s")
@@ -370,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "GPU (tops on the device)" if gpu else "CPU backend"
     finish("input", f"Data layer alone on a {args.images}-image JPEG LMDB, batch {args.batch}, crop {args.crop}, "
            f"mirror, mean; {cores} cores, {device}", args, header, rows,
-           extra={"database": database, "data_layer": layer_runs, "dataloader": torch_runs, "resnet50": net_runs,
+           extra={"database": database, "data_layer": layer_runs, "threads": thread_runs, "dataloader": torch_runs,
+                  "resnet50": net_runs,
                   "cores": cores, "gpu": gpu},
            targets=targets, tables=tables, notes=notes)
     return 0
