@@ -351,3 +351,17 @@ def test_input_benchmark_runs_small_on_the_cpu(tmp_path):
     runs = {r["workers"]: r for r in result["data_layer"]}
     assert runs[1]["maker"] == "Prefetcher" and runs[2]["maker"] == "WorkerPool"
     assert all(r["img_per_s"] > 0 for r in runs.values())
+
+
+def test_default_workers_share_the_cores_among_ranks(tmp_path):
+    src = jpeg_db(tmp_path / "jpeg", n=4)
+    text = (f'name: "src" type: "Data" top: "data" top: "label" '
+            f'data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}')
+    layer, _ = make_layer(text, [], phase=pb.TRAIN)
+    try:
+        cores = len(os.sched_getaffinity(0))
+        assert layer.workers == cores
+        layer.ctx.ranks = 2
+        assert layer.workers == max(1, cores // 2)
+    finally:
+        layer.close()

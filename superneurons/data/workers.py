@@ -57,17 +57,19 @@ def request_workers(n: int | None) -> None:
     _requested = n
 
 
-def choose_workers(param: Any) -> int:
+def choose_workers(param: Any, ranks: int = 1) -> int:
     """Workers for a layer whose data_param/image_data_param is `param`: --data-workers, else its
-    decode_workers, else one per CPU core this process may run on."""
+    decode_workers, else the CPU cores this process may run on shared among the `ranks` data-parallel
+    processes of the machine."""
     if _requested is not None:
         return _requested
     if param.HasField("decode_workers"):
         return int(param.decode_workers)
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, ranks))
 
 
 def _mp_context():

@@ -64,9 +64,17 @@ class PrefetchingDataLayer(Layer):
     batch_size: int
     rand_skip: int = 0
     prefetch_depth: int = DEFAULT_PREFETCH
-    workers: int = 0  # decode worker processes; 0 or 1: one prefetch thread in this process
+    workers_param: Any = None  # the data_param/image_data_param whose decode_workers applies
+    shared_memory_short = False  # /dev/shm could not hold the workers' slots: batches come from the thread
 
     # ---- the machinery ---------------------------------------------------------------------
+    @property
+    def workers(self) -> int:
+        """Decode worker processes the layer uses (see `data.workers.choose_workers`); 0 or 1: a thread."""
+        if self.workers_param is None or self.shared_memory_short:
+            return 0
+        return choose_workers(self.workers_param, self.ctx.ranks if self.ctx is not None else 1)
+
     @property
     def where(self) -> str:
         return f"layer {self.name!r} ({self.type_name})"
@@ -114,13 +122,14 @@ class PrefetchingDataLayer(Layer):
             pipe.stop()
         if pipe.prefetcher is None:
             pipe.plan = plan
-            if self.workers > 1:
+            workers = self.workers
+            if workers > 1:
                 try:
-                    pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, self.workers,
+                    pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
                                                  self.prefetch_depth, self.where)
                 except SharedMemoryShort as e:
                     print(f"warning: {e}", file=sys.stderr, flush=True)
-                    self.workers = 0
+                    self.shared_memory_short = True
             if pipe.prefetcher is None:
                 items = batches(pipe.source, self.transformer, plan, self._next)
                 pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
@@ -167,7 +176,7 @@ class Data(PrefetchingDataLayer):
         self.batch_size = int(p.batch_size)
         self.rand_skip = int(p.rand_skip)
         self.prefetch_depth = max(1, int(p.prefetch))
-        self.workers = choose_workers(p)
+        self.workers_param = p
         tp = self.param.transform_param
         force_color = tp.force_color or p.force_encoded_color
         return LmdbRecords(p.source, self.where, force_color, tp.force_gray), p

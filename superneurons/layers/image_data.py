@@ -10,7 +10,6 @@ import os
 
 from superneurons.data.image_list import read_image_list
 from superneurons.data.records import ImageListRecords
-from superneurons.data.workers import choose_workers
 from superneurons.layers.base import register
 from superneurons.layers.data import PrefetchingDataLayer
 
@@ -25,7 +24,7 @@ class ImageData(PrefetchingDataLayer):
             raise self.fail(f"set both new_height and new_width or neither (got {p.new_height}, {p.new_width})")
         self.batch_size = int(p.batch_size)
         self.rand_skip = int(p.rand_skip)
-        self.workers = choose_workers(p)
+        self.workers_param = p
         entries = read_image_list(p.source, self.where)
         # Caffe prefixes names with root_folder as a plain string; keep that, but accept a folder without '/'.
         root = p.root_folder

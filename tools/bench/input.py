@@ -150,7 +150,8 @@ def layer_alone(db: str, batch: int, crop: int, workers: int, warmup: int, itera
     finally:
         layer.close()
     return {"workers": workers, "img_per_s": batch * iterations / elapsed, "ms_per_batch": 1e3 * elapsed / iterations,
-            "maker": type(maker).__name__, "slots": pool.slots if pool else None, "ring_mib": ring / 2**20 if ring else None,
+            "maker": type(maker).__name__, "slots": pool.slots if pool else None,
+            "ring_mib": ring / 2**20 if ring else None,
             "rss_anon_mib": rss["anon"] / 1024, "rss_shmem_mib": rss["shmem"] / 1024}
 
 
