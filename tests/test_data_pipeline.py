@@ -365,3 +365,43 @@ def test_default_workers_share_the_cores_among_ranks(tmp_path):
         assert layer.workers == max(1, cores // 2)
     finally:
         layer.close()
+
+
+class RaisingReader:
+    """A reader with a bug at position 5 (not bad input): the worker must hand its traceback over."""
+
+    def read(self, position):
+        if position == 5:
+            raise ValueError("a bug on purpose")
+        return position, np.full((3, 4, 4), position, np.uint8), position
+
+    def close(self):
+        pass
+
+
+class RaisingSource:
+    count, where = 100, "raising source"
+
+    def open(self, seeds):
+        return RaisingReader()
+
+    def close(self):
+        pass
+
+
+def test_a_bug_in_a_worker_reaches_the_consumer_with_its_traceback():
+    from superneurons.data.batches import BatchPlan, Seeds
+    from superneurons.data.transformer import DataTransformer
+
+    transformer = DataTransformer(pb.TransformationParameter(), False, "t")
+    pool = WorkerPool(RaisingSource(), transformer, BatchPlan(2, (3, 4, 4), Seeds((1,))), 0, 2, 2, "layer 't'")
+    try:
+        first = pool.next()  # positions 0, 1
+        np.testing.assert_array_equal(first.label, [0, 1])
+        pool.next()  # 2, 3
+        with pytest.raises(RuntimeError, match=r"(?s)decode worker 0 failed on batch 2.*ValueError: a bug on purpose"):
+            pool.next()  # 4, 5
+        with pytest.raises(RuntimeError):  # and it stays failed
+            pool.next()
+    finally:
+        pool.close()
