@@ -10,6 +10,7 @@ import numpy as np
 from harness import is_net_prototxt, load_tool
 import pytest
 from google.protobuf import text_format
+from logs import messages
 
 from superneurons.backend import get_backend
 from superneurons.cli import main
@@ -156,7 +157,7 @@ def test_cifar10_quick_trains_two_iterations_on_cpu(tmp_path, monkeypatch, capsy
     path = tmp_path / "solver.prototxt"
     path.write_text(text_format.MessageToString(solver))
     assert main(["train", "--solver", str(path)]) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(messages(capsys.readouterr().err))  # glog lines on stderr
     assert "Iteration 2" in out and "accuracy" in out
     # Every label is class 1 and the data is noise: the loss starts near ln(10).
     losses = [float(line.rsplit("=", 1)[1].split()[0]) for line in out.splitlines()

@@ -1,16 +1,15 @@
-"""`superneurons train`: Caffe's `caffe train` (same flags), plus --memory, --gpu-memory, --log, --log-json and
---no-progress."""
+"""`superneurons train`: Caffe's `caffe train` (same flags, in Caffe's spelling too: `-solver S -gpu 0`), plus
+--memory, --gpu-memory, --log, --log-json and --no-progress."""
 from __future__ import annotations
 
 import argparse
 
-from superneurons.backend import get_backend
-from superneurons.commands._options import MEMORY_HELP, add_device_options, parse_size
+from superneurons.commands._options import MEMORY_HELP, add_device_options, parse_size, pick_backend
 from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
-from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog
 from superneurons.runtime.progress import TrainProgress
+from superneurons.solver.signals import DEFAULT_SIGHUP, DEFAULT_SIGINT, EFFECTS, SignalEffects
 
 EXAMPLES = """examples:
   superneurons train --solver models/lenet/lenet_solver.prototxt
@@ -18,10 +17,14 @@ EXAMPLES = """examples:
   superneurons train --solver S.prototxt --snapshot lenet_iter_5000.solverstate   # resume
   superneurons train --solver S.prototxt --gpu 0 --log train.log --log-json train.jsonl
   superneurons train --solver S.prototxt --gpu 0 --memory auto --gpu-memory 12G   # train within 12 GiB
+  superneurons train -solver S.prototxt -gpu -1 -sighup_effect stop   # Caffe's spelling; -1: the CPU
 
-Ctrl-C finishes the current iteration, writes a snapshot and stops; resume from it with --snapshot.
+The log is Caffe's: glog lines on stderr (`I1124 03:15:49.123456 12345 solver.py:160] ...`), which
+Caffe's tools/extra/parse_log.py reads. Ctrl-C (SIGINT) finishes the current iteration, writes a
+snapshot and stops (resume with --snapshot); a second Ctrl-C stops at once. `kill -HUP` writes a
+snapshot and goes on. --sigint-effect / --sighup-effect change that (stop, snapshot or none).
 On a terminal a progress bar (iterations, iter/s, ETA, smoothed loss) runs below the log lines; it is
-left out when stdout is a file or pipe, when CI is set, or with --no-progress.
+left out when stderr is a file or pipe, when CI is set, or with --no-progress.
 """
 
 
@@ -31,7 +34,14 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--solver", required=True, help="solver prototxt")
     p.add_argument("--snapshot", help=".solverstate to resume training from")
     p.add_argument("--weights", help="comma-separated .caffemodel files to initialize from (fine-tuning)")
-    p.add_argument("--gpu", help="GPU id to train on (overrides solver_mode; only one GPU is used)")
+    p.add_argument("--gpu", help="GPU id to train on, -1 for the CPU (overrides the solver's solver_mode)")
+    p.add_argument("--level", type=int, help="the train net's state level (overrides the solver's train_state)")
+    p.add_argument("--stage", action="append", help="a train net state stage (repeatable or comma-separated)")
+    p.add_argument("--sigint-effect", default=DEFAULT_SIGINT, choices=EFFECTS,
+                   help="what Ctrl-C does: stop (default: snapshot per snapshot_after_train and stop), snapshot "
+                        "(and go on) or none")
+    p.add_argument("--sighup-effect", default=DEFAULT_SIGHUP, choices=EFFECTS,
+                   help="what SIGHUP does: snapshot (default, and go on), stop or none")
     add_device_options(p, gpu=False, memory_default=None,
                        memory_help=f"{MEMORY_HELP} (default: the solver's memory_param.mode, else auto)")
     p.add_argument("--log", help="also append the log lines to this file")
@@ -42,20 +52,9 @@ def register(sub) -> argparse.ArgumentParser:
     return p
 
 
-def pick_backend(gpu: str | None, solver_mode: int | None = None, device_id: int = 0):
-    """--gpu N wins; else the solver's solver_mode (when it says GPU); else the CPU."""
-    if gpu is not None:
-        first = gpu.split(",")[0].strip()
-        if first == "all":
-            first = "0"
-        try:
-            device = int(first)
-        except ValueError:
-            raise UserError(f"--gpu {gpu!r}: expected a device number") from None
-        return get_backend("cuda", device)
-    if solver_mode == pb.SolverParameter.GPU:
-        return get_backend("cuda", device_id)
-    return get_backend("cpu")
+def split_stages(stages: list[str] | None) -> list[str]:
+    """`--stage a --stage b,c` -> [a, b, c] (Caffe's -stage takes a comma-separated list)."""
+    return [s.strip() for arg in stages or () for s in arg.split(",") if s.strip()]
 
 
 def run(args) -> int:
@@ -64,11 +63,17 @@ def run(args) -> int:
     if args.snapshot and args.weights:
         raise UserError("give --snapshot to resume training or --weights to fine-tune, not both")
     param = read_solver(args.solver)
+    if args.level is not None:  # Caffe's `caffe train -level/-stage` set the solver's train_state
+        param.train_state.level = args.level
+    if args.stage:
+        param.train_state.ClearField("stage")
+        param.train_state.stage.extend(split_stages(args.stage))
     mode = param.solver_mode if param.HasField("solver_mode") else None
-    backend = pick_backend(args.gpu, mode, param.device_id)
     with TrainLog(args.log, args.log_json) as log:
+        backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
+        signals = SignalEffects(args.sigint_effect, args.sighup_effect, say=log.warning)
         solver = Solver(param, args.solver, backend=backend, memory=args.memory,
-                        pool_bytes=parse_size(args.gpu_memory), log=log)
+                        pool_bytes=parse_size(args.gpu_memory), log=log, signals=signals)
         progress = TrainProgress(param.max_iter, log.stream, enabled=None if args.progress else False)
         progress.attach(solver, log)
         # The solver's own `weights:` entries (Caffe >= 1.0) apply unless the flag or a resume says otherwise.
