@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import add_input_options, read_model
-from superneurons.commands.train import split_stages
+from superneurons.commands._options import add_input_options, read_model, split_stages
 from superneurons.graph.build import build_graph
 from superneurons.layers.base import count
 from superneurons.memory.pool import format_bytes

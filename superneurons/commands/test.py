@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import add_device_options, parse_size, pick_backend
-from superneurons.commands.train import split_stages
+from superneurons.commands._options import add_device_options, parse_size, pick_backend, split_stages
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 

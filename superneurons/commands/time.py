@@ -15,8 +15,8 @@ import argparse
 import json
 import sys
 
-from superneurons.commands._options import add_device_options, add_input_options, parse_size, pick_backend, read_model
-from superneurons.commands.train import split_stages
+from superneurons.commands._options import (add_device_options, add_input_options, parse_size, pick_backend,
+                                             read_model, split_stages)
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, build_graph
 from superneurons.memory.pool import format_bytes

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import MEMORY_HELP, add_device_options, parse_size, pick_backend
+from superneurons.commands._options import (MEMORY_HELP, add_device_options, parse_size, pick_backend,
+                                             split_stages)
 from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
 from superneurons.runtime.logging import TrainLog
@@ -50,11 +51,6 @@ def register(sub) -> argparse.ArgumentParser:
                    help="no progress bar (shown only when stdout is a terminal and CI is unset)")
     p.set_defaults(func=run)
     return p
-
-
-def split_stages(stages: list[str] | None) -> list[str]:
-    """`--stage a --stage b,c` -> [a, b, c] (Caffe's -stage takes a comma-separated list)."""
-    return [s.strip() for arg in stages or () for s in arg.split(",") if s.strip()]
 
 
 def run(args) -> int:

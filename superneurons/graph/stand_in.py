@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from superneurons.errors import UserError
+from superneurons.graph.state import is_included
 from superneurons.proto import superneurons_pb2 as pb
 
 Shape = tuple[int, ...]
@@ -23,10 +24,8 @@ def parse_input_shapes(values: list[str] | None) -> dict[str, Shape]:
     shapes: dict[str, Shape] = {}
     for text in values or ():
         name, sep, dims = text.partition("=")
-        try:
-            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
-        except ValueError:
-            shape = ()
+        pieces = dims.replace("x", ",").split(",")  # 10,3,227,227 or 10x3x227x227
+        shape = tuple(int(d) for d in pieces) if all(d.strip().isdigit() for d in pieces) else ()
         if not sep or not name.strip() or not shape or any(d <= 0 for d in shape):
             raise UserError(f"--input-shape {text!r}: expected BLOB=N,C,H,W with positive sizes, "
                             "e.g. data=10,3,227,227")
@@ -68,12 +67,16 @@ def _fmt(shape: Shape) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def stand_in_inputs(net: pb.NetParameter, input_shapes: dict[str, Shape], where: str) -> list[str]:
-    """Replace, in place, the data layers of `net` that cannot be read here or that `input_shapes` sizes;
-    returns what was assumed, one line per layer."""
+def stand_in_inputs(net: pb.NetParameter, input_shapes: dict[str, Shape], where: str,
+                    state: pb.NetState | None = None) -> list[str]:
+    """Replace, in place, the data layers of `net` that cannot be read here or that `input_shapes` sizes
+    (only those of `state`'s net when given: the other phase's layers are never built); returns what was
+    assumed, one line per layer."""
     notes: list[str] = []
     used: set[str] = set()
     for i, layer in enumerate(net.layer):
+        if state is not None and not is_included(layer, state):
+            continue
         tops = list(layer.top)
         if layer.type == "Input" and any(t in input_shapes for t in tops):
             shapes = list(layer.input_param.shape)
@@ -98,9 +101,10 @@ def stand_in_inputs(net: pb.NetParameter, input_shapes: dict[str, Shape], where:
                 shapes.append(input_shapes[t])
                 whys.append(f"{t} {_fmt(input_shapes[t])} (--input-shape)")
                 used.add(t)
-            elif j == 1 and layer.type != "HDF5Data":
-                shapes.append((batch,))
-                whys.append(f"{t} {batch} (batch_size)")
+            elif j == 1 and layer.type != "HDF5Data":  # labels: one per item of the data top
+                n = shapes[0][0] if tops[0] in input_shapes else batch
+                shapes.append((n,))
+                whys.append(f"{t} {n} ({'as ' + tops[0] if tops[0] in input_shapes else 'batch_size'})")
             elif j == 0 and hw is not None and batch > 0:
                 shapes.append((batch, channels) + hw)
                 whys.append(f"{t} {_fmt(shapes[-1])} (batch_size {batch}, {channels} channels, {how})")
