@@ -10,14 +10,13 @@ layer training from scratch is visible rather than silent.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.io.prototxt import read_binary, write_binary
+from superneurons.io.prototxt import open_temp_beside, read_binary, write_binary
 from superneurons.io.upgrade import upgrade_net
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -117,9 +116,7 @@ def require_h5py():
 def write_hdf5_atomic(path: str, fill_file: Callable[[Any], None]) -> None:
     """Create an HDF5 file whole or not at all: written under a temporary name, then renamed."""
     h5py = require_h5py()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".h5", dir=folder)
+    fd, tmp = open_temp_beside(path, suffix=".h5")
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:

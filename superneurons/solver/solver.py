@@ -28,7 +28,8 @@ from superneurons.solver.fused_update import grouped_update
 from superneurons.solver.lr_policy import LrPolicy
 from superneurons.solver.nets import NetSource, test_net_sources, train_net_source
 from superneurons.solver.signals import SignalEffects
-from superneurons.solver.snapshot import resolve_prefix, restore_snapshot, snapshot_paths, write_snapshot
+from superneurons.solver.snapshot import (remove_leftovers, resolve_prefix, restore_snapshot, snapshot_paths,
+                                          write_snapshot)
 from superneurons.solver.updates import get_rule
 
 # Called after every iteration with (solver, iteration just completed, its loss): the progress-bar hook.
@@ -114,6 +115,8 @@ class Solver:
         self.log.info(f"Solving {self.net.name}")
         self.log.info(f"Learning Rate Policy: {self.lr_policy.name}")
         self.log.info(memory_line(self.net))
+        for path in remove_leftovers(self):
+            self.log.info(f"Removed {path}, a temporary snapshot file left by an interrupted run")
         if resume:
             self.restore(resume)
         if p.random_seed < 0:
