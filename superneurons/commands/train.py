@@ -48,7 +48,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--log", help="also append the log lines to this file")
     p.add_argument("--log-json", dest="log_json", help="append one JSON object per display/test result to this file")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar (shown only when stdout is a terminal and CI is unset)")
+                   help="no progress bar (shown only when stderr is a terminal and CI is unset)")
     p.set_defaults(func=run)
     return p
 

@@ -1,6 +1,6 @@
 """The live progress bar of `superneurons train`: iterations done of max_iter, iter/s, ETA, smoothed loss.
 
-It shows only where a person watches: when the stream (stdout) is a terminal and the `CI`
+It shows only where a person watches: when the log's stream (stderr, as glog's) is a terminal and the `CI`
 environment variable is unset; `--no-progress` turns it off everywhere. A log file, a pipe or a CI
 job therefore gets exactly the Caffe log lines, with no carriage returns or bar characters.
 
@@ -35,7 +35,7 @@ class TrainProgress:
 
     def __init__(self, total: int, stream: TextIO | None = None, enabled: bool | None = None,
                  environ: Mapping[str, str] | None = None, mininterval: float = 0.2):
-        self.stream = stream if stream is not None else sys.stdout
+        self.stream = stream if stream is not None else sys.stderr
         self.total = int(total)
         self.enabled = progress_wanted(self.stream, environ) if enabled is None else bool(enabled)
         self.mininterval = mininterval
