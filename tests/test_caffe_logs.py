@@ -206,3 +206,39 @@ def test_display_every_iteration_at_high_speed_is_thinned_with_one_note():
     notes = [l for l in lines if "displays come faster than" in l]
     assert len(notes) == 1 and notes[0].startswith("Iteration 10: ")
     assert solver.iter == 400
+
+
+def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalars of the TensorBoard event files in `logdir` (TFRecord framing of tensorboardX's Event)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.rglob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
+
+
+def test_tensorboard_scalars_hold_what_the_log_shows(trained, tmp_path):
+    pytest.importorskip("tensorboardX", reason="--tensorboard needs tensorboardX")
+    proc = subprocess.run([sys.executable, "-m", "superneurons", "train", "-solver", "solver.prototxt",
+                           "--tensorboard", "runs"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    scalars = _scalars(tmp_path / "runs")
+    _, records = trained  # the same seeded run, recorded as JSON
+    train = [r for r in records if r["event"] == "train"]  # the displays, and the final loss at iteration 6
+    assert [s for s, _ in scalars["train/loss"]] == [r["iter"] for r in train] == [0, 2, 4, 6]
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx([r["loss"] for r in train], rel=1e-6)
+    assert [s for s, _ in scalars["train/lr"]] == [0, 2, 4]
+    assert [v for _, v in scalars["train/lr"]] == pytest.approx([0.05, 0.05, 0.025])  # float32 in the file
+    test = [r for r in records if r["event"] == "test"]
+    assert [v for _, v in scalars["test/accuracy"]] == pytest.approx([r["outputs"]["accuracy"] for r in test])

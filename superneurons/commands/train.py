@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   superneurons train --solver S.prototxt --weights pretrained.caffemodel      # fine-tune
   superneurons train --solver S.prototxt --snapshot lenet_iter_5000.solverstate   # resume
   superneurons train --solver S.prototxt --gpu 0 --log train.log --log-json train.jsonl
+  superneurons train --solver S.prototxt --tensorboard runs/lenet     # then: tensorboard --logdir runs
   superneurons train --solver S.prototxt --gpu 0 --memory auto --gpu-memory 12G   # train within 12 GiB
   superneurons train -solver S.prototxt -gpu -1 -sighup_effect stop   # Caffe's spelling; -1: the CPU
 
@@ -47,6 +48,8 @@ def register(sub) -> argparse.ArgumentParser:
                        memory_help=f"{MEMORY_HELP} (default: the solver's memory_param.mode, else auto)")
     p.add_argument("--log", help="also append the log lines to this file")
     p.add_argument("--log-json", dest="log_json", help="append one JSON object per display/test result to this file")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the displayed and test values as TensorBoard scalars into DIR (needs tensorboardX)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (shown only when stderr is a terminal and CI is unset)")
     p.set_defaults(func=run)
@@ -65,7 +68,12 @@ def run(args) -> int:
         param.train_state.ClearField("stage")
         param.train_state.stage.extend(split_stages(args.stage))
     mode = param.solver_mode if param.HasField("solver_mode") else None
-    with TrainLog(args.log, args.log_json) as log:
+    sinks = []
+    if args.tensorboard:
+        from superneurons.runtime.tensorboard import TensorBoardScalars
+
+        sinks.append(TensorBoardScalars(args.tensorboard))
+    with TrainLog(args.log, args.log_json, sinks=sinks) as log:
         backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
         signals = SignalEffects(args.sigint_effect, args.sighup_effect, say=log.warning)
         solver = Solver(param, args.solver, backend=backend, memory=args.memory,

@@ -57,10 +57,13 @@ def _caller(depth: int) -> tuple[str, int]:
 class TrainLog:
     """Where the solver's and `train`'s lines go: `stream` (default stderr, as glog) and a `--log` file."""
 
-    def __init__(self, log_path: str | None = None, json_path: str | None = None, stream: TextIO | None = None):
+    def __init__(self, log_path: str | None = None, json_path: str | None = None, stream: TextIO | None = None,
+                 sinks: list[Any] | None = None):
+        """`sinks`: objects with `record(fields)` and `close()` that also get every record (TensorBoard)."""
         self.stream = stream if stream is not None else sys.stderr
         self._file = _open(log_path) if log_path else None
         self._json = _open(json_path) if json_path else None
+        self.sinks = list(sinks or [])
 
     def info(self, line: str) -> None:
         self._emit("I", line)
@@ -79,12 +82,17 @@ class TrainLog:
         if self._json is not None:
             self._json.write(json.dumps(fields, sort_keys=False) + "\n")
             self._json.flush()
+        for sink in self.sinks:
+            sink.record(fields)
 
     def close(self) -> None:
         for f in (self._file, self._json):
             if f is not None:
                 f.close()
         self._file = self._json = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
     def __enter__(self) -> "TrainLog":
         return self

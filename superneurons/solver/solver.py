@@ -199,8 +199,8 @@ class Solver:
             self.log.info(output_line("Train", index, name, value, weight))
         for note in notes:
             self.log.info(note)
-        self.log.record(event="train", iter=self.iter, loss=self.smoothed_loss, iter_per_s=per_s,
-                        outputs=_named([(name, value) for _, name, value, _ in values]))
+        self.log.record(event="train", iter=self.iter, loss=self.smoothed_loss, lr=self.lr_policy.rate(self.iter),
+                        iter_per_s=per_s, outputs=_named([(name, value) for _, name, value, _ in values]))
 
     def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
         """Caffe's running mean over the last `average_loss` iterations."""
