@@ -28,24 +28,21 @@ _OPTION_TOKEN = re.compile(r"--?([A-Za-z][A-Za-z0-9_-]+)(=.*)?", re.DOTALL)
 class CaffeFlagParser(argparse.ArgumentParser):
     """An ArgumentParser that also takes gflags' spellings of its long options (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs):
-        self.long_options: set[str] = set()  # before super().__init__, which adds --help
-        super().__init__(*args, **kwargs)
-
-    def add_argument(self, *names, **kwargs):
-        self.long_options.update(n for n in names if isinstance(n, str) and n.startswith("--"))
-        return super().add_argument(*names, **kwargs)
+    def long_options(self) -> set[str]:
+        # The parser's own table of option strings (argument groups add theirs to it too).
+        return {o for o in self._option_string_actions if o.startswith("--")}
 
     def caffe_spelling(self, argv: list[str]) -> list[str]:
         """`-gpu 0`, `-gpu=0`, `--sighup_effect none` -> `--gpu 0`, `--gpu=0`, `--sighup-effect none` for the
         options this parser has; anything else (values, `--` and what follows it) is left alone."""
+        known = self.long_options()
         out = []
         for k, token in enumerate(argv):
             if token == "--":
                 return out + argv[k:]
             m = _OPTION_TOKEN.fullmatch(token)
             canonical = "--" + m.group(1).replace("_", "-") if m else None
-            out.append(canonical + (m.group(2) or "") if canonical in self.long_options else token)
+            out.append(canonical + (m.group(2) or "") if canonical in known else token)
         return out
 
     def parse_known_args(self, args=None, namespace=None):

@@ -14,7 +14,7 @@ import pytest
 from logs import GLOG, messages
 from test_solver import TINY_NET
 
-from superneurons.cli import build_parser, main
+from superneurons.cli import CaffeFlagParser, build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,6 +61,10 @@ def test_caffe_spellings_are_rewritten_for_the_options_a_command_has():
         ("m.prototxt", 3, "TEST", "-1", 1, ["deploy"])
     args = build_parser().parse_args(["test", "-model", "m", "-weights", "w", "-iterations", "5"])
     assert (args.model, args.weights, args.iterations) == ("m", "w", 5)
+    # Options added through argument groups too (Caffe's tools: `-resize_height 256`).
+    group_parser = CaffeFlagParser()
+    group_parser.add_argument_group("resizing").add_argument("--resize-height", type=int)
+    assert group_parser.parse_args(["-resize_height=256"]).resize_height == 256
     # A value that looks like a flag of another command, and what follows `--`, stay as they are.
     with pytest.raises(SystemExit):
         build_parser().parse_args(["summary", "--model", "m", "-solver", "x"])
