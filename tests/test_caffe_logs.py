@@ -242,3 +242,35 @@ def test_tensorboard_scalars_hold_what_the_log_shows(trained, tmp_path):
     assert [v for _, v in scalars["train/lr"]] == pytest.approx([0.05, 0.05, 0.025])  # float32 in the file
     test = [r for r in records if r["event"] == "test"]
     assert [v for _, v in scalars["test/accuracy"]] == pytest.approx([r["outputs"]["accuracy"] for r in test])
+
+
+class HungUpTerminal:
+    def write(self, text):
+        raise OSError(5, "Input/output error")
+
+    def flush(self):
+        raise OSError(5, "Input/output error")
+
+    def isatty(self):
+        return True
+
+
+def test_a_terminal_that_hung_up_does_not_stop_training(tmp_path):
+    """SIGHUP usually means the terminal is gone; Caffe snapshots and goes on, and so does its log file."""
+    from superneurons.runtime.logging import TrainLog
+    from superneurons.runtime.progress import TrainProgress
+
+    log = TrainLog(str(tmp_path / "train.log"), stream=HungUpTerminal())
+    log.info("first")
+    log.warning("second")
+    assert log.stream is None
+    assert messages((tmp_path / "train.log").read_text()) == ["first", "second"]
+    progress = TrainProgress(10, HungUpTerminal(), enabled=True)
+    try:
+        log.stream = progress.line_stream()
+        for i in range(1, 4):
+            progress.update(i, 0.5)  # no exception reaches the solver's callback
+            log.info(f"line {i}")
+    finally:
+        progress.close()
+    assert messages((tmp_path / "train.log").read_text())[-1] == "line 3"

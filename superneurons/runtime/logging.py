@@ -55,7 +55,8 @@ def _caller(depth: int) -> tuple[str, int]:
 
 
 class TrainLog:
-    """Where the solver's and `train`'s lines go: `stream` (default stderr, as glog) and a `--log` file."""
+    """Where the solver's and `train`'s lines go: `stream` (default stderr, as glog) and a `--log` file.
+    A stream that can no longer be written (a closed terminal) is dropped; training does not stop for it."""
 
     def __init__(self, log_path: str | None = None, json_path: str | None = None, stream: TextIO | None = None,
                  sinks: list[Any] | None = None):
@@ -73,7 +74,11 @@ class TrainLog:
 
     def _emit(self, severity: str, line: str) -> None:
         text = glog_prefix(severity, _caller(2)) + line
-        print(text, file=self.stream, flush=True)
+        if self.stream is not None:
+            try:
+                print(text, file=self.stream, flush=True)
+            except (OSError, ValueError):  # the terminal hung up (SIGHUP's usual cause) or was closed:
+                self.stream = None  # training goes on, logging to --log only, as glog does
         if self._file is not None:
             print(text, file=self._file, flush=True)
 

@@ -50,10 +50,14 @@ class TrainProgress:
     def update(self, iteration: int, smoothed_loss: float) -> None:
         if not self.enabled or self.done:
             return
-        if self.bar is None:  # opened at the first completed iteration, so a resumed run starts where it is
-            self._open(initial=max(0, iteration - 1))
-        self.bar.set_postfix(loss=f"{smoothed_loss:.4g}", refresh=False)
-        self.bar.update(iteration - self.bar.n)
+        try:
+            if self.bar is None:  # opened at the first completed iteration, so a resumed run starts where it is
+                self._open(initial=max(0, iteration - 1))
+            self.bar.set_postfix(loss=f"{smoothed_loss:.4g}", refresh=False)
+            self.bar.update(iteration - self.bar.n)
+        except (OSError, ValueError):  # the terminal is gone (hung up, closed): training goes on without a bar
+            self.bar, self.enabled = None, False
+            return
         if iteration >= self.total:  # the loop is over: later lines (final test, "Optimization Done.") go below
             self.close()
 
@@ -89,8 +93,11 @@ class TrainProgress:
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+            bar, self.bar = self.bar, None
+            try:
+                bar.close()
+            except (OSError, ValueError):  # a terminal that is gone
+                pass
         self.done = True
 
     def __enter__(self) -> "TrainProgress":

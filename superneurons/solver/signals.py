@@ -50,15 +50,21 @@ class SignalEffects:
         name = signal.Signals(signum).name
         effect = self.effects[signum]
         if signum == signal.SIGINT and self.pending is not None:
-            self.say(f"{name} again: stopping now, without a snapshot")
-            sys.stderr.flush()
-            sys.stdout.flush()
+            try:
+                self.say(f"{name} again: stopping now, without a snapshot")
+                sys.stderr.flush()
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
             os._exit(130)
         if self.pending != "stop":  # a stop already asked for stays a stop
             self.pending = effect
         what = "stopping" if effect == "stop" else "writing a snapshot"
-        self.say(f"{name} received: {what} after this iteration" +
-                 (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""))
+        try:
+            self.say(f"{name} received: {what} after this iteration" +
+                     (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""))
+        except (OSError, ValueError):  # SIGHUP often means the terminal is gone: the request still stands
+            pass
 
     def install(self) -> Callable[[], None]:
         """Install the handlers; returns what puts the previous ones back. Only the main thread may
