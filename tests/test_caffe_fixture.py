@@ -42,7 +42,7 @@ TRAIN_TEST = FIX / "lenet_train_test.prototxt"
 DEPLOY = ROOT / "models" / "lenet" / "lenet.prototxt"
 PARAMS = ["conv1", "conv2", "ip1", "ip2"]
 
-PROB_ATOL = 1e-6  # observed: 2.4e-7 (2 ulp near 1.0)
+PROB_ATOL = 4e-6  # observed: 2.4e-7 on one CPU, 1.25e-6 on another (NumPy picks its float32 exp by SIMD width)
 LOGIT_ATOL = 1e-5  # observed: 0 (bit-identical)
 
 

@@ -41,7 +41,7 @@ def test_metadata_style():
     for extra in ("cu12", "cu13"):
         names = {_name(r) for r in extras[extra]}
         assert {"numba-cuda", "cuda-bindings"} <= names and any("cudnn" in n for n in names)
-        assert any("cublas" in n for n in names) and any("nccl" in n for n in names)
+        assert any("cublas" in n for n in names) and {f"nvidia-nccl-{extra}", "nccl4py"} <= names
         assert f"numba-cuda[{extra}]" in " ".join(extras[extra])
 
 

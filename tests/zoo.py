@@ -6,11 +6,12 @@ or with a file missing from it, the tests that need it skip and say what is miss
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-ZOO_ENV = "SUPERNEURONS_ZOO"
-ZOO: Path | None = Path(os.environ[ZOO_ENV]).expanduser() if os.environ.get(ZOO_ENV) else None
+from superneurons import settings
+
+ZOO_ENV = "SUPERNEURONS_ZOO"  # declared in superneurons/settings.py
+ZOO: Path | None = Path(settings.get(ZOO_ENV)).expanduser() if settings.get(ZOO_ENV) else None
 
 
 def zoo_path(rel: str = "") -> Path:

@@ -1,5 +1,5 @@
 """`superneurons train`: Caffe's `caffe train` (same flags, in Caffe's spelling too: `-solver S -gpu 0`), plus
---memory, --gpu-memory, --log, --log-json and --no-progress."""
+--memory, --gpu-memory, --log, --log-json, --tensorboard and --no-progress."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,13 @@ EXAMPLES = """examples:
   superneurons train --solver S.prototxt --tensorboard runs/lenet     # then: tensorboard --logdir runs
   superneurons train --solver S.prototxt --gpu 0 --memory auto --gpu-memory 12G   # train within 12 GiB
   superneurons train -solver S.prototxt -gpu -1 -sighup_effect stop   # Caffe's spelling; -1: the CPU
+  superneurons train --solver S.prototxt --gpu 0,1,2,3          # data parallel: one process per GPU
+  superneurons train --solver S.prototxt --gpu all --gpu-memory 12G   # every GPU, 12 GiB budget on each
+  mpiexec -n 8 superneurons train --solver S.prototxt --gpu all      # ranks across machines (MPI)
+  mpiexec -n 2 superneurons train --solver S.prototxt                # two CPU processes
+
+With several GPUs (or under mpiexec) batch_size is per GPU and gradients are averaged over the ranks before
+each update, as in Caffe; rank 0 logs, tests and snapshots (docs/PARALLEL.md).
 
 The log is Caffe's: glog lines on stderr (`I1124 03:15:49.123456 12345 solver.py:160] ...`), which
 Caffe's tools/extra/parse_log.py reads. Ctrl-C (SIGINT) finishes the current iteration, writes a
@@ -36,7 +43,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--solver", required=True, help="solver prototxt")
     p.add_argument("--snapshot", help=".solverstate to resume training from")
     p.add_argument("--weights", help="comma-separated .caffemodel files to initialize from (fine-tuning)")
-    p.add_argument("--gpu", help="GPU id to train on, -1 for the CPU (overrides the solver's solver_mode)")
+    p.add_argument("--gpu", help="GPU ids to train on, e.g. 0 or 0,1,2,3 or all, or -1 for the CPU (overrides the "
+                                 "solver's solver_mode; several GPUs train data parallel, one process each)")
     p.add_argument("--level", type=int, help="the train net's state level (overrides the solver's train_state)")
     p.add_argument("--stage", action="append", help="a train net state stage (repeatable or comma-separated)")
     p.add_argument("--sigint-effect", default=DEFAULT_SIGINT, choices=EFFECTS,
@@ -57,7 +65,7 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from superneurons.solver import Solver  # builds nets: keep `--help` fast
+    from superneurons.parallel import launch
 
     if args.snapshot and args.weights:
         raise UserError("give --snapshot to resume training or --weights to fine-tune, not both")
@@ -67,18 +75,45 @@ def run(args) -> int:
     if args.stage:
         param.train_state.ClearField("stage")
         param.train_state.stage.extend(split_stages(args.stage))
-    mode = param.solver_mode if param.HasField("solver_mode") else None
-    sinks = []
-    if args.tensorboard:
-        from superneurons.runtime.tensorboard import TensorBoardScalars
+    job = launch.plan(args.gpu)
+    if job.spawn:  # several GPUs, started from one command: one process per GPU under mpiexec
+        return launch.spawn(args, job.gpus)
+    if job.rank:  # this process is one rank of an MPI job
+        from superneurons.parallel.rank import train_rank
 
-        sinks.append(TensorBoardScalars(args.tensorboard))
-    with TrainLog(args.log, args.log_json, sinks=sinks) as log:
-        backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
-        signals = SignalEffects(args.sigint_effect, args.sighup_effect, say=log.warning)
-        solver = Solver(param, args.solver, backend=backend, memory=args.memory,
-                        pool_bytes=parse_size(args.gpu_memory), log=log, signals=signals)
-        progress = TrainProgress(param.max_iter, log.stream, enabled=None if args.progress else False)
+        return train_rank(args, param, job.gpus)
+    return train(args, param, lambda log: _solver(args, param, log))
+
+
+def _solver(args, param, log):
+    from superneurons.solver import Solver  # builds nets: keep `--help` fast
+
+    mode = param.solver_mode if param.HasField("solver_mode") else None
+    backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
+    return Solver(param, args.solver, backend=backend, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
+                  log=log)
+
+
+def train(args, param, make_solver, root: bool = True) -> int:
+    """Caffe's train: build the solver (`make_solver(log)`), fine-tune from --weights or the solver's
+    `weights:`, resume from --snapshot, solve. `root`: this process logs (data-parallel ranks other than 0
+    do not)."""
+    import contextlib
+    import os
+
+    with contextlib.ExitStack() as stack:
+        sink = None if root else stack.enter_context(open(os.devnull, "w"))
+        sinks = []
+        if root and getattr(args, "tensorboard", None):
+            from superneurons.runtime.tensorboard import TensorBoardScalars
+
+            sinks.append(TensorBoardScalars(args.tensorboard))
+        log = stack.enter_context(TrainLog(args.log, args.log_json, sinks=sinks) if root else TrainLog(stream=sink))
+        solver = make_solver(log)
+        solver.signals = SignalEffects(getattr(args, "sigint_effect", DEFAULT_SIGINT),
+                                       getattr(args, "sighup_effect", DEFAULT_SIGHUP), say=log.warning)
+        progress = TrainProgress(param.max_iter, log.stream,
+                                 enabled=None if args.progress and root else False)
         progress.attach(solver, log)
         # The solver's own `weights:` entries (Caffe >= 1.0) apply unless the flag or a resume says otherwise.
         weights = args.weights or ("" if args.snapshot else ",".join(param.weights))

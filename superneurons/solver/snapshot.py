@@ -80,6 +80,7 @@ def write_snapshot(solver: "Solver") -> tuple[str, str]:
     extra = {
         "version": EXTRA_VERSION,
         "seed": solver.seed,
+        "ranks": solver.net.ctx.ranks,  # data parallelism: the resume must run as many (superneurons/parallel)
         "test_passes": solver.test_passes,
         "layers": {key: layer.state() for key, layer in _stateful_layers(solver)},
     }
@@ -181,6 +182,12 @@ def _restore_extra(solver: "Solver", path: str) -> None:
             extra = json.load(f)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: unreadable snapshot sidecar ({e})") from None
+    ranks, now = extra.get("ranks", 1), solver.net.ctx.ranks
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise UserError(f"{path}: 'ranks' is {ranks!r}, expected a positive whole number")
+    if ranks != now:
+        raise UserError(f"{path}: this snapshot was taken with {ranks} rank(s) (GPUs or processes) and this run "
+                        f"has {now}; resume it with {ranks}, or start from its weights with --weights")
     solver.set_seed(int(extra.get("seed", solver.seed)))
     passes = extra.get("test_passes", [])
     for i in range(min(len(passes), len(solver.test_passes))):
