@@ -86,6 +86,19 @@ def test_the_autoencoder_builds_trains_and_snapshots(tmp_path, monkeypatch):
                                   solver.net.layer("decode1").params[0].data)
 
 
+def test_the_autoencoder_snapshots_in_hdf5(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    param = text_format.Parse('base_lr: 0.05 lr_policy: "fixed" max_iter: 2 snapshot_prefix: "snap/ae" '
+                              'snapshot_format: HDF5 random_seed: 2', pb.SolverParameter())
+    param.net_param.CopyFrom(text_format.Parse(autoencoder(), pb.NetParameter()))
+    solver = Solver(param, "ae_solver.prototxt", log=Quiet())
+    solver.solve()
+    resumed = Solver(param, "ae_solver.prototxt", log=Quiet())
+    resumed.restore("snap/ae_iter_2.solverstate.h5")
+    np.testing.assert_array_equal(resumed.net.layer("encode1").params[0].data,
+                                  solver.net.layer("encode1").params[0].data)
+
+
 def test_summary_of_the_autoencoder(tmp_path, capsys):
     (tmp_path / "ae.prototxt").write_text(autoencoder())
     assert main(["summary", "--model", str(tmp_path / "ae.prototxt")]) == 0

@@ -26,14 +26,16 @@ def umask():
     os.umask(old)
 
 
-@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
-def test_snapshot_files_get_the_umask_permissions(tmp_path, monkeypatch, umask, mask):
+@pytest.mark.parametrize("mask,hdf5", [(0o022, False), (0o002, False), (0o077, False), (0o002, True)])
+def test_snapshot_files_get_the_umask_permissions(tmp_path, monkeypatch, umask, mask, hdf5):
     monkeypatch.chdir(tmp_path)
     umask(mask)
-    solver = make_solver('base_lr: 0.1 max_iter: 2 snapshot_prefix: "snap/x"')
+    solver = make_solver('base_lr: 0.1 max_iter: 2 snapshot_prefix: "snap/x"' +
+                         (" snapshot_format: HDF5" if hdf5 else ""))
     solver.solve()
     files = sorted(p.name for p in (tmp_path / "snap").iterdir())
-    assert files == ["x_iter_2.caffemodel", "x_iter_2.solverstate", "x_iter_2.solverstate.extra"]
+    h5 = ".h5" if hdf5 else ""
+    assert files == [f"x_iter_2.caffemodel{h5}", f"x_iter_2.solverstate{h5}", f"x_iter_2.solverstate{h5}.extra"]
     for name in files:
         assert stat.S_IMODE((tmp_path / "snap" / name).stat().st_mode) == 0o666 & ~mask, name
 

@@ -129,9 +129,13 @@ def write_hdf5_atomic(path: str, fill_file: Callable[[Any], None]) -> None:
 
 
 def _proto_to_hdf5(model: pb.NetParameter, f: Any) -> None:
-    """Caffe's Net::ToHDF5 layout: /data/<layer>/<param index> float datasets, one group per layer."""
+    """Caffe's Net::ToHDF5 layout: /data/<layer>/<param index> float datasets, one group per layer. HDF5 holds
+    one group per name: of layers sharing a name (Caffe allows it) the first is written, the one loading
+    matches by name anyway."""
     data = f.create_group("data")
     for lp in model.layer:
+        if lp.name in data:
+            continue
         group = data.create_group(lp.name)
         for k, blob in enumerate(lp.blobs):
             group.create_dataset(str(k), data=blob_to_array(blob, lp.name))
