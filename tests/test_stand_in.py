@@ -82,3 +82,16 @@ def test_time_runs_every_layers_backward_on_a_deploy_net(capsys):
     for name in ("conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2", "prob"):
         assert layers[name]["backward_ms"] > 0, name
     assert layers["data"]["backward_ms"] == 0
+
+
+def test_time_seeds_the_outputs_of_the_timed_phase_only(tmp_path, capsys):
+    """A TEST-only layer writing the same top as the TRAIN net's last layer must not take the loss weight."""
+    text = LENET_DEPLOY.read_text() + ('layer { name: "prob_test" type: "Softmax" bottom: "ip2" top: "prob" '
+                                       'include { phase: TEST } }\n')
+    text = text.replace('layer {\n  name: "prob"', 'layer {\n  name: "prob"\n  include { phase: TRAIN }', 1)
+    path = tmp_path / "two_phase.prototxt"
+    path.write_text(text)
+    assert main(["time", "--model", str(path), "--iterations", "1", "--batch", "2", "--json"]) == 0
+    out, err = _stderr_lines(capsys)
+    layers = {rec["name"]: rec for rec in json.loads(out)["layers"]}
+    assert "prob_test" not in layers and layers["conv1"]["backward_ms"] > 0

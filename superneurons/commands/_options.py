@@ -93,25 +93,32 @@ def add_input_options(p: argparse.ArgumentParser) -> None:
                         "source is absent is replaced anyway, with shapes from its own fields)")
 
 
+def net_state(args, net):
+    """The NetState --phase/--level/--stage select in `net`, as build_graph reads them (the net's own state
+    fills what the flags leave out)."""
+    from superneurons.graph.state import make_state
+    from superneurons.proto import superneurons_pb2 as pb
+
+    stages = tuple(split_stages(getattr(args, "stage", None)))
+    state = make_state(pb.Phase.Value(getattr(args, "phase", "TRAIN")), getattr(args, "level", 0) or 0,
+                       stages or tuple(net.state.stage))
+    if not stages and not state.level and net.state.HasField("level"):
+        state.level = net.state.level
+    return state
+
+
 def read_model(args, say: Callable[[str], None] | None = None):
     """The net of --model with stand-in inputs (graph/stand_in.py) for the layers of --phase/--level/--stage,
     and --batch applied; says which shapes it assumed, one line each (default: on stderr)."""
     from superneurons.graph.batch import set_batch
     from superneurons.graph.stand_in import parse_input_shapes, stand_in_inputs
-    from superneurons.graph.state import make_state
     from superneurons.io.prototxt import read_net
-    from superneurons.proto import superneurons_pb2 as pb
 
     if args.batch is not None and args.batch <= 0:
         raise UserError(f"--batch must be positive, got {args.batch}")
     net = read_net(args.model)
-    stages = tuple(split_stages(getattr(args, "stage", None)))
-    state = make_state(pb.Phase.Value(getattr(args, "phase", "TRAIN")), getattr(args, "level", 0) or 0,
-                       stages or tuple(net.state.stage))
-    if not stages and not state.level and net.state.HasField("level"):  # as build_graph reads the net's state
-        state.level = net.state.level
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    for note in stand_in_inputs(net, parse_input_shapes(args.input_shape), args.model, state):
+    for note in stand_in_inputs(net, parse_input_shapes(args.input_shape), args.model, net_state(args, net)):
         say(f"{args.model}: {note}")
     if args.batch:
         set_batch(net, args.batch)

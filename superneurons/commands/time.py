@@ -15,10 +15,11 @@ import argparse
 import json
 import sys
 
-from superneurons.commands._options import (add_device_options, add_input_options, parse_size, pick_backend,
-                                             read_model, split_stages)
+from superneurons.commands._options import (add_device_options, add_input_options, net_state, parse_size,
+                                             pick_backend, read_model, split_stages)
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, build_graph
+from superneurons.graph.state import is_included
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
@@ -61,7 +62,7 @@ def run(args) -> int:
 
     graph = build()
     if not graph.loss_blobs:
-        outputs = seed_outputs_as_loss(net_param, graph)
+        outputs = seed_outputs_as_loss(net_param, graph, net_state(args, net_param))
         say(f"{args.model}: no loss in the net: timing backward as if {', '.join(outputs)} fed a loss of weight 1 "
             "(caffe time runs every layer's backward)")
         graph = build()
@@ -79,12 +80,14 @@ def run(args) -> int:
     return 0
 
 
-def seed_outputs_as_loss(net_param: pb.NetParameter, graph: Graph) -> list[str]:
-    """Give each output blob of `graph` loss_weight 1 on the last layer that writes it, so the net has a
-    loss and every layer upstream of an output needs backward; returns the outputs."""
+def seed_outputs_as_loss(net_param: pb.NetParameter, graph: Graph, state: pb.NetState) -> list[str]:
+    """Give each output blob of `graph` loss_weight 1 on the last layer of `state`'s net that writes it, so
+    the net has a loss and every layer upstream of an output needs backward; returns the outputs."""
     outputs = list(graph.outputs)
     last_writer = {}
     for i, layer in enumerate(net_param.layer):
+        if not is_included(layer, state):
+            continue
         for j, top in enumerate(layer.top):
             if top in outputs:
                 last_writer[top] = (i, j)
