@@ -89,7 +89,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     _mark_data_copies(nodes)
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
-    _mark_backward(nodes, bool(net.force_backward) and phase == pb.TRAIN)
+    _mark_backward(nodes, bool(net.force_backward))
     if policy.fuse_layers:
         fuse_batch_norm_chains(nodes)  # needs need_backward; changes buffers before any Net declares tensors
         fuse_eltwise_relu(nodes)
@@ -166,7 +166,9 @@ def _set_loss_weights(nodes: list[Node]) -> None:
 
 
 def _mark_backward(nodes: list[Node], force: bool) -> None:
-    """Caffe's rule: a layer runs backward if it leads to a loss and has learnable params or gradient-needing bottoms."""
+    """Caffe's rule: a layer runs backward if it leads to a loss and has learnable params or gradient-needing bottoms;
+    `force` (force_backward, in either phase) makes every layer but the data layers run backward, loss or not
+    (a TEST net computes them only when its Net keeps gradients: the Python API's, for saliency maps)."""
     blob_needs: dict[str, bool] = {}
     for n in nodes:
         pd = list(n.layer.param.propagate_down)
@@ -182,11 +184,11 @@ def _mark_backward(nodes: list[Node], force: bool) -> None:
         n.need_backward = n.layer.has_backward and not n.layer.is_data and (learnable or any(n.propagate_down))
         for t in n.tops:
             blob_needs[t] = n.need_backward
-    # Only layers upstream of a loss do backward.
+    # Only layers upstream of a loss do backward (unless forced).
     under_loss: set[str] = set()
     for n in reversed(nodes):
         contributes = any(w for w in n.loss_weights) or any(t in under_loss for t in n.tops)
-        if not contributes:
+        if not contributes and not force:
             n.need_backward = False
         else:
             under_loss.update(n.bottoms)

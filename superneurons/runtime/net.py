@@ -394,11 +394,15 @@ class Net:
     def remove_hooks(self, hooks: StepHooks) -> None:
         self.hooks.remove(hooks)
 
-    def forward(self) -> float:
-        """Run every forward step; returns the weighted sum of the losses."""
+    def forward(self, first: int = 0, last: int | None = None) -> float:
+        """Run the forward steps, in the route's order; returns the weighted sum of the losses. `first`/`last`:
+        only the layers at those prototxt positions (both included), Caffe's Net::ForwardFromTo."""
+        partial = self._partial(first, last, "forward over part of the net")
         hooks = self.hooks
         self._use_workspace()
         for i, step in enumerate(self.forward_steps):
+            if partial and not first <= step.node.layer.layer_index <= last:
+                continue
             for h in hooks:
                 h.before_forward(i, step)
             self.run_forward_step(i)
@@ -435,16 +439,20 @@ class Net:
             loss += w * float(self.backend.to_host(data.array).sum())
         return loss
 
-    def backward(self) -> None:
+    def backward(self, first: int = 0, last: int | None = None, seed_losses: bool = True) -> None:
+        """Run the backward steps. `first`/`last`: only the layers at those prototxt positions (Caffe's
+        Net::BackwardFromTo); `seed_losses=False`: start from the gradients the blobs hold now instead of
+        setting each loss blob's gradient to its weight (`seed_loss_diffs`), so a caller may set any top's."""
+        partial = self._partial(first, last, "backward over part of the net")
         hooks = self.hooks
         self._use_workspace()
-        for _data, diff, w in self.loss_blobs:
-            if diff is not None:
-                self.memory.ensure(diff)
-                self.ops.fill(diff.array, w)
+        if seed_losses:
+            self.seed_loss_diffs()
         streamed = self._param_bwd
         ready = self._gradients_ready
         for i, step in enumerate(self.backward_steps):
+            if partial and not first <= step.node.layer.layer_index <= last:
+                continue
             for h in hooks:
                 h.before_backward(i, step)
             if streamed is not None:
@@ -501,6 +509,47 @@ class Net:
 
     def layers_in_prototxt_order(self) -> Iterable[Node]:
         return sorted(self.graph.nodes, key=lambda n: n.layer.layer_index)
+
+    # -- for the Python API (superneurons.pycaffe): blobs by name, runs over part of the net -----------
+    # pycaffe reads and writes any blob between calls and runs a slice of the layers, so these need every
+    # tensor resident: slices and unseeded backward passes are refused under the memory modes that free
+    # or move tensors between steps.
+    def blob_array(self, name: str, diff: bool = False) -> Any:
+        """The backend array that holds blob `name`'s data (`diff`: its gradient) now, not a copy; None
+        when the net keeps no gradient for the blob or the memory mode has freed it. KeyError: no such blob."""
+        if diff:
+            t = self.diff.get(name)
+            if name not in self.data:
+                raise KeyError(name)
+            return None if t is None else t.array
+        return self.data[name].array
+
+    def runs_backward(self) -> bool:
+        """Whether `backward` runs any layer (not for a test net, nor for a net without a loss)."""
+        return bool(self.backward_steps)
+
+    def layer_position(self, name: str) -> int:
+        """Layer `name`'s position in the prototxt (split layers included), Caffe's layer index."""
+        return self._by_name[name].layer.layer_index
+
+    def seed_loss_diffs(self) -> None:
+        """Set each loss blob's gradient to its loss weight, as `backward` does first."""
+        for _data, diff, w in self.loss_blobs:
+            if diff is not None:
+                self.memory.ensure(diff)
+                self.ops.fill(diff.array, w)
+
+    def _partial(self, first: int, last: int | None, what: str) -> bool:
+        """Whether first..last leaves out some layer; such a run needs every tensor resident."""
+        partial = first > 0 or (last is not None and last < max(n.layer.layer_index for n in self.graph.nodes))
+        if partial:
+            self._require_resident(what)
+        return partial
+
+    def _require_resident(self, what: str) -> None:
+        if self.memory.name != "baseline" or self._param_fwd is not None:
+            raise UserError(f"net {self.name!r}: {what} needs every tensor resident; it runs under memory mode "
+                            f"{self.memory.name!r} (build the net with memory='baseline')")
 
 
 def _names(net: Net) -> set[str]:
