@@ -16,25 +16,12 @@ import numpy as np
 import pytest
 from logs import GLOG, messages
 from test_solver import TINY_NET, make_solver
+from test_train_cli import SOLVER  # display 2, test_interval 4, step lr 0.05 halved every 3, max_iter 6
 
 from superneurons.runtime.logging import DisplayGate, capped_outputs, glog_prefix
 
 REPO = Path(__file__).resolve().parents[1]
 CAFFE_TRAIN_LOG = REPO / "tests/fixtures/caffe/caffe_train.log"
-
-SOLVER = """net: "tiny.prototxt"
-test_iter: 2
-test_interval: 4
-base_lr: 0.05
-momentum: 0.9
-lr_policy: "step"
-gamma: 0.5
-stepsize: 3
-display: 2
-max_iter: 6
-snapshot_prefix: "out/tiny"
-random_seed: 1
-"""
 
 
 # -- parse_log.py's behaviour, written from its documentation --------------------------------------------------
@@ -98,7 +85,8 @@ def parse_log_tables(text: str, year: int):
 
 @pytest.fixture
 def trained(tmp_path):
-    (tmp_path / "tiny.prototxt").write_text(TINY_NET)
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets/tiny.prototxt").write_text(TINY_NET)
     (tmp_path / "solver.prototxt").write_text(SOLVER)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
