@@ -1,4 +1,5 @@
-"""Flags shared by the commands that run a net: --gpu, --memory, --gpu-memory, and the backend --gpu picks."""
+"""Flags shared by the commands that run a net: --gpu, --memory, --gpu-memory, --data-workers, --batch,
+--input-shape; the backend --gpu picks; the net with stand-in inputs."""
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,24 @@ MEMORY_HELP = "memory mode: baseline, liveness, offload, recompute or auto"
 
 def add_device_options(p: argparse.ArgumentParser, gpu: bool = True, memory_default: str | None = "auto",
                        memory_help: str = f"{MEMORY_HELP} (default auto: the cheapest that fits the pool)") -> None:
-    """--gpu (unless the command has its own), --memory and --gpu-memory."""
+    """--gpu (unless the command has its own), --memory, --gpu-memory and --data-workers."""
     if gpu:
         p.add_argument("--gpu", help="GPU id to run on; -1 or leaving it out: the CPU")
     p.add_argument("--memory", default=memory_default, help=memory_help)
     add_gpu_memory(p)
+    p.add_argument("--data-workers", metavar="N", type=_data_workers, dest="data_workers",
+                   help="decode worker processes per Data/ImageData layer, over their decode_workers "
+                        "(default: one per CPU core; 0 or 1: a thread in this process; same batches either way)")
+
+
+def _data_workers(text: str) -> int:
+    """--data-workers N: applies to every data layer built afterwards in this process."""
+    from superneurons.data.workers import request_workers
+
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"takes a number of workers (0 or more), got {text!r}")
+    request_workers(int(text))
+    return int(text)
 
 
 def add_gpu_memory(p: argparse.ArgumentParser) -> None:
