@@ -7,11 +7,11 @@ defaults: SIGINT stops, SIGHUP snapshots.
 
 The handler only records the request; the solver acts on it between iterations (`SignalEffects.take`),
 so a snapshot never sees half-updated weights. A second SIGINT that arrives before the first was acted
-on (an iteration or a test pass can take long) ends the process at once, with one line and exit code 130.
+on (an iteration or a test pass can take long) stops training at once: KeyboardInterrupt, which the command
+line reports in one line with exit code 130.
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -52,11 +52,11 @@ class SignalEffects:
         if signum == signal.SIGINT and self.pending is not None:
             try:
                 self.say(f"{name} again: stopping now, without a snapshot")
-                sys.stderr.flush()
-                sys.stdout.flush()
             except (OSError, ValueError):
                 pass
-            os._exit(130)
+            # Unwinds from wherever training is (a half-written snapshot removes itself, data workers and
+            # shared memory are released); the command line turns it into one line and exit code 130.
+            raise KeyboardInterrupt
         if self.pending != "stop":  # a stop already asked for stays a stop
             self.pending = effect
         what = "stopping" if effect == "stop" else "writing a snapshot"
