@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from logs import messages
 
 from superneurons.io.caffemodel import blob_to_array
 from superneurons.io.prototxt import read_binary
@@ -67,8 +68,8 @@ def _blobs(path) -> dict[str, np.ndarray]:
 def test_one_rank_through_nccl_matches_the_plain_gpu_run(tmp_path, layer_wise):
     plain = _train(tmp_path, _solver(tmp_path, "plain", layer_wise), "0", None)
     dp = _train(tmp_path, _solver(tmp_path, "dp", layer_wise), "0", 1)
-    assert "Data parallel" not in plain.stdout
-    assert any(l.startswith("Data parallel: 1 rank(s)") for l in dp.stdout.splitlines()), dp.stdout
+    assert not [m for m in messages(plain.stderr) if m.startswith("Data parallel")]  # glog lines on stderr
+    assert any(m.startswith("Data parallel: 1 rank(s)") for m in messages(dp.stderr)), dp.stderr
     a, b = _blobs(tmp_path / "plain/m_iter_20.caffemodel"), _blobs(tmp_path / "dp/m_iter_20.caffemodel")
     assert set(a) == set(b) and a
     worst = max(float(np.abs(a[k] - b[k]).max() / (np.abs(a[k]).max() + 1e-12)) for k in a)
@@ -83,7 +84,7 @@ def test_several_gpus_one_process_each(tmp_path):
     if n < 2:
         pytest.skip(f"needs 2 or more GPUs, this machine has {n}")
     r = _train(tmp_path, _solver(tmp_path, "multi", True), "all", None)
-    lines = r.stdout.splitlines()
+    lines = messages(r.stderr)  # glog lines on stderr
     assert lines.count("Optimization Done.") == 1
     assert any(l.startswith(f"Data parallel: {n} rank(s)") for l in lines)
     assert json.loads((tmp_path / "multi/m_iter_20.solverstate.extra").read_text())["ranks"] == n
