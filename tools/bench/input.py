@@ -102,7 +102,9 @@ def data_layer_text(db: str, batch: int, crop: int, workers: int) -> str:
 
 
 def rss_kib(pids: list[int]) -> dict:
-    """Private (RssAnon) and shared-memory (RssShmem) resident KiB summed over `pids`."""
+    """Private (RssAnon) resident KiB summed over `pids`, and their shared memory counted once: the
+    proportional share (Pss_Shmem of smaps_rollup) summed, since every worker maps the same slot ring and
+    RssShmem would count its pages once per process."""
     out = {"anon": 0, "shmem": 0}
     for pid in pids:
         try:
@@ -110,7 +112,9 @@ def rss_kib(pids: list[int]) -> dict:
                 for line in f:
                     if line.startswith("RssAnon:"):
                         out["anon"] += int(line.split()[1])
-                    elif line.startswith("RssShmem:"):
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss_Shmem:"):
                         out["shmem"] += int(line.split()[1])
         except OSError:
             pass
