@@ -106,9 +106,15 @@ class PrefetchingDataLayer(Layer):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.
         if not (self.ctx.recomputing and self._last is not None):
             self._last = self._take()
-        self.ops.upload_async(top[0], self._last.data)
-        if len(top) > 1:
-            self.ops.upload_async(top[1], self._last.label)
+        hosts = (self._last.data, self._last.label)[:len(top)]
+        maker = self._pipe.prefetcher
+        if isinstance(maker, WorkerPool) and maker.pinned:
+            # Straight from the workers' page-locked slot; the pool reuses the slot once the copy is done.
+            for dst, host in zip(top, hosts):
+                maker.reading(self.ops.upload_pinned(dst, host))
+        else:
+            for dst, host in zip(top, hosts):
+                self.ops.upload_async(dst, host)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
@@ -126,11 +132,17 @@ class PrefetchingDataLayer(Layer):
             workers = self.workers
             if workers > 1:
                 try:
-                    pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
-                                                 self.prefetch_depth, self.where)
+                    pool = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
+                                      self.prefetch_depth, self.where, pin=self.ops.pin_host)
                 except SharedMemoryShort as e:
                     print(f"warning: {e}", file=sys.stderr, flush=True)
                     self.shared_memory_short = True
+                else:
+                    pipe.prefetcher = pool
+                    if pool.pin_failure:
+                        print(f"warning: {self.where}: cannot page-lock the decode workers' slots "
+                              f"({pool.pin_failure}); each batch is staged through a host copy instead",
+                              file=sys.stderr, flush=True)
             if pipe.prefetcher is None:
                 items = batches(pipe.source, self.transformer, plan, self._next)
                 pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
