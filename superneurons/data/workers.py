@@ -139,9 +139,13 @@ class SlotRing:
         else:
             self.shm = shared_memory.SharedMemory(name=name)
         self.name = self.shm.name
+        # np.frombuffer holds the buffer export (np.ndarray(buffer=...) does not), so the mapping cannot
+        # be closed under an array that views it: a Batch kept past close() stays readable.
+        self._memory: np.ndarray | None = np.frombuffer(self.shm.buf, np.uint8, slots * self.slot_bytes)
         self._views: list[tuple[np.ndarray, np.ndarray]] | None = [
-            (np.ndarray(self.data_shape, np.float32, self.shm.buf, s * self.slot_bytes),
-             np.ndarray((plan.batch_size,), np.float32, self.shm.buf, s * self.slot_bytes + self.data_bytes))
+            (self._memory[s * self.slot_bytes:s * self.slot_bytes + self.data_bytes].view(np.float32)
+             .reshape(self.data_shape),
+             self._memory[s * self.slot_bytes + self.data_bytes:(s + 1) * self.slot_bytes].view(np.float32))
             for s in range(slots)]
 
     def slot(self, s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,15 +153,22 @@ class SlotRing:
         return self._views[s]
 
     def memory(self) -> np.ndarray:
-        """All S slots as one uint8 array (what gets page-locked); drop it before `close()`."""
-        return np.ndarray((self.slots * self.slot_bytes,), np.uint8, self.shm.buf)
+        """All S slots as one uint8 array (what gets page-locked)."""
+        assert self._memory is not None
+        return self._memory
 
     def close(self) -> None:
-        self._views = None
-        try:
-            self.shm.close()
-        except BufferError:  # a Batch handed out still views it; the mapping goes when that array does
-            pass
+        self._views = self._memory = None
+        _lingering.append(self.shm)
+        for shm in list(_lingering):
+            try:
+                shm.close()
+                _lingering.remove(shm)
+            except BufferError:  # a Batch handed out still views it: closed by a later close(), or at exit
+                pass
+
+
+_lingering: list[shared_memory.SharedMemory] = []  # closed rings whose mapping an array still views
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@
 `setup` (so `superneurons summary` works without running anything), a DataTransformer, and the
 batch makers started at the first forward, when the run's seed is known: decode worker processes
 (`data.workers`, `decode_workers` of them, by default one per CPU core) or, with 0 or 1, one
-prefetch thread in the process. Both make the same bytes.
+prefetch thread in the process. Both make the same bytes. Batches from workers go to the device straight
+from their page-locked shared-memory slot (`ops.upload_pinned`), which the pool reuses only after the copy.
 
 Reproducibility and resuming: batch k is a pure function of k (see `superneurons.data.batches`).
 The layer's whole position is the number of batches it has served, which `state()` returns and
