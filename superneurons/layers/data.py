@@ -127,6 +127,7 @@ class PrefetchingDataLayer(Layer):
         skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
         plan = BatchPlan(self.batch_size, self.item_shape, seeds, skip, self.ctx.rank, self.ctx.ranks)
         if pipe.plan != plan:  # the run's seed was set (or changed on resume) after the makers started
+            self._last = None  # it views the makers' memory
             pipe.stop()
         if pipe.prefetcher is None:
             pipe.plan = plan
@@ -167,12 +168,13 @@ class PrefetchingDataLayer(Layer):
         k = state.get("batch") if isinstance(state, dict) else None
         if not isinstance(k, (int, np.integer)) or k < 0:
             raise self.fail(f"cannot restore the data position from {state!r}; expected {{'batch': n}} with n >= 0")
+        self._last = None  # before the makers stop: it views their memory
         self._pipe.stop()
         self._next = int(k)
-        self._last = None
 
     def close(self) -> None:
         """Stop the batch makers and close the source (also done when the layer is collected)."""
+        self._last = None  # it views the makers' memory, which closing unmaps
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
