@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections import deque
 import multiprocessing as mp
 import os
 import shutil
@@ -40,6 +39,7 @@ import signal
 import sys
 import traceback
 import types
+from collections import deque
 from multiprocessing import connection, shared_memory
 from typing import Any, Callable, Protocol
 
