@@ -151,10 +151,12 @@ def layer_alone(db: str, batch: int, crop: int, workers: int, warmup: int, itera
         pool = maker if isinstance(maker, WorkerPool) else None
         rss = rss_kib([os.getpid()] + (pool.pids if pool else []))
         ring = pool.slots * (batch * (int(np.prod(shapes[0][1:])) + 1) * 4) if pool else None
+        pinned = pool.pinned if pool else None  # batches copied to the device straight from the slots
     finally:
         layer.close()
     return {"workers": workers, "img_per_s": batch * iterations / elapsed, "ms_per_batch": 1e3 * elapsed / iterations,
             "maker": type(maker).__name__, "slots": pool.slots if pool else None,
+            "pinned": pinned,
             "ring_mib": ring / 2**20 if ring else None,
             "rss_anon_mib": rss["anon"] / 1024, "rss_shmem_mib": rss["shmem"] / 1024}
 
@@ -294,10 +296,14 @@ def resnet(source: str, db: str, batch: int, crop: int, workers: int, warmup: in
     solver.step(iterations)
     backend.synchronize()
     elapsed = time.perf_counter() - t0
+    pinned = None
     for node in solver.net.graph.nodes:
+        maker = getattr(node.layer, "batch_maker", None)
+        if maker is not None:
+            pinned = getattr(maker, "pinned", False)
         if node.layer.is_data and hasattr(node.layer, "close"):
             node.layer.close()
-    return {"source": source, "workers": workers if source == "lmdb" else None,
+    return {"source": source, "workers": workers if source == "lmdb" else None, "pinned": pinned,
             "img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
 
