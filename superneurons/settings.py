@@ -95,6 +95,9 @@ _DECLARED = (
             "heuristics."),
     Setting("SUPERNEURONS_CUDNN_GRAPH", FLAG, True,
             "Run ungrouped convolutions through cuDNN's graph API (prebuilt plans); 0 uses the legacy calls."),
+    Setting("SUPERNEURONS_CUDNN_DETERMINISTIC", FLAG, False,
+            "Convolutions only through the cuDNN engines and algorithms it marks deterministic (some "
+            "weight-gradient ones add partial sums in no fixed order), so two GPU runs give the same bits."),
     Setting("SUPERNEURONS_FAST_LAUNCH", FLAG, True,
             "Launch numba kernels through cuLaunchKernel with recorded arguments (read at the first launch); 0 "
             "takes numba's own path every time."),

@@ -52,11 +52,11 @@ def _solver(tmp_path, name: str, layer_wise: bool) -> str:
     return f"{name}.prototxt"
 
 
-def _train(tmp_path, solver: str, gpu: str, ranks: int | None) -> subprocess.CompletedProcess:
+def _train(tmp_path, solver: str, gpu: str, ranks: int | None, **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "superneurons", "train", "--solver", solver, "--gpu", gpu, "--no-progress"]
     if ranks is not None:
         cmd = [launch.find_mpiexec(), "-n", str(ranks)] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV | env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return r
 
@@ -98,6 +98,17 @@ def test_one_rank_through_nccl_matches_the_plain_gpu_run(tmp_path, layer_wise):
     print(f"largest difference after {ITERATIONS} iterations, relative to the layer's largest value: "
           f"NCCL path vs plain {worst:.3g} ({where}), plain vs plain {noise:.3g} ({noisy})")
     assert noise <= 1e-5 and worst <= 1e-5
+
+
+def test_deterministic_convolutions_repeat_bit_for_bit(tmp_path):
+    """With SUPERNEURONS_CUDNN_DETERMINISTIC=1 nothing sums in a varying order here: two plain runs and the
+    one-rank NCCL run write the same bits."""
+    runs = {"plain": None, "again": None, "dp": 1}
+    for name, ranks in runs.items():
+        _train(tmp_path, _solver(tmp_path, name, True), "0", ranks, SUPERNEURONS_CUDNN_DETERMINISTIC="1")
+    a, b, c = (_blobs(tmp_path / name / f"m_iter_{ITERATIONS}.caffemodel") for name in runs)
+    for k in a:
+        assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], c[k]), (k, _worst(a, b), _worst(a, c))
 
 
 def test_several_gpus_one_process_each(tmp_path):

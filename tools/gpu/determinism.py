@@ -7,7 +7,8 @@ once, snapshotting every iteration, and prints per iteration the blobs that diff
     python tools/gpu/determinism.py --set SUPERNEURONS_MULTI_UPDATE=0 --set SUPERNEURONS_FUSE=0,SUPERNEURONS_CUDNN_GRAPH=0
     python tools/gpu/determinism.py --trace                          # also: every blob and gradient, per step
 
-Each `--set` is one more configuration (comma-separated VAR=VALUE, docs/SETTINGS.md), run plain twice.
+Each `--set` is one more configuration (comma-separated VAR=VALUE, docs/SETTINGS.md), run the same way
+(SUPERNEURONS_CUDNN_DETERMINISTIC=1 should show no difference at all).
 `--trace` runs two solvers one after another in one process under --memory baseline and compares every
 blob's data and gradient after each iteration's backward (before the update), so the first op whose output
 differs shows, at the cost of a host copy per blob (which waits for the GPU, and may hide a race).
@@ -126,7 +127,8 @@ def compare_runs(work: Path, names: list[str], iters: int) -> None:
 def whole_runs(iters: int, overrides: dict[str, str], nccl: bool, gpu: str) -> None:
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                NCCL_NVLS_ENABLE="0", SUPERNEURONS_TF32="0") | overrides
-    print(f"== {' '.join(f'{k}={v}' for k, v in overrides.items()) or 'defaults'} (SUPERNEURONS_TF32=0)", flush=True)
+    given = {k: v for k, v in env.items() if k.startswith("SUPERNEURONS_")}
+    print(f"== {' '.join(f'{k}={v}' for k, v in sorted(given.items()))}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "net.prototxt").write_text(NET)
@@ -165,7 +167,8 @@ def trace(iters: int, gpu: str) -> None:
             self.seen.append(got)
 
     backend = get_backend("cpu") if gpu == "-1" else get_backend("cuda", int(gpu))
-    print("== trace: two solvers in one process, --memory baseline, after each backward", flush=True)
+    given = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("SUPERNEURONS_"))
+    print(f"== trace: two solvers in one process, --memory baseline, after each backward; {given}", flush=True)
     here = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as quiet:
         work = Path(tmp)
@@ -202,7 +205,7 @@ def main() -> None:
     if not args.only_trace:
         whole_runs(args.iters, {}, args.nccl, args.gpu)
         for spec in args.set:
-            whole_runs(args.iters, dict(kv.split("=", 1) for kv in spec.split(",") if kv), nccl=False, gpu=args.gpu)
+            whole_runs(args.iters, dict(kv.split("=", 1) for kv in spec.split(",") if kv), args.nccl, args.gpu)
 
 
 if __name__ == "__main__":
