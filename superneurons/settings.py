@@ -95,6 +95,11 @@ _DECLARED = (
             "heuristics."),
     Setting("SUPERNEURONS_CUDNN_GRAPH", FLAG, True,
             "Run ungrouped convolutions through cuDNN's graph API (prebuilt plans); 0 uses the legacy calls."),
+    Setting("SUPERNEURONS_CUDNN_DETERMINISTIC", FLAG, False,
+            "Convolutions only through the cuDNN engines and algorithms it marks deterministic (some "
+            "weight-gradient ones add partial sums in no fixed order, so two GPU runs differ by float rounding); "
+            "with it a small net repeats bit for bit (tools/gpu/determinism.py). BatchNorm's float64 partial "
+            "sums still add in any order, which rarely shows after rounding to float32."),
     Setting("SUPERNEURONS_FAST_LAUNCH", FLAG, True,
             "Launch numba kernels through cuLaunchKernel with recorded arguments (read at the first launch); 0 "
             "takes numba's own path every time."),

@@ -25,6 +25,7 @@ FLOAT, DOUBLE = 0, 1
 NCHW = 0
 CROSS_CORRELATION = 1
 DEFAULT_MATH, FMA_MATH = 0, 3
+CUDNN_DETERMINISTIC = 1  # cudnnDeterminism_t
 SOFTMAX_ACCURATE, SOFTMAX_MODE_CHANNEL = 1, 1
 _MAX_ALGOS = 16
 
@@ -285,10 +286,12 @@ class ConvPlan:
 
     # -- choosing ----------------------------------------------------------------------------------
     def _usable(self, perfs, count: int) -> list[tuple[float, AlgoChoice]]:
-        """(time, choice) of the entries that succeeded and respect the math mode, in cuDNN's order."""
+        """(time, choice) of the entries that succeeded and respect the math mode (and, under
+        SUPERNEURONS_CUDNN_DETERMINISTIC=1, are deterministic), in cuDNN's order."""
         out = []
+        deterministic = cudnn_graph.deterministic_only()
         for p in perfs[:count]:
-            if p.status != 0:
+            if p.status != 0 or (deterministic and p.determinism != CUDNN_DETERMINISTIC):
                 continue
             if self.h.math == FMA_MATH and p.mathType not in (FMA_MATH, DEFAULT_MATH):
                 continue

@@ -40,7 +40,7 @@ _TENSOR_ALIGNMENT, _TENSOR_DATA_TYPE, _TENSOR_DIMS, _TENSOR_STRIDES, _TENSOR_UID
 _PACK_UIDS, _PACK_POINTERS, _PACK_WORKSPACE = 1000, 1001, 1003
 _ENGINE_INDEX, _ENGINE_NUMERICAL_NOTES, _ENGINE_BEHAVIOR_NOTES = 1301, 1303, 1305
 # cudnnBackendNumericalNote_t, cudnnBackendBehaviorNote_t, cudnnBackendHeurMode_t
-_NOTE_TENSOR_CORE, _NOTE_DOWN_CONVERT = 0, 1
+_NOTE_TENSOR_CORE, _NOTE_DOWN_CONVERT, _NOTE_NONDETERMINISTIC = 0, 1, 4
 _NOTE_RUNTIME_COMPILATION = 0
 _HEUR_FALLBACK, _HEUR_A = 2, 3
 _CROSS_CORRELATION = 1
@@ -63,6 +63,12 @@ class Unsupported(RuntimeError):
 def enabled() -> bool:
     """SUPERNEURONS_CUDNN_GRAPH=0 keeps every convolution on the legacy API."""
     return settings.get("SUPERNEURONS_CUDNN_GRAPH")
+
+
+def deterministic_only() -> bool:
+    """SUPERNEURONS_CUDNN_DETERMINISTIC=1 leaves out the engines and algorithms cuDNN marks nondeterministic
+    (some weight-gradient ones add partial sums with atomics), so two runs compute the same bits."""
+    return settings.get("SUPERNEURONS_CUDNN_DETERMINISTIC")
 
 
 class _Api:
@@ -259,8 +265,9 @@ class GraphDirection:
 
     def _ranked_configs(self, allow_tensor_cores: bool) -> list[tuple[_Descriptor, int]]:
         """(config, engine index) in heuristic order (mode A, then the fallback list), without engines that
-        lower the inputs' precision nor, for float32 without TF32, tensor-core engines (PyTorch's filter);
-        engines compiled at run time (NVRTC, up to seconds per plan) go last."""
+        lower the inputs' precision nor, for float32 without TF32, tensor-core engines (PyTorch's filter),
+        nor, under SUPERNEURONS_CUDNN_DETERMINISTIC=1, those whose sums run in no fixed order; engines
+        compiled at run time (NVRTC, up to seconds per plan) go last."""
         ranked, compiled = [], []
         for mode in (_HEUR_A, _HEUR_FALLBACK):
             try:
@@ -277,6 +284,8 @@ class GraphDirection:
                 except Unsupported:
                     continue  # without its numerical notes an engine cannot be vetted
                 if _NOTE_DOWN_CONVERT in notes or (not allow_tensor_cores and _NOTE_TENSOR_CORE in notes):
+                    continue
+                if _NOTE_NONDETERMINISTIC in notes and deterministic_only():
                     continue
                 index = _optional(lambda: engine.get_ints(_ENGINE_INDEX, _T_INT64, _c.c_int64, 1)[0], -1)
                 behaviour = _optional(lambda: set(engine.get_ints(_ENGINE_BEHAVIOR_NOTES, _T_BEHAVIOR_NOTE,
