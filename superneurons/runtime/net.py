@@ -21,6 +21,7 @@ from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.pool import make_pool, round_up
+from superneurons.runtime.limits import check_fits
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
 # pool for what is allocated elsewhere: cuDNN/cuBLAS handles and library scratch, numba's loaded
@@ -153,6 +154,9 @@ class Net:
         if pool_bytes is None:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
+        # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
+        check_fits(self.tensors, pool_bytes, backend, {t: n.name for n in graph.nodes for t in n.tops},
+                   graph.source or f"net {graph.name!r}")
         self.pool = make_pool(pool_bytes, backend)
         self.memory = make_manager(mode, self, types)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
