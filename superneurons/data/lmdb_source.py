@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import threading
 from typing import Iterable, Iterator
 
@@ -36,6 +37,56 @@ def check_lmdb_path(path: str, where: str) -> None:
         raise UserError(f"{where}: database {shown} is a LevelDB database; LEVELDB is not supported, "
                         f"convert it to LMDB (tools/convert_imageset.py writes LMDB)")
     raise UserError(f"{where}: {shown} is not an LMDB database (no data.mdb in the folder)")
+
+
+# LMDB's file layout (lmdb.h / mdb.c, 64-bit builds): pages 0 and 1 are meta pages, each a 16-byte page
+# header then MDB_meta: magic u32, version u32, address u64, mapsize u64, two 48-byte MDB_db records (the
+# free list's, whose first u32 holds the page size, then the main tree's, entries at +32 and root at +40),
+# last_pg u64, txnid u64. The meta page with the larger txnid is the current one.
+_META = struct.Struct("<IIQQI44x32xQQQQ")  # magic, version, address, mapsize, psize, entries, root, last_pg, txnid
+_PAGE_HEADER = 16
+_MAGIC = 0xBEEFC0DE
+_DATA_VERSION = 1
+
+
+def check_lmdb_file(path: str, where: str) -> None:
+    """Refuse a data.mdb that LMDB would map past its end (a truncated copy or download).
+
+    LMDB memory-maps the file and trusts its meta page; reading a page beyond the file's end kills the
+    process with SIGBUS inside the library, so the meta page's last page number is checked against the
+    file's size before LMDB opens it.
+    """
+    mdb = os.path.join(path, "data.mdb")
+    try:
+        with open(mdb, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(_PAGE_HEADER + _META.size)
+            metas = []
+            if len(head) == _PAGE_HEADER + _META.size:
+                first = _META.unpack_from(head, _PAGE_HEADER)
+                metas.append(first)
+                psize = first[4]
+                if first[0] == _MAGIC and 512 <= psize <= 1 << 16 and psize & (psize - 1) == 0:
+                    f.seek(psize)
+                    second = f.read(_PAGE_HEADER + _META.size)
+                    if len(second) == len(head):
+                        metas.append(_META.unpack_from(second, _PAGE_HEADER))
+    except OSError as e:
+        raise UserError(f"{where}: cannot read {mdb!r} ({e.strerror or e})") from None
+    valid = [m for m in metas if m[0] == _MAGIC and m[1] == _DATA_VERSION]
+    if len(valid) < 2 or size < 2 * valid[0][4]:
+        raise UserError(f"{where}: {mdb!r} is not a complete LMDB file ({size} bytes; no two valid meta pages, "
+                        f"magic 0x{_MAGIC:08X}, version {_DATA_VERSION})")
+    psize = valid[0][4]
+    current = max(valid, key=lambda m: m[8])
+    need = (current[7] + 1) * psize
+    if size < need:
+        raise UserError(f"{where}: {mdb!r} is truncated: {size} bytes, but its meta page says the database has "
+                        f"{current[7] + 1} pages of {psize} bytes ({need} bytes); copy or write it again")
+    root = current[6]
+    if current[5] and root > current[7]:
+        raise UserError(f"{where}: {mdb!r} is damaged: its root page {root} lies beyond its last page "
+                        f"{current[7]}")
 
 
 _shared: dict[str, list] = {}  # real path -> [environment, number of readers]
@@ -68,6 +119,7 @@ class LmdbReader:
 
     def __init__(self, path: str, where: str):
         check_lmdb_path(path, where)
+        check_lmdb_file(path, where)
         self.path = path
         self.where = where
         self._key = os.path.realpath(path)
@@ -157,8 +209,9 @@ def count_records(path: str) -> int:
     if not os.path.exists(os.path.join(path, "data.mdb")):
         return -1
     try:
+        check_lmdb_file(path, path)
         env = _acquire(path)
-    except lmdb.Error:
+    except (lmdb.Error, UserError):
         return -1
     try:
         return int(env.stat()["entries"])
