@@ -140,6 +140,12 @@ def _proto_to_hdf5(model: pb.NetParameter, f: Any) -> None:
             group.create_dataset(str(k), data=blob_to_array(blob, lp.name))
 
 
+# What h5py raises for a damaged file: OSError when the file will not open, RuntimeError from the HDF5
+# library on a corrupt object header or symbol table, KeyError/TypeError/ValueError when a dataset
+# sits where a group belongs (or the reverse) or holds what cannot be converted.
+HDF5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, IndexError, OverflowError)
+
+
 def _hdf5_to_proto(path: str) -> pb.NetParameter:
     h5py = require_h5py()
     model = pb.NetParameter()
@@ -153,8 +159,8 @@ def _hdf5_to_proto(path: str) -> pb.NetParameter:
                     if str(k) not in group:
                         raise UserError(f"{path}: layer {name!r} lacks param dataset {k}")
                     array_to_blob(np.asarray(group[str(k)], dtype=np.float32), lp.blobs.add())
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it as HDF5 ({e})") from None
+    except HDF5_ERRORS as e:
+        raise UserError(f"{path}: cannot read it as a Caffe HDF5 model ({type(e).__name__}: {e})") from None
     return model
 
 

@@ -4,7 +4,8 @@ Shapes come from the user's prototxt, so a typo (`dim: 100000000`) can ask for p
 allocator that ends as a MemoryError, NumPy's "Maximum allowed dimension exceeded", or, where the
 kernel overcommits, a process killed later when the pages are touched. The check compares the pool
 the Net is about to create, and its largest single tensor, with the memory of the device that holds
-them (host RAM on the CPU backend, the GPU's total memory on CUDA) and names the tensor. `summary`
+them (host RAM on the CPU backend, or less under a cgroup or ulimit; the GPU's total memory on CUDA) and
+names the tensor. `summary`
 and `memory` allocate nothing and so accept such a net: they are how a user sees what it would need.
 """
 from __future__ import annotations
@@ -30,10 +31,29 @@ def machine_bytes(backend: Any) -> tuple[int, str]:
         from superneurons.backend.cuda.transfer import device_memory
 
         return device_memory()[1], "the GPU's memory"
+    limits = [(1 << 62, "memory")]  # no sysconf (not POSIX): nothing to compare against
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's memory"
-    except (ValueError, OSError, AttributeError):  # no sysconf (not POSIX): nothing to compare against
-        return 1 << 62, "memory"
+        limits.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's memory"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    # A container's or a shell's limit is the memory this process can really have.
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            value = f.read().strip()
+        if value.isdigit():
+            limits.append((int(value), "this container's memory limit (cgroup memory.max)"))
+    except OSError:
+        pass
+    try:
+        import resource
+
+        for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+            soft = resource.getrlimit(getattr(resource, name))[0]
+            if soft != resource.RLIM_INFINITY:
+                limits.append((soft, f"this process's {name} limit (ulimit)"))
+    except (ImportError, AttributeError, ValueError, OSError):
+        pass
+    return min(limits)
 
 
 def describe(t: SizedTensor, producers: dict[str, str]) -> str:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.io.caffemodel import (array_to_blob, blob_shape, blob_to_array, is_hdf5, load_weights,
-                                        require_h5py, save_weights, write_hdf5_atomic)
+from superneurons.io.caffemodel import (HDF5_ERRORS, array_to_blob, blob_shape, blob_to_array, is_hdf5,
+                                        load_weights, require_h5py, save_weights, write_hdf5_atomic)
 from superneurons.io.prototxt import read_binary, write_atomic, write_binary
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -167,8 +167,7 @@ def _read_hdf5_state(path: str) -> pb.SolverState:
                 array_to_blob(np.asarray(history[str(k)], dtype=np.float32), state.history.add())
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, KeyError, TypeError, ValueError, IndexError, OverflowError) as e:
-        # a missing dataset, a group where a dataset belongs, an empty or non-numeric one
+    except HDF5_ERRORS as e:
         raise UserError(f"{path}: not a Caffe HDF5 solver state ({e})") from None
     return state
 

@@ -1,0 +1,215 @@
+"""The input kinds the fuzzer covers. A kind takes a seeded Random, the corpus and a fresh case folder,
+writes its mutated file(s) there and returns the `superneurons` command line to run on them (run in the
+corpus folder, so the nets' relative paths resolve). Adding a kind is adding one function to KINDS.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from google.protobuf import message
+
+from mutate import mutate_bytes, mutate_message, mutate_text
+from corpus import Corpus
+from superneurons.data.lmdb_source import write_lmdb
+from superneurons.proto import superneurons_pb2 as pb
+
+Kind = Callable[[random.Random, Corpus, Path], list[str]]
+
+
+def _run_net(rng: random.Random, c: Corpus, net: str, small: bool) -> list[str]:
+    """A command that reads a net: `summary` for any net; `time`/`test` (which allocate and run) for small ones."""
+    choice = rng.randrange(4) if small else 0
+    if choice == 0:
+        return ["summary", "--model", net, "--phase", rng.choice(["TRAIN", "TEST"])]
+    if choice == 1:
+        return ["time", "--model", net, "--iterations", "1"]
+    if choice == 2:
+        return ["test", "--model", net, "--iterations", "1"]
+    return ["memory", "--model", net, "--batch", str(rng.choice([1, 2, 8]))]
+
+
+def prototxt(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    seed = rng.choice(c.nets)
+    path = case / seed.name
+    path.write_bytes(mutate_text(seed.read_bytes(), rng))
+    return _run_net(rng, c, c.rel(path), seed in c.small_nets)
+
+
+def _bounded_solver(data: bytes) -> bytes:
+    """Keep a mutated solver's run short (a run as long as the user asks for is allowed, not a hang) and its
+    snapshots inside the work folder; everything else stays as mutated."""
+    text = data.decode("utf-8", "replace") if b"\0" not in data else None
+    if text is None:
+        return data
+    param = pb.SolverParameter()
+    try:
+        from google.protobuf import text_format
+
+        text_format.Merge(text, param)
+    except Exception:  # noqa: BLE001 - not parseable: the program must say so, leave it as is
+        return data
+    clamps = {"max_iter": 3, "iter_size": 2, "display": 10**6, "average_loss": 1000}
+    for name, most in clamps.items():
+        if getattr(param, name) > most:
+            data = re.sub(rb"\b" + name.encode() + rb"\s*:\s*\S+", f"{name}: {most}".encode(), data)
+    if any(t > 2 for t in param.test_iter):
+        data = re.sub(rb"\btest_iter\s*:\s*\S+", b"test_iter: 2", data)
+    if os.path.isabs(param.snapshot_prefix) or ".." in param.snapshot_prefix:
+        data = re.sub(rb"\bsnapshot_prefix\s*:\s*\"[^\"]*\"", b'snapshot_prefix: "out/fz"', data)
+    return data
+
+
+def solver(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    seed = rng.choice(c.solvers)
+    path = case / seed.name
+    path.write_bytes(_bounded_solver(mutate_text(seed.read_bytes(), rng)))
+    return ["train", "--solver", c.rel(path)]
+
+
+def _mutate_proto(data: bytes, cls: type[message.Message], rng: random.Random) -> bytes:
+    """Half the cases edit fields of the parsed message, half the raw bytes."""
+    if rng.random() < 0.5:
+        return mutate_bytes(data, rng)
+    msg = cls()
+    msg.ParseFromString(data)
+    mutate_message(msg, rng)
+    return msg.SerializePartialToString()
+
+
+def caffemodel(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    seed = rng.choice(c.caffemodels)
+    path = case / seed.name
+    path.write_bytes(_mutate_proto(seed.read_bytes(), pb.NetParameter, rng))
+    if rng.random() < 0.2:
+        return ["convert", c.rel(path), c.rel(case / "converted.prototxt")]
+    return ["test", "--model", c.rel(c.lenet), "--weights", c.rel(path), "--iterations", "1"]
+
+
+def caffemodel_h5(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    seed = rng.choice(c.caffemodels_h5)
+    path = case / seed.name
+    path.write_bytes(mutate_bytes(seed.read_bytes(), rng))
+    return ["test", "--model", c.rel(c.lenet), "--weights", c.rel(path), "--iterations", "1"]
+
+
+def _resume(c: Corpus, state: Path) -> list[str]:
+    return ["train", "--solver", c.rel(c.resume_solver), "--snapshot", c.rel(state)]
+
+
+def solverstate(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    if rng.random() < 0.2:
+        seed = rng.choice(c.solverstates_h5)
+        path = case / seed.name
+        path.write_bytes(mutate_bytes(seed.read_bytes(), rng))
+        return _resume(c, path)
+    seed = rng.choice(c.solverstates)
+    path = case / seed.name
+    path.write_bytes(_mutate_proto(seed.read_bytes(), pb.SolverState, rng))
+    shutil.copy(str(seed) + ".extra", str(path) + ".extra")
+    return _resume(c, path)
+
+
+def _mutate_json(value, rng: random.Random):
+    """Replace one value somewhere in a JSON document with one of another type or range."""
+    replacements = [None, -1, 0, 2**64, 1.5, "x", [], {}, [1, 2], {"batch": -3}, True, float("nan")]
+    if isinstance(value, dict) and value and rng.random() < 0.8:
+        key = rng.choice(list(value))
+        if rng.random() < 0.2:
+            del value[key]
+        else:
+            value[key] = _mutate_json(value[key], rng)
+        return value
+    if isinstance(value, list) and value and rng.random() < 0.8:
+        i = rng.randrange(len(value))
+        value[i] = _mutate_json(value[i], rng)
+        return value
+    return rng.choice(replacements)
+
+
+def extra(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    seed = rng.choice(c.solverstates)
+    path = case / seed.name
+    shutil.copy(seed, path)
+    sidecar = Path(str(seed) + ".extra").read_bytes()
+    if rng.random() < 0.3:
+        mutated = mutate_bytes(sidecar, rng)
+    else:
+        mutated = json.dumps(_mutate_json(json.loads(sidecar), rng)).encode()
+    Path(str(path) + ".extra").write_bytes(mutated)
+    return _resume(c, path)
+
+
+def binaryproto(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    seed = rng.choice(c.binaryprotos)
+    path = case / seed.name
+    path.write_bytes(_mutate_proto(seed.read_bytes(), pb.BlobProto, rng))
+    net = case / "lenet_mean.prototxt"
+    net.write_text((c.root / "nets/lenet_mean.prototxt").read_text().replace("data/mean.binaryproto", c.rel(path)))
+    return ["test", "--model", c.rel(net), "--iterations", "1"]
+
+
+def lmdb_db(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    """Datum records edited field by field or byte by byte and written as a new LMDB; or the data.mdb file
+    itself truncated."""
+    assert c.lmdb is not None
+    db = case / "db"
+    if rng.random() < 0.25:
+        shutil.copytree(c.lmdb, db)
+        mdb = db / "data.mdb"
+        os.truncate(mdb, rng.randrange(os.path.getsize(mdb)))
+    else:
+        records = list(c.records)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(records))
+            key, value = records[i]
+            records[i] = (key, _mutate_proto(value, pb.Datum, rng))
+        if rng.random() < 0.1:
+            records = records[:rng.randrange(len(records) + 1)]  # fewer records, possibly none
+        write_lmdb(str(db), records)
+    net = case / "lenet.prototxt"
+    net.write_text(c.lenet.read_text().replace("data/digits/test_lmdb", c.rel(db)))
+    return ["test", "--model", c.rel(net), "--iterations", "3"]
+
+
+def image(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    """A damaged image read by ImageData from a list, or stored in an encoded Datum read by Data."""
+    seed = rng.choice(c.images)
+    data = mutate_bytes(seed.read_bytes(), rng)
+    if rng.random() < 0.5:
+        (case / seed.name).write_bytes(data)
+        good = c.images[0]
+        shutil.copy(good, case / ("good" + good.suffix))
+        (case / "list.txt").write_text(f"good{good.suffix} 0\n{seed.name} 1\n")
+        net = case / "images.prototxt"
+        net.write_text((c.root / "nets/images.prototxt").read_text()
+                       .replace("images/list.txt", c.rel(case / "list.txt"))
+                       .replace('root_folder: "images/"', f'root_folder: "{c.rel(case)}/"'))
+        return ["test", "--model", c.rel(net), "--iterations", "1"]
+    records = list(c.encoded_records)
+    datum = pb.Datum()
+    datum.ParseFromString(records[-1][1])
+    datum.data = data
+    records[-1] = (records[-1][0], datum.SerializeToString())
+    write_lmdb(str(case / "db"), records)
+    net = case / "encoded.prototxt"
+    net.write_text(c.lenet.read_text().replace("data/digits/test_lmdb", c.rel(case / "db")))
+    return ["test", "--model", c.rel(net), "--iterations", "1"]
+
+
+KINDS: dict[str, Kind] = {
+    "prototxt": prototxt,
+    "solver": solver,
+    "caffemodel": caffemodel,
+    "caffemodel_h5": caffemodel_h5,
+    "solverstate": solverstate,
+    "extra": extra,
+    "binaryproto": binaryproto,
+    "lmdb": lmdb_db,
+    "image": image,
+}
