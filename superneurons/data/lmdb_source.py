@@ -128,16 +128,23 @@ class LmdbReader:
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
         self._open = True
-        self.count = int(self.env.stat()["entries"])
+        try:
+            self.count = int(self.env.stat()["entries"])
+        except lmdb.Error as e:
+            self.close()
+            raise self._damaged(e) from None
         if self.count == 0:
             self.close()
             raise UserError(f"{where}: LMDB database {path!r} has no records")
 
     def first(self) -> tuple[bytes, bytes]:
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            return cursor.key(), cursor.value()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cursor = txn.cursor()
+                cursor.first()
+                return cursor.key(), cursor.value()
+        except lmdb.Error as e:
+            raise self._damaged(e) from None
 
     def values_from(self, start: int) -> Iterator[bytes]:
         """Values from record number `start` (mod count) on, forever, wrapping at the end.
@@ -145,15 +152,21 @@ class LmdbReader:
         LMDB has no positional access, so reaching `start` walks the cursor once; that is paid only
         when a run begins or resumes.
         """
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            for _ in range(start % self.count):
-                cursor.next()
-            while True:
-                yield cursor.value()
-                if not cursor.next():
-                    cursor.first()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cursor = txn.cursor()
+                cursor.first()
+                for _ in range(start % self.count):
+                    cursor.next()
+                while True:
+                    yield cursor.value()
+                    if not cursor.next():
+                        cursor.first()
+        except lmdb.Error as e:  # a damaged page: MDB_CORRUPTED, MDB_PAGE_NOTFOUND
+            raise self._damaged(e) from None
+
+    def _damaged(self, e: lmdb.Error) -> UserError:
+        return UserError(f"{self.where}: LMDB database {self.path!r} is damaged ({type(e).__name__}: {e})")
 
     def close(self) -> None:
         if self._open:

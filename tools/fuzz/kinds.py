@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from google.protobuf import message
+from google.protobuf import message, text_format
 
 from mutate import mutate_bytes, mutate_message, mutate_text
 from corpus import Corpus
@@ -34,10 +34,20 @@ def _run_net(rng: random.Random, c: Corpus, net: str, small: bool) -> list[str]:
     return ["memory", "--model", net, "--batch", str(rng.choice([1, 2, 8]))]
 
 
+def _mutate_prototxt(data: bytes, cls: type[message.Message], rng: random.Random) -> bytes:
+    """Half the cases edit the text (typos, stray bytes, lost lines), half edit fields of the parsed message
+    and write it back: valid syntax, so the values reach the layers, the graph and the solver."""
+    if rng.random() < 0.5:
+        return mutate_text(data, rng)
+    msg = text_format.Parse(data.decode("utf-8"), cls())
+    mutate_message(msg, rng)
+    return text_format.MessageToString(msg).encode()
+
+
 def prototxt(rng: random.Random, c: Corpus, case: Path) -> list[str]:
     seed = rng.choice(c.nets)
     path = case / seed.name
-    path.write_bytes(mutate_text(seed.read_bytes(), rng))
+    path.write_bytes(_mutate_prototxt(seed.read_bytes(), pb.NetParameter, rng))
     return _run_net(rng, c, c.rel(path), seed in c.small_nets)
 
 
@@ -49,8 +59,6 @@ def _bounded_solver(data: bytes) -> bytes:
         return data
     param = pb.SolverParameter()
     try:
-        from google.protobuf import text_format
-
         text_format.Merge(text, param)
     except Exception:  # noqa: BLE001 - not parseable: the program must say so, leave it as is
         return data
@@ -68,7 +76,7 @@ def _bounded_solver(data: bytes) -> bytes:
 def solver(rng: random.Random, c: Corpus, case: Path) -> list[str]:
     seed = rng.choice(c.solvers)
     path = case / seed.name
-    path.write_bytes(_bounded_solver(mutate_text(seed.read_bytes(), rng)))
+    path.write_bytes(_bounded_solver(_mutate_prototxt(seed.read_bytes(), pb.SolverParameter, rng)))
     return ["train", "--solver", c.rel(path)]
 
 
@@ -77,7 +85,10 @@ def _mutate_proto(data: bytes, cls: type[message.Message], rng: random.Random) -
     if rng.random() < 0.5:
         return mutate_bytes(data, rng)
     msg = cls()
-    msg.ParseFromString(data)
+    try:
+        msg.ParseFromString(data)
+    except message.DecodeError:  # already damaged by an earlier edit of this case
+        return mutate_bytes(data, rng)
     mutate_message(msg, rng)
     return msg.SerializePartialToString()
 
@@ -156,13 +167,21 @@ def binaryproto(rng: random.Random, c: Corpus, case: Path) -> list[str]:
 
 def lmdb_db(rng: random.Random, c: Corpus, case: Path) -> list[str]:
     """Datum records edited field by field or byte by byte and written as a new LMDB; or the data.mdb file
-    itself truncated."""
+    itself truncated or given bit flips (in its B-tree pages as much as in the records)."""
     assert c.lmdb is not None
     db = case / "db"
-    if rng.random() < 0.25:
+    choice = rng.random()
+    if choice < 0.35:
         shutil.copytree(c.lmdb, db)
         mdb = db / "data.mdb"
-        os.truncate(mdb, rng.randrange(os.path.getsize(mdb)))
+        if choice < 0.2:
+            os.truncate(mdb, rng.randrange(os.path.getsize(mdb)))
+        else:
+            data = bytearray(mdb.read_bytes())
+            for _ in range(rng.randint(1, 8)):
+                i = rng.randrange(len(data))
+                data[i] ^= 1 << rng.randrange(8)
+            mdb.write_bytes(bytes(data))
     else:
         records = list(c.records)
         for _ in range(rng.randint(1, 3)):

@@ -176,14 +176,33 @@ def _scalar(field, rng: random.Random):
     return rng.choice(JUNK_STRINGS)
 
 
+def _strings(targets: list) -> list[str]:
+    """Every string value in the message: swapping one for another rewires a net (bottoms, tops, names)."""
+    out = []
+    for parent, field in targets:
+        if field.type == field.TYPE_STRING:
+            value = getattr(parent, field.name)
+            out.extend(value if _repeated(field) else [value])
+    return out
+
+
 def mutate_message(msg, rng: random.Random, rounds: int | None = None) -> None:
-    """Change 1-3 fields of `msg` in place: interesting values, dropped or duplicated repeated elements,
-    cleared sub-messages, repeated numbers cut short or given a NaN."""
+    """Change 1-3 fields of `msg` in place: interesting values, strings swapped for others of the message
+    (rewiring bottoms and tops), dropped or duplicated repeated elements, cleared sub-messages, repeated
+    numbers cut short or given a NaN."""
     for _ in range(rounds or rng.randint(1, 3)):
         targets = _targets(msg, [])
         if not targets:
             return
         parent, field = rng.choice(targets)
+        if field.type == field.TYPE_STRING and rng.random() < 0.6:
+            value = rng.choice(_strings(targets))
+            if _repeated(field):
+                items = getattr(parent, field.name)
+                items[rng.randrange(len(items))] = value
+            else:
+                setattr(parent, field.name, value)
+            continue
         value = getattr(parent, field.name)
         repeated = _repeated(field)
         is_msg = field.cpp_type == field.CPPTYPE_MESSAGE

@@ -56,17 +56,18 @@ class Worker:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
         ready = self._read(120.0)
-        if ready is None or not ready.get("ready"):
+        if not isinstance(ready, dict) or not ready.get("ready"):
             raise RuntimeError("the fuzz worker did not start (run `python tools/fuzz/worker.py` to see why)")
         self.served = 0
 
-    def _read(self, timeout: float) -> dict | None:
+    def _read(self, timeout: float) -> dict | str:
+        """The worker's answer, or "timeout" (no answer in time), or "eof" (the worker is gone)."""
         assert self.proc is not None and self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            return None
+            return "timeout"
         line = self.proc.stdout.readline()
-        return json.loads(line) if line else None
+        return json.loads(line) if line else "eof"
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -86,12 +87,12 @@ class Worker:
         self.served += 1
         answer = self._read(timeout)
         took = time.monotonic() - start
-        if answer is not None:
+        if isinstance(answer, dict):
             outcome, detail = classify(answer)
             return Result(outcome, detail, took)
-        if self.proc.poll() is None:  # alive and silent: a hang
+        if answer == "timeout":  # alive and silent: a hang
             self.stop()
-            return Result("hang", f"no answer in {timeout:.0f} s", took)
+            return Result("hang", f"no answer in {timeout:g} s", took)
         code = self.proc.wait()
         self.proc = None
         name = signal.Signals(-code).name if code < 0 else f"exit {code}"

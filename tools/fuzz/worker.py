@@ -22,11 +22,11 @@ import traceback
 def run_case(argv: list[str], cwd: str) -> dict:
     from superneurons.cli import main
 
-    os.chdir(cwd)
     out, err = io.StringIO(), io.StringIO()
     exc = None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
+            os.chdir(cwd)
             rc = main(argv)
         except SystemExit as e:  # argparse
             rc = e.code if isinstance(e.code, int) else 2
