@@ -9,6 +9,7 @@ layer training from scratch is visible rather than silent.
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -54,12 +55,16 @@ def blob_shape(blob: pb.BlobProto) -> tuple[int, ...]:
 
 
 def blob_to_array(blob: pb.BlobProto, where: str = "") -> np.ndarray:
+    """The blob's values in its shape (float32); a negative dimension or a count that disagrees with the
+    shape is an error naming `where` (Python integers: a product beyond int64 cannot wrap into a match)."""
     double = len(blob.double_data) > 0
     values = blob.double_data if double else blob.data
     shape = blob_shape(blob)
-    n = int(np.prod(shape)) if shape else 1
+    if any(d < 0 for d in shape):
+        raise UserError(f"{where}: blob has a negative dimension in its shape {_fmt(shape)}")
+    n = math.prod(shape)
     if len(values) != n:
-        raise UserError(f"{where}: blob of shape {_fmt(shape)} holds {len(values)} values, expected {n}")
+        raise UserError(f"{where}: the blob's shape {_fmt(shape)} needs {n} values but it holds {len(values)}")
     return np.asarray(values, dtype=np.float64 if double else np.float32).astype(np.float32, copy=False).reshape(shape)
 
 

@@ -96,7 +96,7 @@ def build(root: Path, repo: Path) -> Corpus:
                     ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     for path in sorted((root / "models").rglob("*.prototxt")):
         (c.solvers if "solver" in path.name else c.nets).append(path)
-    c.solvers = [p for p in c.solvers if "lenet" in p.name or "cifar10_quick_dummy" in p.name]
+    c.solvers = [p for p in c.solvers if "lenet" in p.name or "cifar10_quick" in p.name]
     c.small_nets += [p for p in c.nets if p.parent.name in ("lenet", "cifar10_quick")]
     # Databases where the LeNet prototxt expects them, and one of encoded (PNG) Datums.
     digits = _digits(rng, RECORDS)
@@ -107,6 +107,13 @@ def build(root: Path, repo: Path) -> Corpus:
     c.encoded_records = [(b"%08d" % i, encoded_datum(encode_image(a), lab).SerializeToString())
                          for i, (a, lab) in enumerate(digits[:4])]
     write_lmdb(str(root / "data/encoded_lmdb"), c.encoded_records)
+    # CIFAR-10 quick's databases and mean (3x32x32), so the repository's prototxt runs as it ships.
+    colour = [(rng.integers(0, 256, (3, 32, 32), dtype=np.uint8), int(rng.integers(10))) for _ in range(RECORDS)]
+    for name in ("cifar10_train_lmdb", "cifar10_test_lmdb"):
+        write_lmdb(str(root / "data/cifar10" / name),
+                   [(b"%08d" % i, array_to_datum(a, lab).SerializeToString()) for i, (a, lab) in enumerate(colour)])
+    write_mean(str(root / "data/cifar10/mean.binaryproto"), np.stack([a for a, _ in colour]).mean(axis=0))
+    c.binaryprotos.append(root / "data/cifar10/mean.binaryproto")
     # LeNet with small batches (train and test read the tiny databases), and variants reading a mean file.
     lenet = (root / "models/lenet/lenet_train_test.prototxt").read_text()
     lenet = lenet.replace("batch_size: 64", f"batch_size: {BATCH}").replace("batch_size: 100", f"batch_size: {BATCH}")

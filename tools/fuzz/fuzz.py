@@ -54,7 +54,7 @@ def fuzz(kinds: list[str], cases: int, seed: int, first: int = 0, timeout: float
                 result = worker.run(argv, work, timeout)
                 counts[result.outcome] += 1
                 if verbose:
-                    log(f"{kind} case {i}: {result.outcome} {result.detail[-300:]}")
+                    log(f"{kind} case {i}: {result.outcome} ({result.seconds:.1f} s) {result.detail[-300:]}")
                 if result.outcome in BAD:
                     findings.append({"case": i, "outcome": result.outcome, "argv": argv,
                                      "detail": result.detail[-3000:]})

@@ -160,8 +160,10 @@ def binaryproto(rng: random.Random, c: Corpus, case: Path) -> list[str]:
     seed = rng.choice(c.binaryprotos)
     path = case / seed.name
     path.write_bytes(_mutate_proto(seed.read_bytes(), pb.BlobProto, rng))
-    net = case / "lenet_mean.prototxt"
-    net.write_text((c.root / "nets/lenet_mean.prototxt").read_text().replace("data/mean.binaryproto", c.rel(path)))
+    reader = c.root / ("models/cifar10_quick/cifar10_quick_train_test.prototxt" if "cifar10" in str(seed)
+                       else "nets/lenet_mean.prototxt")  # the net whose data layer subtracts this mean
+    net = case / reader.name
+    net.write_text(reader.read_text().replace(c.rel(seed), c.rel(path)))
     return ["test", "--model", c.rel(net), "--iterations", "1"]
 
 
