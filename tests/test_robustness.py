@@ -277,3 +277,27 @@ def test_whole_lmdb_passes_the_check(tmp_path):
     reader = LmdbReader(str(tmp_path / "db"), "db")
     assert reader.count == 200
     reader.close()
+
+
+# -- other text inputs ----------------------------------------------------------------------------------------
+def test_image_list_that_is_not_text(tmp_path):
+    from superneurons.data.image_list import read_image_list
+
+    path = tmp_path / "list.txt"
+    path.write_bytes(b"a.png 1\n\xff.png 2\n")
+    with pytest.raises(UserError, match=r"list.txt:2:1: byte 0xff, not UTF-8 text at byte offset 8; expected an "
+                                        r"image list"):
+        read_image_list(str(path), "layer 'img'")
+    with pytest.raises(UserError, match="layer 'img': cannot read image list"):
+        read_image_list(str(tmp_path), "layer 'img'")
+
+
+def test_labels_file_that_is_not_text(tmp_path):
+    from superneurons.commands.classify import read_labels
+
+    path = tmp_path / "labels.txt"
+    path.write_bytes(b"cat\r\ndog\r\n")
+    assert read_labels(str(path), 2) == ["cat", "dog"]
+    path.write_bytes(b"cat\n\x00dog\n")
+    with pytest.raises(UserError, match=r"labels.txt:2:1: a NUL byte at byte offset 4"):
+        read_labels(str(path), 2)

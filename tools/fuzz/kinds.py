@@ -206,7 +206,10 @@ def image(rng: random.Random, c: Corpus, case: Path) -> list[str]:
         (case / seed.name).write_bytes(data)
         good = c.images[0]
         shutil.copy(good, case / ("good" + good.suffix))
-        (case / "list.txt").write_text(f"good{good.suffix} 0\n{seed.name} 1\n")
+        listing = f"good{good.suffix} 0\n{seed.name} 1\n".encode()
+        if rng.random() < 0.3:  # the list itself damaged
+            listing = mutate_text(listing, rng)
+        (case / "list.txt").write_bytes(listing)
         net = case / "images.prototxt"
         net.write_text((c.root / "nets/images.prototxt").read_text()
                        .replace("images/list.txt", c.rel(case / "list.txt"))
