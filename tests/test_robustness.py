@@ -301,3 +301,14 @@ def test_labels_file_that_is_not_text(tmp_path):
     path.write_bytes(b"cat\n\x00dog\n")
     with pytest.raises(UserError, match=r"labels.txt:2:1: a NUL byte at byte offset 4"):
         read_labels(str(path), 2)
+
+
+@pytest.mark.parametrize("height, width", [(1000000000, 12), (4294967295, 12), (100000, 100000)])
+def test_resize_target_beyond_what_an_image_may_hold(tmp_path, height, width):
+    from superneurons.data.datum import encode_image, load_image
+
+    path = tmp_path / "a.png"
+    path.write_bytes(encode_image(np.zeros((1, 4, 4), np.uint8)))
+    with pytest.raises(UserError, match=rf"a.png: resizing to {height}x{width} asks for {height * width} pixels"):
+        load_image(str(path), False, height, width)
+    assert load_image(str(path), False, 6, 5).shape == (1, 6, 5)

@@ -101,6 +101,10 @@ def encode_image(array: np.ndarray, fmt: str = "PNG") -> bytes:
 
 def load_image(path: str, is_color: bool = True, height: int = 0, width: int = 0) -> np.ndarray:
     """Read an image file as (C, H, W) uint8, resized (bilinear) when height and width are given."""
+    most = Image.MAX_IMAGE_PIXELS or 1 << 31  # the decoder's own limit applies to the resize target too
+    if height > 0 and width > 0 and height * width > most:
+        raise UserError(f"{path}: resizing to {height}x{width} asks for {height * width} pixels, more than "
+                        f"the {most} an image may have")
     try:
         with Image.open(path) as img:
             img = img.convert("RGB" if is_color else "L")
