@@ -4,9 +4,9 @@ Shapes come from the user's prototxt, so a typo (`dim: 100000000`) can ask for p
 allocator that ends as a MemoryError, NumPy's "Maximum allowed dimension exceeded", or, where the
 kernel overcommits, a process killed later when the pages are touched. The check compares the pool
 the Net is about to create, and its largest single tensor, with the memory of the device that holds
-them (host RAM on the CPU backend, or less under a cgroup or ulimit; the GPU's total memory on CUDA) and
-names the tensor. `summary`
-and `memory` allocate nothing and so accept such a net: they are how a user sees what it would need.
+them (host RAM on the CPU backend, or less under a cgroup or ulimit; the GPU's total memory on CUDA)
+and names the tensor. `summary` and `memory` allocate nothing and so accept such a net: they are how a
+user sees what it would need.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import os
 from typing import Any, Iterable, Protocol
 
 from superneurons.errors import UserError
+from superneurons.graph.build import Graph
 from superneurons.memory.pool import format_bytes
 
 
@@ -67,12 +68,14 @@ def describe(t: SizedTensor, producers: dict[str, str]) -> str:
     return f"{t.kind} {t.key!r} (shape {shape})"
 
 
-def check_fits(tensors: Iterable[SizedTensor], pool_bytes: int, backend: Any, producers: dict[str, str],
-               where: str) -> None:
-    """Raise a UserError when the pool or the largest tensor exceeds the memory that would hold it.
-
-    `producers` maps blob names to the layer that writes them, so the message names the layer.
-    """
+def check_fits(tensors: Iterable[SizedTensor], pool_bytes: int, backend: Any, graph: Graph) -> None:
+    """Raise a UserError when the pool or the largest tensor exceeds the memory that would hold it, naming
+    the graph's file and the tensor (for a blob, the layer that first writes it)."""
+    where = graph.source or f"net {graph.name!r}"
+    producers: dict[str, str] = {}
+    for node in graph.nodes:
+        for top in node.tops:
+            producers.setdefault(top, node.name)
     capacity, what = machine_bytes(backend)
     roots = [t for t in tensors if t.base is None]
     largest = max(roots, key=lambda t: t.nbytes, default=None)

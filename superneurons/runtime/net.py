@@ -155,8 +155,7 @@ class Net:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
         # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
-        check_fits(self.tensors, pool_bytes, backend, {t: n.name for n in graph.nodes for t in n.tops},
-                   graph.source or f"net {graph.name!r}")
+        check_fits(self.tensors, pool_bytes, backend, graph)
         self.pool = make_pool(pool_bytes, backend)
         self.memory = make_manager(mode, self, types)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
