@@ -111,6 +111,25 @@ def load_tool(name: str):
     return module
 
 
+def lmdb_digest(path, records: int) -> str:
+    """sha256 of the first `records` values of an LMDB, in key order: is it the data a fixture was made from?"""
+    import hashlib
+
+    import lmdb
+
+    digest = hashlib.sha256()
+    env = lmdb.open(str(path), readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            for i, (_, value) in enumerate(txn.cursor()):
+                if i == records:
+                    break
+                digest.update(value)
+    finally:
+        env.close()
+    return digest.hexdigest()
+
+
 def is_net_prototxt(path) -> bool:
     """True when the file parses as a NetParameter (False for solver files)."""
     try:

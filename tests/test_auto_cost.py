@@ -13,7 +13,7 @@ from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
 from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets, resolve_memory
-from superneurons.memory.cost import FITS_ANYWAY, choose, estimate, macs
+from superneurons.memory.cost import DEVICE_BW, FITS_ANYWAY, FLOPS, choose, estimate, forward_seconds
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import make_plan, offloaded_bytes
 from superneurons.proto import superneurons_pb2 as pb
@@ -40,17 +40,39 @@ def _tiny_budgets() -> tuple[int, dict]:
     return params, _plans(_graph(RESNET), params)
 
 
-def test_conv_macs_respect_groups():
+def test_conv_flops_respect_groups():
     text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 8 dim: 5 dim: 5 } } }\n'
             'layer { name: "c" type: "Convolution" bottom: "x" top: "y" '
             'convolution_param { num_output: 4 kernel_size: 3 group: 2 } }\n'
             'layer { name: "fc" type: "InnerProduct" bottom: "y" top: "z" inner_product_param { num_output: 3 } }\n')
     graph = build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN)
     conv, fc = graph.nodes[1], graph.nodes[2]
-    # 2 images x 3x3 outputs x 4 filters, each over 8/2 channels x 3x3 taps
-    assert macs(conv) == 2 * 3 * 3 * 4 * (8 // 2) * 3 * 3
-    assert macs(fc) == 2 * (4 * 3 * 3) * 3
-    assert macs(graph.nodes[0]) == 0
+    # 2 images x 3x3 outputs x 4 filters, each over 8/2 channels x 3x3 taps; a multiply-add is 2 FLOPs
+    assert conv.layer.forward_flops() == 2 * (2 * 3 * 3 * 4 * (8 // 2) * 3 * 3)
+    assert fc.layer.forward_flops() == 2 * (2 * (4 * 3 * 3) * 3)
+    assert graph.nodes[0].layer.forward_flops() == 0
+
+
+def test_cost_model_reads_what_each_layer_declares():
+    """A step costs the longer of its layer's declared FLOPs and bytes; a layer that declares more compute
+    costs more without the cost model knowing its type. Views and fused-away layers cost nothing."""
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 8 dim: 5 dim: 5 } } }\n'
+            'layer { name: "bn" type: "BatchNorm" bottom: "x" top: "b" }\n'
+            'layer { name: "sc" type: "Scale" bottom: "b" top: "b" scale_param { bias_term: true } }\n'
+            'layer { name: "r" type: "ReLU" bottom: "b" top: "b" }\n'
+            'layer { name: "fl" type: "Flatten" bottom: "b" top: "f" }\n'
+            'layer { name: "fc" type: "InnerProduct" bottom: "f" top: "z" inner_product_param { num_output: 3 } }\n')
+    graph = build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN)
+    n = 2 * 8 * 5 * 5
+    bn = graph.node("bn")
+    assert bn.layer.forward_bytes([(2, 8, 5, 5)], bn.top_shapes) == 4 * 2 * n
+    assert forward_seconds(bn, graph) == 4 * 2 * n / DEVICE_BW  # element-wise: its bytes
+    for name in ("sc", "r", "fl"):  # fused into the BatchNorm; a view of its bottom
+        assert forward_seconds(graph.node(name), graph) == 0.0, name
+    fc = graph.node("fc")
+    assert forward_seconds(fc, graph) == max(fc.layer.forward_flops() / FLOPS, 4 * (n + 2 * 3) / DEVICE_BW)
+    fc.layer.forward_flops = lambda: 10 ** 15  # as a new layer with heavy compute would declare
+    assert forward_seconds(fc, graph) == 10 ** 15 / FLOPS
 
 
 def test_conv_offload_that_would_move_lots_ranks_below_block_recompute():

@@ -9,7 +9,6 @@ differs by at most a few ulp (exp and the sum are computed in another order).
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from harness import load_tool, parse_classify_output
+from harness import lmdb_digest, load_tool, parse_classify_output
 from PIL import Image
 
 from superneurons.backend import get_backend
@@ -41,7 +40,7 @@ TRAIN_TEST = FIX / "lenet_train_test.prototxt"
 DEPLOY = ROOT / "models" / "lenet" / "lenet.prototxt"
 PARAMS = ["conv1", "conv2", "ip1", "ip2"]
 
-PROB_ATOL = 1e-6  # observed: 2.4e-7 (2 ulp near 1.0)
+PROB_ATOL = 4e-6  # observed: 2.4e-7 on one CPU, 1.25e-6 on another (NumPy picks its float32 exp by SIMD width)
 LOGIT_ATOL = 1e-5  # observed: 0 (bit-identical)
 
 
@@ -181,17 +180,8 @@ def digits_workdir(tmp_path_factory, resume_ref):
     """data/digits regenerated; skipped if it is not the data Caffe trained on."""
     work = tmp_path_factory.mktemp("caffe_resume")
     load_tool("make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
-    import lmdb
-
-    digest = hashlib.sha256()
-    env = lmdb.open(str(work / "data" / "digits" / "train_lmdb"), readonly=True, lock=False)
-    with env.begin() as txn:
-        for i, (_, value) in enumerate(txn.cursor()):
-            if i == int(resume_ref["train_records"]):
-                break
-            digest.update(value)
-    env.close()
-    if digest.hexdigest() != str(resume_ref["train_sha256"]):
+    digest = lmdb_digest(work / "data" / "digits" / "train_lmdb", int(resume_ref["train_records"]))
+    if digest != str(resume_ref["train_sha256"]):
         pytest.skip("tools/make_digits_lmdb.py no longer writes the train records Caffe read for the fixture")
     return work
 

@@ -146,9 +146,9 @@ def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats, ro
     from superneurons.backend.cpu import fused as cpu_fused
     from superneurons.backend.cuda.ops import fused as cuda_fused
 
-    monkeypatch.setattr(cuda_fused, "ROWS", rows_min > 0)
-    monkeypatch.setattr(cuda_fused, "ROWS_MIN_INNER", rows_min)
-    monkeypatch.setattr(cuda_fused, "MIN_BLOCK_ELEMENTS", min_block)
+    monkeypatch.setenv("SUPERNEURONS_BN_ROWS", "1" if rows_min > 0 else "0")
+    monkeypatch.setenv("SUPERNEURONS_BN_ROWS_MIN", str(rows_min))
+    monkeypatch.setenv("SUPERNEURONS_BN_MIN_BLOCK", str(min_block))
 
     rng = np.random.default_rng()
     n, c = shape[0], shape[1]

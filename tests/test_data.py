@@ -13,7 +13,7 @@ from google.protobuf import text_format
 from PIL import Image
 
 from superneurons.backend.cpu import CpuBackend
-from superneurons.data.datum import array_to_datum, encode_image, encoded_datum, parse_datum, datum_to_array
+from superneurons.data.datum import array_to_datum, encode_image, encoded_datum, parse_datum
 from superneurons.data.lmdb_source import LmdbReader, write_lmdb
 from superneurons.data.prefetch import Prefetcher
 from superneurons.errors import UserError
@@ -332,18 +332,6 @@ def test_missing_database_names_layer_and_path(tmp_path):
         data_layer(missing, 2)
 
 
-def test_leveldb_is_refused_with_advice(tmp_path):
-    source, _, _ = random_db(tmp_path, n=2)
-    text = (f'name: "src" type: "Data" top: "data" data_param {{ source: "{source}" batch_size: 2 '
-            f'backend: LEVELDB }}')
-    with pytest.raises(UserError, match=r"'src'.*LEVELDB is not supported.*LMDB"):
-        make_layer(text, [])
-    (tmp_path / "ldb").mkdir()
-    (tmp_path / "ldb" / "CURRENT").write_text("MANIFEST-000001\n")
-    with pytest.raises(UserError, match=r"is a LevelDB database; LEVELDB is not supported"):
-        data_layer(tmp_path / "ldb", 2)
-
-
 # ---- inside a Net ------------------------------------------------------------------------------------
 def test_data_layer_feeds_a_net(tmp_path):
     source, images, labels = random_db(tmp_path, n=5, shape=(1, 4, 4))
@@ -379,20 +367,6 @@ def test_upload_and_download_ops():
 
 
 # ---- other data layers ------------------------------------------------------------------------------
-def test_memory_data_serves_reset_arrays_and_wraps():
-    layer, shapes = make_layer('type: "MemoryData" top: "data" top: "label" '
-                               'memory_data_param { batch_size: 2 channels: 1 height: 2 width: 3 }', [])
-    data = np.random.default_rng().standard_normal((4, 1, 2, 3)).astype(np.float32)
-    with pytest.raises(UserError, match="call reset"):
-        take(layer, shapes, 1)
-    with pytest.raises(UserError, match="3 samples.*batch_size 2"):
-        layer.reset(data[:3], np.arange(3))
-    layer.reset(data, np.arange(4))
-    got = take(layer, shapes, 3)
-    np.testing.assert_array_equal(got[2][0], data[:2])
-    np.testing.assert_array_equal(got[1][1], [2, 3])
-
-
 def test_image_data_reads_list_and_shuffles_reproducibly(tmp_path, closing):
     rng = np.random.default_rng()
     images = rng.integers(0, 256, size=(5, 3, 4, 6), dtype=np.uint8)
@@ -422,30 +396,6 @@ def test_image_data_reads_list_and_shuffles_reproducibly(tmp_path, closing):
         assert sorted(la) == list(range(5))  # each pass is a permutation of the list
         np.testing.assert_array_equal(da, images[la.astype(int)].astype(np.float32))
     assert len({tuple(la) for _, la in epochs_a}) > 1  # reshuffled between passes
-
-
-# ---- tools ------------------------------------------------------------------------------------------
-def test_convert_imageset_and_compute_image_mean(tmp_path, capsys):
-    rng = np.random.default_rng()
-    rgb = rng.integers(0, 256, size=(3, 5, 4, 3), dtype=np.uint8)
-    for i, img in enumerate(rgb):
-        Image.fromarray(img).save(tmp_path / f"{i}.png")
-    (tmp_path / "list.txt").write_text("".join(f"{i}.png {i + 3}\n" for i in range(3)))
-    db = str(tmp_path / "db")
-    assert load_tool("convert_imageset").main([str(tmp_path), str(tmp_path / "list.txt"), db]) == 0
-    reader = LmdbReader(db, "test")
-    values = reader.values_from(0)
-    datums = [parse_datum(next(values), "test") for _ in range(reader.count)]
-    values.close()
-    reader.close()
-    assert [d.label for d in datums] == [3, 4, 5]
-    bgr = rgb[:, :, :, ::-1].transpose(0, 3, 1, 2)
-    for d, want in zip(datums, bgr):
-        np.testing.assert_array_equal(datum_to_array(d, "test"), want)
-    out = str(tmp_path / "mean.binaryproto")
-    assert load_tool("compute_image_mean").main([db, out]) == 0
-    np.testing.assert_allclose(read_mean(out), bgr.astype(np.float64).mean(axis=0), rtol=1e-6)
-    assert "mean_value channel 2" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

@@ -124,7 +124,7 @@ def _move(net, tensor) -> None:
     values = net.backend.to_host(tensor.array)
     net.pool.free(tensor.key)
     net.pool.alloc(tensor.key, tensor.nbytes, high=True)
-    net._attach(tensor)
+    net.attach(tensor)
     net.backend.from_host(tensor.array, values)
     net.bind_params()
 
@@ -159,7 +159,7 @@ def test_a_tensor_without_a_block_falls_back_until_it_has_one():
     net.pool.free(t.key)
     assert not grouped.clear_grads() and not grouped.update(0.1, 1.0, 1)
     net.pool.alloc(t.key, t.nbytes)
-    net._attach(t)
+    net.attach(t)
     net.bind_params()
     assert grouped.clear_grads() and grouped.rebuilds == 2
     assert not net.learnable[0].diff.any()

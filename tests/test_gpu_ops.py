@@ -233,7 +233,7 @@ def test_batch_norm(gpu, rng):
 @pytest.mark.parametrize("relu,global_stats", [(True, False), (False, False), (True, True)])
 def test_fused_batch_norm_scale_relu(gpu, rng, dims, relu, global_stats):
     """bn_affine_forward/backward against test_fusion's independent float64 reference; the last planes are
-    long enough for the plain-sweep kernels (ops/fused.py: ROWS_MIN_INNER), with a partial last trip."""
+    long enough for the plain-sweep kernels (SUPERNEURONS_BN_ROWS_MIN), with a partial last trip."""
     from test_fusion import reference, reference_backward
 
     outer, ch, inner = dims

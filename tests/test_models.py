@@ -38,7 +38,7 @@ def _skip_unbuildable(net: pb.NetParameter) -> None:
     if missing:
         pytest.skip(f"layer types not registered yet: {', '.join(missing)}")
     for layer in net.layer:
-        source = layer.data_param.source if layer.type == "Data" else None
+        source = {"Data": layer.data_param.source, "HDF5Data": layer.hdf5_data_param.source}.get(layer.type)
         if source and not (ROOT / source).exists() and not Path(source).exists():
             pytest.skip(f"layer {layer.name!r} reads {source}, which is not built here")
 

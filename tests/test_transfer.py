@@ -13,7 +13,7 @@ from superneurons.errors import PoolExhausted, UserError
 from superneurons.memory import resolve_memory
 from superneurons.memory.offload import HostStore
 from superneurons.memory.plan import make_plan
-from superneurons.memory.pool import HeapPool, MallocPool, make_pool
+from superneurons.memory.pool import HeapPool, MallocPool
 from superneurons.memory.workspace import PoolWorkspace
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
@@ -107,8 +107,8 @@ def test_malloc_allocator_trains_identically(monkeypatch):
         net, got, _ = train(CONV_FAN, mode)
         assert isinstance(net.pool, MallocPool) and got == ref, mode
     monkeypatch.setenv("SUPERNEURONS_ALLOCATOR", "slab")
-    with pytest.raises(UserError, match="SUPERNEURONS_ALLOCATOR"):
-        make_pool(1 << 20, CPU)
+    with pytest.raises(UserError, match="SUPERNEURONS_ALLOCATOR='slab': expected one of pool, malloc"):
+        train(CONV_FAN, "baseline")
 
 
 def test_malloc_pool_enforces_the_budget():

@@ -1,4 +1,11 @@
-"""The interface a backend provides to the runtime."""
+"""The interface a backend provides to the runtime.
+
+`Backend` is everything the runtime (`runtime/net.py`, `memory/`, `solver/`) may ask of a backend;
+nothing outside `superneurons/backend/` tests a backend's name or imports one. A backend also
+hands out `Transfer`s (host memory and asynchronous host<->device copies, for the offload host
+store and streamed parameters) and accepts a `WorkspaceSource` (where convolutions take scratch
+memory from: `memory/workspace.py` lends the Net's pool).
+"""
 from __future__ import annotations
 
 import importlib
@@ -24,15 +31,66 @@ def collect_ops(package: ModuleType) -> SimpleNamespace:
     return SimpleNamespace(**ns)
 
 
+class CopyEvent(Protocol):
+    """Completion of one asynchronous copy."""
+
+    def query(self) -> bool:
+        """Whether the copy has finished (never blocks)."""
+
+    def synchronize(self) -> None:
+        """Block the host until the copy has finished."""
+
+
+class Transfer(Protocol):
+    """Host memory and asynchronous copies between it and the device. `arena`/`view` are HeapPool's
+    backend interface, so the host side is carved by the same pool as the device arena. A copy starts
+    after all compute issued so far and runs beside the compute issued after it."""
+
+    def arena(self, nbytes: int) -> Any:
+        """One contiguous block of host memory (pinned on the GPU, so copies run at full speed)."""
+
+    def view(self, arena: Any, offset: int, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """A host array of `shape` over `arena` bytes [offset, offset + size)."""
+
+    def to_host(self, src: Any, dst: np.ndarray) -> CopyEvent:
+        """Start copying device array `src` into host array `dst`."""
+
+    def to_device(self, src: np.ndarray, dst: Any) -> CopyEvent:
+        """Start copying host array `src` into device array `dst`."""
+
+    def join(self, event: CopyEvent) -> None:
+        """Compute issued from now on waits for `event` (on the device; the host goes on)."""
+
+
+class WorkspaceSource(Protocol):
+    """Where a convolution gets its scratch memory. A convolution asks `available()`, picks the fastest
+    algorithm that fits, then `acquire`s that many bytes (only when it needs any) and `release`s them
+    when the call is queued."""
+
+    def available(self) -> int:
+        """Bytes a convolution may use right now."""
+
+    def acquire(self, nbytes: int) -> int:
+        """Device address (16-byte aligned) of >= `nbytes`, valid until `release()`; 0 for an empty request."""
+
+    def release(self) -> None:
+        """The bytes last acquired are free again."""
+
+
 class Backend(Protocol):
-    name: str
+    name: str  # for messages and reports only: code asks the members below, never the name
     ops: Any  # namespace of operations: ops.relu_forward(...), ops.gemm(...), ...
+    # True when ops return before the device has finished them: timers must `synchronize` around them.
+    asynchronous: bool
 
     def arena(self, nbytes: int) -> Any:
         """One contiguous block of memory of `nbytes`; the pool carves every tensor out of it."""
 
     def view(self, arena: Any, offset: int, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         """An array of `shape` over `arena` bytes [offset, offset + size)."""
+
+    def address(self, array: Any) -> int:
+        """The address of `array`'s first byte (device memory on the GPU)."""
 
     def from_host(self, dst: Any, src: np.ndarray) -> None:
         """Copy a host array into `dst` (same number of elements)."""
@@ -42,3 +100,17 @@ class Backend(Protocol):
 
     def synchronize(self) -> None:
         """Wait until all queued work has finished."""
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the device; None when arrays live in host memory (no device to size
+        the pool from)."""
+
+    def make_transfer(self) -> Transfer:
+        """A new host<->device copier (its own copy streams on the GPU)."""
+
+    def set_workspace_source(self, source: WorkspaceSource | None) -> None:
+        """Where convolutions take workspace from from now on; None: the backend's own default."""
+
+    def release_freed(self) -> None:
+        """Return the memory of arrays dropped since the last call to the device now, not when the
+        array library gets round to it (MallocPool measures per-tensor allocation with it)."""

@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   superneurons memory --model deploy.prototxt --batch 64 --json > plan.json
   superneurons memory --model M --batch 32 --gpu-memory 12G          # which mode `--memory auto` would pick
   superneurons memory --model M --batch 32 --plot steps.png --memory liveness
+  superneurons memory --model M --batch 64 --ranks 8 --gpu-memory 12G   # each of 8 GPUs: batch 64, 12 GiB
 """
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
@@ -51,6 +52,9 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--history", type=int, default=1, metavar="N",
                    help="solver history blobs per learnable parameter, in the pool with the weights "
                         "(SGD with momentum: 1, Adam: 2; default %(default)s)")
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="data parallel over N GPUs: --batch and --gpu-memory are per GPU; also show the gradient "
+                        "buckets the reduction holds")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema in DESIGN.md)")
     p.add_argument("--at-peak", action="store_true",
                    help="list the tensors on the device at each shown mode's peak step, by kind and layer")
@@ -84,6 +88,12 @@ def run(args) -> int:
     choice = choose(budget, sets, plan_for) if budget is not None else None
     if choice is not None:
         doc.update(budget_bytes=budget, **auto_doc(choice))
+    if args.ranks is not None:
+        from superneurons.parallel.reducer import bucket_plan
+
+        if args.ranks < 1:
+            raise UserError(f"--ranks must be at least 1, got {args.ranks}")
+        doc["reduction"] = bucket_plan(graph, args.ranks)
     shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
     if args.plot:
         plot(plan, shown, args.plot)
@@ -91,11 +101,22 @@ def run(args) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print(format_plan(plan, doc, shown))
+        if "reduction" in doc:
+            print(format_reduction(doc["reduction"]))
         if choice is not None:
             print(format_choice(choice))
         if args.at_peak:
             print(format_at_peak(plan, shown))
     return 0
+
+
+def format_reduction(r: dict) -> str:
+    """The data-parallel line: every GPU runs this plan; the buckets the reduction holds."""
+    sizes = ", ".join(_mib(n) for n in r["bucket_bytes"]) or "none"
+    return (f"\nData parallel over {r['ranks']} rank(s): each GPU runs the plan above (batch and budget are per "
+            f"GPU); gradients ({format_bytes(r['gradient_bytes'])}) are averaged in {r['buckets']} bucket(s) "
+            f"({sizes}) in their own memory: +{format_bytes(r['extra_pool_bytes'])} in the pool (NCCL's own "
+            f"buffers stay outside it, in the margin the GPU pool leaves)")
 
 
 def format_at_peak(plan: MemoryPlan, modes: list[str]) -> str:

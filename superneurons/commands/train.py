@@ -18,6 +18,13 @@ EXAMPLES = """examples:
   superneurons train --solver S.prototxt --snapshot lenet_iter_5000.solverstate   # resume
   superneurons train --solver S.prototxt --gpu 0 --log train.log --log-json train.jsonl
   superneurons train --solver S.prototxt --gpu 0 --memory auto --gpu-memory 12G   # train within 12 GiB
+  superneurons train --solver S.prototxt --gpu 0,1,2,3          # data parallel: one process per GPU
+  superneurons train --solver S.prototxt --gpu all --gpu-memory 12G   # every GPU, 12 GiB budget on each
+  mpiexec -n 8 superneurons train --solver S.prototxt --gpu all      # ranks across machines (MPI)
+  mpiexec -n 2 superneurons train --solver S.prototxt                # two CPU processes
+
+With several GPUs (or under mpiexec) batch_size is per GPU and gradients are averaged over the ranks before
+each update, as in Caffe; rank 0 logs, tests and snapshots (docs/PARALLEL.md).
 
 Ctrl-C finishes the current iteration, writes a snapshot and stops; resume from it with --snapshot.
 On a terminal a progress bar (iterations, iter/s, ETA, smoothed loss) runs below the log lines; it is
@@ -31,7 +38,8 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--solver", required=True, help="solver prototxt")
     p.add_argument("--snapshot", help=".solverstate to resume training from")
     p.add_argument("--weights", help="comma-separated .caffemodel files to initialize from (fine-tuning)")
-    p.add_argument("--gpu", help="GPU id to train on (overrides solver_mode; only one GPU is used)")
+    p.add_argument("--gpu", help="GPU ids to train on, e.g. 0 or 0,1,2,3 or all (overrides solver_mode; several "
+                                 "GPUs train data parallel, one process each)")
     add_device_options(p, gpu=False, memory_default=None,
                        memory_help=f"{MEMORY_HELP} (default: the solver's memory_param.mode, else auto)")
     p.add_argument("--log", help="also append the log lines to this file")
@@ -44,32 +52,53 @@ def register(sub) -> argparse.ArgumentParser:
 
 def pick_backend(gpu: str | None, solver_mode: int | None = None, device_id: int = 0):
     """--gpu N wins; else the solver's solver_mode (when it says GPU); else the CPU."""
-    if gpu is not None:
-        first = gpu.split(",")[0].strip()
-        if first == "all":
-            first = "0"
-        try:
-            device = int(first)
-        except ValueError:
-            raise UserError(f"--gpu {gpu!r}: expected a device number") from None
-        return get_backend("cuda", device)
+    if gpu is not None and gpu.strip() not in ("", "-1"):
+        from superneurons.parallel.devices import parse_gpus
+
+        return get_backend("cuda", parse_gpus(gpu)[0])
     if solver_mode == pb.SolverParameter.GPU:
         return get_backend("cuda", device_id)
     return get_backend("cpu")
 
 
 def run(args) -> int:
-    from superneurons.solver import Solver  # builds nets: keep `--help` fast
+    from superneurons.parallel import launch
 
     if args.snapshot and args.weights:
         raise UserError("give --snapshot to resume training or --weights to fine-tune, not both")
     param = read_solver(args.solver)
+    job = launch.plan(args.gpu)
+    if job.spawn:  # several GPUs, started from one command: one process per GPU under mpiexec
+        return launch.spawn(args, job.gpus)
+    if job.rank:  # this process is one rank of an MPI job
+        from superneurons.parallel.rank import train_rank
+
+        return train_rank(args, param, job.gpus)
     mode = param.solver_mode if param.HasField("solver_mode") else None
     backend = pick_backend(args.gpu, mode, param.device_id)
-    with TrainLog(args.log, args.log_json) as log:
-        solver = Solver(param, args.solver, backend=backend, memory=args.memory,
-                        pool_bytes=parse_size(args.gpu_memory), log=log)
-        progress = TrainProgress(param.max_iter, log.stream, enabled=None if args.progress else False)
+    return train(args, param, lambda log: _solver(args, param, backend, log))
+
+
+def _solver(args, param, backend, log):
+    from superneurons.solver import Solver  # builds nets: keep `--help` fast
+
+    return Solver(param, args.solver, backend=backend, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
+                  log=log)
+
+
+def train(args, param, make_solver, root: bool = True) -> int:
+    """Caffe's train: build the solver (`make_solver(log)`), fine-tune from --weights or the solver's
+    `weights:`, resume from --snapshot, solve. `root`: this process logs (data-parallel ranks other than 0
+    do not)."""
+    import contextlib
+    import os
+
+    with contextlib.ExitStack() as stack:
+        sink = None if root else stack.enter_context(open(os.devnull, "w"))
+        log = stack.enter_context(TrainLog(args.log, args.log_json) if root else TrainLog(stream=sink))
+        solver = make_solver(log)
+        progress = TrainProgress(param.max_iter, log.stream,
+                                 enabled=None if args.progress and root else False)
         progress.attach(solver, log)
         # The solver's own `weights:` entries (Caffe >= 1.0) apply unless the flag or a resume says otherwise.
         weights = args.weights or ("" if args.snapshot else ",".join(param.weights))

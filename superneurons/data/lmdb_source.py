@@ -3,40 +3,26 @@
 Records are read in key order (LMDB keeps keys sorted bytewise) and reading past the last record
 wraps to the first, as Caffe's cursor does.
 
-LMDB allows one open environment per database and process, yet a train and a test net (or two
-layers) may read the same database: readers share one read-only environment per path, counted,
-closed when the last reader closes. Each reader's transaction is its own, so prefetch threads
-read concurrently. `lock=False`: training never writes to its database.
+Readers share one read-only environment per database (`record_db.SharedHandles`); each reader's
+transaction is its own, so prefetch threads read concurrently. `lock=False`: training never
+writes to its database.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import struct
-import threading
 from typing import Iterable, Iterator
 
 import lmdb
 
+from superneurons.data.record_db import LMDB, SharedHandles, build_folder_atomically, check_database_folder, chunks
 from superneurons.errors import UserError
 
 _WRITE_CHUNK = 1000  # records per write transaction
 _INITIAL_MAP = 64 << 20  # bytes; doubled whenever a chunk does not fit
 
 
-def check_lmdb_path(path: str, where: str) -> None:
-    """Raise a UserError saying what is wrong when `path` is not an LMDB folder."""
-    shown = f"{path!r}" if os.path.isabs(path) else f"{path!r} (resolved to {os.path.abspath(path)!r})"
-    if not os.path.exists(path):
-        raise UserError(f"{where}: database {shown} does not exist")
-    if not os.path.isdir(path):
-        raise UserError(f"{where}: database {shown} is a file; an LMDB database is a folder holding data.mdb")
-    if os.path.exists(os.path.join(path, "data.mdb")):
-        return
-    if os.path.exists(os.path.join(path, "CURRENT")):
-        raise UserError(f"{where}: database {shown} is a LevelDB database; LEVELDB is not supported, "
-                        f"convert it to LMDB (tools/convert_imageset.py writes LMDB)")
-    raise UserError(f"{where}: {shown} is not an LMDB database (no data.mdb in the folder)")
+_environments = SharedHandles(lambda env: env.close())
 
 
 # LMDB's file layout (lmdb.h / mdb.c, 64-bit builds): pages 0 and 1 are meta pages, each a 16-byte page
@@ -89,42 +75,22 @@ def check_lmdb_file(path: str, where: str) -> None:
                         f"{current[7]}")
 
 
-_shared: dict[str, list] = {}  # real path -> [environment, number of readers]
-_shared_lock = threading.Lock()
 
-
-def _acquire(key: str) -> lmdb.Environment:
-    """`key` is the database's real path, resolved once at open (the working directory may change later)."""
-    path = key
-    with _shared_lock:
-        entry = _shared.get(key)
-        if entry is None:
-            env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=512)
-            entry = _shared[key] = [env, 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def _release(key: str) -> None:
-    with _shared_lock:
-        entry = _shared[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _shared[key]
-            entry[0].close()
+def _open_environment(key: str) -> lmdb.Environment:
+    return lmdb.open(key, readonly=True, lock=False, readahead=False, max_readers=512)
 
 
 class LmdbReader:
     """A read-only LMDB database: its record count, its first record, and a wrapping stream of values."""
 
     def __init__(self, path: str, where: str):
-        check_lmdb_path(path, where)
+        check_database_folder(path, LMDB, where)
         check_lmdb_file(path, where)
         self.path = path
         self.where = where
         self._key = os.path.realpath(path)
         try:
-            self.env = _acquire(self._key)
+            self.env = _environments.acquire(self._key, lambda: _open_environment(self._key))
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
         self._open = True
@@ -171,39 +137,23 @@ class LmdbReader:
     def close(self) -> None:
         if self._open:
             self._open = False
-            _release(self._key)
+            _environments.release(self._key)
 
 
 def write_lmdb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:
-    """Write (key, value) records into a new LMDB folder at `path`, whole or not at all.
+    """Write (key, value) records into a new LMDB folder at `path`, whole or not at all (an existing
+    `path` is replaced). Returns the number of records written."""
 
-    The database is built in a sibling folder and renamed into place, so an interrupted run never
-    leaves a half-written database that looks complete. An existing `path` is replaced.
-    Returns the number of records written.
-    """
-    path = os.path.normpath(path)
-    tmp = f"{path}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    env = lmdb.open(tmp, map_size=_INITIAL_MAP, subdir=True, lock=True)
-    n = 0
-    try:
-        chunk: list[tuple[bytes, bytes]] = []
-        for key, value in records:
-            chunk.append((key, value))
-            if len(chunk) == _WRITE_CHUNK:
-                n += _put_chunk(env, chunk)
-                chunk = []
-        n += _put_chunk(env, chunk)
-        env.sync(True)
-    except BaseException:
-        env.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    env.close()
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    return n
+    def fill(folder: str) -> int:
+        env = lmdb.open(folder, map_size=_INITIAL_MAP, subdir=True, lock=True)
+        try:
+            n = sum(_put_chunk(env, chunk) for chunk in chunks(records, _WRITE_CHUNK))
+            env.sync(True)
+            return n
+        finally:
+            env.close()
+
+    return build_folder_atomically(path, fill)
 
 
 def _put_chunk(env: lmdb.Environment, chunk: list[tuple[bytes, bytes]]) -> int:
@@ -221,12 +171,13 @@ def count_records(path: str) -> int:
     """Number of records in an LMDB folder, or -1 when it is missing or unreadable."""
     if not os.path.exists(os.path.join(path, "data.mdb")):
         return -1
+    key = os.path.realpath(path)
     try:
         check_lmdb_file(path, path)
-        env = _acquire(path)
+        env = _environments.acquire(key, lambda: _open_environment(key))
     except (lmdb.Error, UserError):
         return -1
     try:
         return int(env.stat()["entries"])
     finally:
-        _release(path)
+        _environments.release(key)

@@ -15,6 +15,7 @@ from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
 from superneurons.layers.base import Layer, Shape, count, layer_class
 from superneurons.proto import superneurons_pb2 as pb
+from superneurons.settings import MemoryPolicy, memory_policy
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Graph:
     outputs: list[str]  # blobs no layer consumes: what the net reports
     source: str = ""  # file the net came from, for messages
     param: pb.NetParameter | None = None
+    # Whether gradients may share memory (memory/aliases.py), so the planner and the Net agree.
+    diff_alias: bool = True
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -61,7 +64,10 @@ class Graph:
 
 
 def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, stages: tuple[str, ...] = (),
-                source: str = "") -> Graph:
+                source: str = "", policy: MemoryPolicy | None = None) -> Graph:
+    """`policy`: fusion and gradient aliasing (None: MemoryParameter's defaults and the environment's
+    overrides, settings.memory_policy)."""
+    policy = policy if policy is not None else memory_policy()
     where = source or net.name or "<net>"
     state = make_state(phase, level, tuple(stages) or tuple(net.state.stage))
     if not stages and net.state.HasField("level") and not level:
@@ -83,26 +89,28 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         layer = cls(p, phase)
         layer.layer_index = i
         nodes.append(Node(layer, list(p.bottom), list(p.top)))
-    _mark_split_copies(nodes)
+    _mark_data_copies(nodes)
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
-    _mark_backward(nodes, bool(net.force_backward) and phase == pb.TRAIN)
-    fuse_batch_norm_chains(nodes)  # needs need_backward; changes buffers before any Net declares tensors
-    fuse_eltwise_relu(nodes)
+    _mark_backward(nodes, bool(net.force_backward))
+    if policy.fuse_layers:
+        fuse_batch_norm_chains(nodes)  # needs need_backward; changes buffers before any Net declares tensors
+        fuse_eltwise_relu(nodes)
     consumed = {b for n in nodes for b in n.bottoms}
     outputs = []
     for n in nodes:
         for t in n.tops:
             if t not in consumed and t not in outputs:
                 outputs.append(t)
-    return Graph(net.name, phase, nodes, shapes, outputs, source, filtered)
+    return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias)
 
 
-def _mark_split_copies(nodes: list[Node]) -> None:
-    """A Split top consumed by an in-place layer must own its data, or the layer would overwrite its siblings."""
+def _mark_data_copies(nodes: list[Node]) -> None:
+    """A Split top consumed by an in-place layer must own its data, or the layer would overwrite its siblings
+    (`Layer.can_copy_data`)."""
     in_place_bottoms = {n.bottoms[0] for n in nodes if n.layer.in_place}
     for n in nodes:
-        if n.layer.type_name == "Split":
+        if n.layer.can_copy_data:
             n.layer.copy_data = any(t in in_place_bottoms for t in n.tops)
 
 
@@ -144,7 +152,9 @@ def _set_loss_weights(nodes: list[Node]) -> None:
 
 
 def _mark_backward(nodes: list[Node], force: bool) -> None:
-    """Caffe's rule: a layer runs backward if it leads to a loss and has learnable params or gradient-needing bottoms."""
+    """Caffe's rule: a layer runs backward if it leads to a loss and has learnable params or gradient-needing bottoms;
+    `force` (force_backward, in either phase) makes every layer but the data layers run backward, loss or not
+    (a TEST net computes them only when its Net keeps gradients: the Python API's, for saliency maps)."""
     blob_needs: dict[str, bool] = {}
     for n in nodes:
         pd = list(n.layer.param.propagate_down)
@@ -160,11 +170,11 @@ def _mark_backward(nodes: list[Node], force: bool) -> None:
         n.need_backward = n.layer.has_backward and not n.layer.is_data and (learnable or any(n.propagate_down))
         for t in n.tops:
             blob_needs[t] = n.need_backward
-    # Only layers upstream of a loss do backward.
+    # Only layers upstream of a loss do backward (unless forced).
     under_loss: set[str] = set()
     for n in reversed(nodes):
         contributes = any(w for w in n.loss_weights) or any(t in under_loss for t in n.tops)
-        if not contributes:
+        if not contributes and not force:
             n.need_backward = False
         else:
             under_loss.update(n.bottoms)

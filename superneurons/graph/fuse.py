@@ -25,11 +25,10 @@ A layer is fused only when the fused layer computes exactly what the separate la
 
 Params stay owned by their layers (caffemodel files and the solver see no change); the absorbed Scale and
 ReLU stay in the graph as pass-through steps, so logs and the profiler list Caffe's layers.
-SUPERNEURONS_FUSE=0 turns both passes off.
+graph.build runs both unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
 """
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from superneurons.proto import superneurons_pb2 as pb
@@ -38,14 +37,8 @@ if TYPE_CHECKING:
     from superneurons.graph.build import Node
 
 
-def fusion_enabled() -> bool:
-    return os.environ.get("SUPERNEURONS_FUSE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
     """Fuse every eligible chain in `nodes` (route order); returns the fused chains' layer names."""
-    if not fusion_enabled():
-        return []
     fused = []
     for i, bn in enumerate(nodes):
         if bn.layer.type_name != "BatchNorm" or len(bn.tops) != 1:
@@ -66,8 +59,6 @@ def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
 
 def fuse_eltwise_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
     """Fuse every Eltwise SUM whose top is next touched by an in-place ReLU; returns (eltwise, relu) names."""
-    if not fusion_enabled():
-        return []
     fused = []
     for i, node in enumerate(nodes):
         layer = node.layer

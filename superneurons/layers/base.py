@@ -18,6 +18,7 @@ from superneurons.layers.fillers import filler_problem
 from superneurons.proto import superneurons_pb2 as pb
 
 Shape = tuple[int, ...]
+FLOAT_BYTES = 4  # float32: what the cost model assumes every activation is
 
 # What a layer's backward reads besides the top diffs. Liveness keeps exactly these alive.
 NEEDS_BOTTOM = "bottom"
@@ -70,6 +71,9 @@ class ParamDecl:
     name: str = ""
     # False for statistics a layer updates itself (BatchNorm's running mean): the solver never touches them.
     learnable: bool = True
+    # The decl whose tensors this one uses (shared parameters, a test net reading the train net's weights);
+    # set by the runtime, None for the owner itself.
+    owner: "ParamDecl | None" = None
     # True while `diff` holds the zeros the parameter store cleared it to (set on the root decl of shared
     # parameters): the first writer may then overwrite it instead of adding (`claim_cleared_diff`).
     diff_cleared: bool = False
@@ -80,7 +84,7 @@ def claim_cleared_diff(decl: ParamDecl) -> bool:
     weights, the next pass of iter_size) then add. A convolution overwriting a zero dw runs cuDNN's faster
     beta = 0 engines and gives the same values as adding into the zeros."""
     root = decl
-    while getattr(root, "owner", None) is not None:
+    while root.owner is not None:
         root = root.owner
     cleared, root.diff_cleared = root.diff_cleared, False
     return cleared
@@ -110,12 +114,18 @@ class Layer:
     # Tops are views of bottom 0's data (Flatten, Reshape, Split) / its diff (Flatten, Reshape).
     shares_data: ClassVar[bool] = False
     shares_diff: ClassVar[bool] = False
+    # The tops can own a copy of bottom 0's data instead of viewing it (Split): graph.build then sets
+    # `copy_data` when an in-place consumer of one top would otherwise overwrite what its siblings read.
+    can_copy_data: ClassVar[bool] = False
     # Layer computes nothing backward (Accuracy, Silence-like sinks).
     has_backward: ClassVar[bool] = True
     # Backward can add a bottom's gradient into what its memory already holds instead of overwriting it
     # (Convolution: cuDNN's beta = 1). memory/aliases.py then lets the consumers of a split blob write into
     # the one summed gradient, and says which bottoms do so through `accumulate_bottoms`.
     can_accumulate_bottom_diff: ClassVar[bool] = False
+    # Backward writes bottom 0's gradient as the plain sum of the top gradients (Split): memory/aliases.py
+    # may then make the bottom gradient one top gradient's memory and add the others into it.
+    sums_top_diffs: ClassVar[bool] = False
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
     n_tops: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -130,7 +140,18 @@ class Layer:
         self.in_place = len(param.top) > 0 and len(param.bottom) > 0 and param.top[0] == param.bottom[0]
         self.ctx: Any = None  # set by the runtime: RunContext (iteration, seed, recomputing flag)
         self.layer_index = 0  # position in the prototxt; part of Dropout's mask hash
-        self.accumulate_bottoms: frozenset[int] = frozenset()  # set by the runtime (memory/aliases.py)
+        # Set by graph.build on a layer that `can_copy_data`: its tops hold copies, not views, of bottom 0.
+        self.copy_data = False
+        # Set by graph/fuse.py (`absorb_into`): the layer that computes this one; its own steps then pass through.
+        self.fused_into: Layer | None = None
+        # Set by the runtime from memory/aliases.py. `diff_alias`: for a layer that `sums_top_diffs`, the top
+        # whose gradient memory is also the bottom's; for one with `identity_diff_bottoms`, the bottom whose
+        # gradient is the top gradient's memory (backward writes nothing for it); None: no shared memory.
+        self.diff_alias: int | None = None
+        # The tops whose consumers added their gradient into the summed bottom gradient themselves.
+        self.added_by_consumers: tuple[int, ...] = ()
+        # This layer's bottom indexes whose gradient backward adds into (see `can_accumulate_bottom_diff`).
+        self.accumulate_bottoms: frozenset[int] = frozenset()
 
     # ---- declared by subclasses -------------------------------------------------------------
     def setup(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -140,6 +161,39 @@ class Layer:
     def backward_needs(self) -> frozenset[str]:
         """Which of NEEDS_BOTTOM / NEEDS_TOP the backward reads. Default: both (always safe)."""
         return frozenset({NEEDS_BOTTOM, NEEDS_TOP})
+
+    def identity_diff_bottoms(self) -> tuple[int, ...]:
+        """Bottoms whose gradient backward may write straight into top 0's gradient memory, because it is
+        that gradient (Eltwise SUM with coefficient 1): memory/aliases.py may then share the memory."""
+        return ()
+
+    def absorb_into(self, owner: "Layer") -> None:
+        """Become a pass-through: `owner` (graph/fuse.py checked it may) computes this layer's forward and
+        backward. Layers that keep buffers for their own backward override this to drop them."""
+        self.fused_into = owner
+
+    @property
+    def views_bottom_data(self) -> bool:
+        """Whether the tops are views of bottom 0's data: the step then computes and copies nothing."""
+        return self.shares_data and not self.copy_data
+
+    @property
+    def algo_name(self) -> str:
+        """The backend's algorithm for this layer's shapes (what `superneurons time` shows); "" for none."""
+        return ""
+
+    def forward_flops(self) -> int:
+        """Floating-point operations of one forward pass (a multiply-add counts 2), for `auto`'s time model
+        (memory/cost.py). Layers whose time is arithmetic (convolutions, matrix products) override this;
+        the default 0 leaves the step's cost to its memory traffic (`forward_bytes`)."""
+        return 0
+
+    def forward_bytes(self, bottom_shapes: Sequence[Shape], top_shapes: Sequence[Shape]) -> int:
+        """Bytes one forward pass moves through device memory, for `auto`'s time model: every bottom read and
+        every top written once, in float32; nothing for a view or a layer another computes (fused)."""
+        if self.views_bottom_data or self.fused_into is not None:
+            return 0
+        return FLOAT_BYTES * (sum(count(s) for s in bottom_shapes) + sum(count(s) for s in top_shapes))
 
     def forward(self, bottom: list, top: list) -> None:
         raise NotImplementedError

@@ -96,6 +96,11 @@ class Convolution(Layer):
         self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
         return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
 
+    def forward_flops(self):
+        """Every output pixel of every image: one dot product per weight element (the weight's shape
+        already accounts for groups: each output channel sees c / group inputs)."""
+        return 2 * self.n * self.oh * self.ow * count(self.weight.shape)
+
     @property
     def algo_name(self) -> str:
         """The backend's algorithm choice for this shape (what `superneurons time` shows)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from superneurons.data.batches import SKIP, Batch, RecordSource, Seeds, batches
 from superneurons.data.datum import datum_to_array, parse_datum
-from superneurons.data.lmdb_source import LmdbReader
+from superneurons.data.record_db import LEVELDB, LMDB, RecordReader, open_reader
 from superneurons.data.prefetch import Prefetcher
 from superneurons.data.transformer import DataTransformer, effective_transform_param
 from superneurons.layers.base import Layer, register
@@ -138,10 +138,10 @@ class PrefetchingDataLayer(Layer):
 
 
 class LmdbRecords:
-    """The records of an LMDB database of serialized Datums, decoded to arrays."""
+    """The records of a database (LMDB or LevelDB) of serialized Datums, decoded to arrays."""
 
-    def __init__(self, path: str, where: str, force_color: bool, force_gray: bool):
-        self.reader = LmdbReader(path, where)
+    def __init__(self, reader: RecordReader, where: str, force_color: bool, force_gray: bool):
+        self.reader = reader
         self.count = self.reader.count
         self.where = where
         self.force_color = force_color
@@ -162,14 +162,16 @@ class LmdbRecords:
 class Data(PrefetchingDataLayer):
     def open_source(self):
         p = self.param.data_param
-        if p.HasField("backend") and p.backend == pb.DataParameter.LEVELDB:
-            raise self.fail(f"backend LEVELDB is not supported (source {p.source!r}); convert the database to "
-                            f"LMDB and set `backend: LMDB`")
         if not p.source:
-            raise self.fail("data_param.source is required (an LMDB folder)")
+            raise self.fail("data_param.source is required (an LMDB or LevelDB folder)")
         self.batch_size = int(p.batch_size)
         self.rand_skip = int(p.rand_skip)
         self.prefetch_depth = max(1, int(p.prefetch))
         tp = self.param.transform_param
         force_color = tp.force_color or p.force_encoded_color
-        return LmdbRecords(p.source, self.where, force_color, tp.force_gray), p
+        # Caffe's default backend is LEVELDB, yet most prototxts that leave it out meant LMDB: unset reads
+        # whichever store the folder holds.
+        backend = ({pb.DataParameter.LMDB: LMDB, pb.DataParameter.LEVELDB: LEVELDB}[p.backend]
+                   if p.HasField("backend") else None)
+        reader = open_reader(p.source, backend, self.where)
+        return LmdbRecords(reader, self.where, force_color, tp.force_gray), p

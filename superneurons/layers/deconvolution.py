@@ -8,7 +8,7 @@ Output size: OH = stride * (H - 1) + dilation * (kh - 1) + 1 - 2 * pad.
 """
 from __future__ import annotations
 
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, claim_cleared_diff, register
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, claim_cleared_diff, count, register
 from superneurons.layers.convolution import read_conv_param
 
 
@@ -29,6 +29,10 @@ class Deconvolution(Layer):
         self.weight = self.add_param((self.c, m // group) + kernel, p.weight_filler)
         self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
         return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
+
+    def forward_flops(self):
+        """Every input pixel of every image scatters through the whole weight."""
+        return 2 * self.n * self.h * self.w * count(self.weight.shape)
 
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})  # the weight gradient correlates the bottom with the top diff

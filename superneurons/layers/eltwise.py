@@ -16,9 +16,6 @@ _OP = pb.EltwiseParameter
 @register("Eltwise")
 class Eltwise(Layer):
     n_bottoms = (2, None)
-    # Set by the runtime (memory/aliases.py): under SUM with coefficient 1, the bottom whose gradient is
-    # the top gradient's memory, so backward writes nothing for it; None: every bottom has its own.
-    diff_alias: int | None = None
 
     def setup(self, bottom_shapes):
         p = self.param.eltwise_param
@@ -48,6 +45,13 @@ class Eltwise(Layer):
         """Apply `relu` (a ReLU in place on our top, slope >= 0; graph/fuse.py checks) ourselves."""
         self.relu_slope = relu.slope
         relu.absorb_into(self)
+
+    def identity_diff_bottoms(self):
+        """Under SUM, the bottoms with coefficient 1: their gradient is the top gradient (masked in place
+        by the fused ReLU's backward, which writes that bottom last)."""
+        if self.op != _OP.SUM:
+            return ()
+        return tuple(k for k, c in enumerate(self.coeffs) if c == 1.0)
 
     def backward_needs(self):
         if self.op == _OP.PROD:

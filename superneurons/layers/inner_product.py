@@ -21,6 +21,9 @@ class InnerProduct(Layer):
         self.bias = self.add_param((self.n,), p.bias_filler) if self.bias_term else None
         return [tuple(shape[:axis]) + (self.n,)]
 
+    def forward_flops(self):
+        return 2 * self.m * count(self.weight.shape)
+
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})
 

@@ -1,17 +1,26 @@
 """MemoryData: batches from arrays the caller hands over with `reset(data, labels)`.
 
-As in Caffe, the arrays are used as given (no transformation), the number of samples must be a
-multiple of batch_size, and reading past the end wraps to the start.
+Caffe's MemoryDataLayer::Reset and pycaffe's `net.set_input_arrays(data, labels)`: the arrays are
+float32, C-contiguous, data (n, C, H, W) with the layer's C, H, W and labels (n,) or (n, 1, 1, 1);
+n is a positive multiple of batch_size. The layer reads the caller's arrays in place, without a
+copy (as Caffe keeps the pointers), so changing them changes later batches; nothing is transformed
+(Caffe warns that transform_param is ignored here). Batch k holds samples
+`(k mod n/batch_size) * batch_size ...`: reading past the end wraps to the start, and `reset` starts
+again at the first sample.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
+from superneurons.errors import UserError
 from superneurons.layers.base import Layer, register
+from superneurons.layers.batch_position import BatchPosition
 
 
 @register("MemoryData")
-class MemoryData(Layer):
+class MemoryData(BatchPosition, Layer):
     is_data = True
     has_backward = False
     n_bottoms = (0, 0)
@@ -27,48 +36,60 @@ class MemoryData(Layer):
         self.item_shape = (int(p.channels), int(p.height), int(p.width))
         self._data: np.ndarray | None = None
         self._labels: np.ndarray | None = None
-        self._next = 0
+        self.next_batch = 0
         tops = [(self.batch_size,) + self.item_shape]
         if len(self.param.top) > 1:
             tops.append((self.batch_size,))
         return tops
 
     def reset(self, data: np.ndarray, labels: np.ndarray) -> None:
-        """Serve `data` (n, C, H, W) and `labels` (n,) from the first sample on."""
-        data = np.asarray(data, dtype=np.float32)
-        labels = np.asarray(labels, dtype=np.float32).reshape(-1)
+        """Serve `data` (n, C, H, W) and `labels` (n,) or (n, 1, 1, 1) from the first sample on."""
+        want = "(n, " + ", ".join(str(d) for d in self.item_shape) + ")"
+        _check_array(self, "data", data, want)
+        _check_array(self, "labels", labels, "(n,) or (n, 1, 1, 1)")
         if data.ndim != 4 or data.shape[1:] != self.item_shape:
-            want = ", ".join(str(d) for d in self.item_shape)
-            raise self.fail(f"reset() got data of shape {data.shape}, expected (n, {want})")
+            raise self.fail(f"data has shape {data.shape}, expected {want}")
         n = data.shape[0]
+        if labels.shape not in ((n,), (n, 1, 1, 1)):
+            raise self.fail(f"labels have shape {labels.shape} for {n} samples, expected ({n},) or ({n}, 1, 1, 1)")
         if n == 0 or n % self.batch_size:
-            raise self.fail(f"reset() got {n} samples, which is not a positive multiple of batch_size "
-                            f"{self.batch_size}")
-        if labels.shape[0] != n:
-            raise self.fail(f"reset() got {n} samples but {labels.shape[0]} labels")
-        self._data, self._labels = data, labels
-        self._next = 0
+            raise self.fail(f"got {n} samples, which is not a positive multiple of batch_size {self.batch_size}")
+        self._data, self._labels = data, labels.reshape(n)  # a view: the caller's memory is read in place
+        self.next_batch = 0
 
     def forward(self, bottom, top):
         if self._data is None:
-            raise self.fail("no data: call reset(data, labels) on the layer before running the net")
+            raise self.fail("no data: call reset(data, labels) (pycaffe: net.set_input_arrays) before running "
+                            "the net")
         # A recomputed forward replays the batch it served last.
-        k = self._next - 1 if self.ctx is not None and self.ctx.recomputing and self._next > 0 else self._next
+        replay = self.ctx is not None and self.ctx.recomputing and self.next_batch > 0
+        k = self.next_batch - 1 if replay else self.next_batch
         n_batches = self._data.shape[0] // self.batch_size
         lo = (k % n_batches) * self.batch_size
         self.ops.upload(top[0], self._data[lo:lo + self.batch_size])
         if len(top) > 1:
             self.ops.upload(top[1], self._labels[lo:lo + self.batch_size])
-        self._next = k + 1
+        self.next_batch = k + 1
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
 
-    def state(self) -> dict[str, int]:
-        return {"batch": self._next}
 
-    def restore(self, state: dict[str, int]) -> None:
-        k = state.get("batch") if isinstance(state, dict) else None
-        if not isinstance(k, (int, np.integer)) or k < 0:
-            raise self.fail(f"cannot restore the data position from {state!r}; expected {{'batch': n}} with n >= 0")
-        self._next = int(k)
+def _check_array(layer: Layer, what: str, array, shape: str) -> None:
+    """pycaffe's checks: a NumPy float32 C-contiguous array (anything else would be copied, and Caffe reads
+    the caller's memory)."""
+    if not isinstance(array, np.ndarray):
+        raise layer.fail(f"{what} must be a NumPy array {shape}, got {type(array).__name__}")
+    if array.dtype != np.float32 or not array.flags.c_contiguous:
+        problem = f"dtype {array.dtype}" if array.dtype != np.float32 else "not C-contiguous"
+        raise layer.fail(f"{what} must be a float32 C-contiguous array ({problem}); pass "
+                         f"np.ascontiguousarray({what}, dtype=np.float32)")
+
+
+def set_input_arrays(layers_in_prototxt_order: Iterable[Layer], data: np.ndarray, labels: np.ndarray) -> None:
+    """pycaffe's `Net.set_input_arrays`: reset the net's first layer, which must be a MemoryData layer."""
+    first = next(iter(layers_in_prototxt_order), None)
+    if not isinstance(first, MemoryData):
+        what = f"{first.name!r} ({first.type_name})" if first is not None else "nothing (the net is empty)"
+        raise UserError(f"set_input_arrays may only be called if the first layer is a MemoryData layer; it is {what}")
+    first.reset(data, labels)

@@ -9,11 +9,7 @@ from superneurons.layers.base import NEEDS_TOP, Layer, register
 class ReLU(Layer):
     def setup(self, bottom_shapes):
         self.slope = float(self.param.relu_param.negative_slope)
-        self.fused_into = None  # the BatchNorm or Eltwise layer that applies this ReLU, once fused
         return [bottom_shapes[0]]
-
-    def absorb_into(self, owner) -> None:
-        self.fused_into = owner
 
     def backward_needs(self):
         if self.fused_into is not None:

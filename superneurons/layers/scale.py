@@ -45,12 +45,11 @@ class Scale(Layer):
         self.bias = self.add_param(scale_shape, p.bias_filler) if p.bias_term else None
         # In place, x is overwritten by y but the scale's gradient needs x: keep a copy (as Caffe does).
         self.saved_x = self.add_buffer("x", shape) if self.in_place and self.phase == pb.TRAIN else None
-        self.fused_into = None  # the BatchNorm layer that computes this layer, once fused
         return [shape]
 
     def absorb_into(self, owner) -> None:
         """Become a pass-through: `owner` (a fused BatchNorm) applies and differentiates this layer."""
-        self.fused_into = owner
+        super().absorb_into(owner)
         self.buffers.clear()
         self.saved_x = None
 

@@ -7,17 +7,9 @@ from superneurons.layers.base import Layer, register
 @register("Split")
 class Split(Layer):
     shares_data = True
+    can_copy_data = True  # when a consumer works in place on a top (graph.build sets copy_data)
+    sums_top_diffs = True  # diff_alias: the top whose gradient memory is also the bottom's (memory/aliases.py)
     n_tops = (1, None)
-
-    def __init__(self, param, phase):
-        super().__init__(param, phase)
-        # Set by the graph builder when a consumer works in place on a top: then tops need their own copy.
-        self.copy_data = False
-        # Set by the runtime (memory/aliases.py): the top whose gradient memory is also the bottom's
-        # gradient, so backward adds the other top gradients into it; None: the bottom has its own.
-        self.diff_alias: int | None = None
-        # Also set by the runtime: tops whose consumers added their gradient into the bottom's themselves.
-        self.added_by_consumers: tuple[int, ...] = ()
 
     def setup(self, bottom_shapes):
         self._ones = [1.0] * len(self.param.top)

@@ -1,4 +1,4 @@
-"""Memory managers: what the Net consults before and after every step.
+"""Memory managers: what the Net consults before and after every step (the interface: `interface.py`).
 
 `baseline` allocates every tensor once for the whole run. `liveness`, `offload` and `recompute`
 (cumulative, as in the paper) execute the per-step plan of `plan.py` (see `managers.py`); `auto`
@@ -10,51 +10,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from superneurons.errors import UserError
-from superneurons.memory.counters import MovementCounters
+from superneurons.memory.interface import MemoryManager, NetServices, StepHooks  # noqa: F401  (the seam, re-exported)
 
 MODES = ("baseline", "liveness", "offload", "recompute", "auto")
-
-
-class BaselineManager(MovementCounters):
-    """Every tensor allocated up front and kept for the whole run: the reference every mode must match."""
-
-    name = "baseline"
-
-    def __init__(self, net: Any, checkpoint_types: Iterable[str] = ()):
-        self.net = net
-        self.checkpoint_types = tuple(checkpoint_types)  # nothing moves: only reported, like the other modes'
-
-    def setup(self) -> None:
-        net = self.net
-        need = net.baseline_bytes()
-        if need > net.pool.capacity:  # say so before anything is placed, with the bytes a mode would need
-            from superneurons.memory.pool import format_bytes
-
-            raise UserError(f"a {net.pool.capacity}-byte pool ({format_bytes(net.pool.capacity)}) cannot train "
-                            f"{net.name or 'this net'} under --memory baseline, which holds every tensor at once: "
-                            f"{need} bytes ({format_bytes(need)}); give a larger pool/--gpu-memory or --memory auto")
-        for t in net.tensors:
-            if t.base is None:
-                net._materialize(t)
-        for t in net.tensors:
-            if t.base is not None:
-                net._materialize(t)
-
-    # The hooks: nothing moves under baseline.
-    def before_forward(self, i: int, step: Any) -> None:
-        pass
-
-    def after_forward(self, i: int, step: Any) -> None:
-        pass
-
-    def before_backward(self, i: int, step: Any) -> None:
-        pass
-
-    def after_backward(self, i: int, step: Any) -> None:
-        pass
-
-    def ensure(self, tensor: Any) -> None:
-        pass
 
 
 # Checkpoint sets `auto` weighs (docs/MEMORY.md, "How auto chooses"): the paper's CONV layers, and the
@@ -82,15 +40,16 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     from superneurons.memory.cost import choose
     from superneurons.memory.plan import make_plan
     from superneurons.memory.pool import round_up
+    from superneurons.memory.tensors import PARAM_KINDS
 
     # The Net's own parameter tensors (shared ones are declared once) and solver history, as the pool holds them.
-    params = sum(round_up(t.nbytes) for t in net.tensors
-                 if t.base is None and t.kind in ("param", "param_diff", "history"))
+    params = sum(round_up(t.nbytes) for t in net.tensors if t.base is None and t.kind in PARAM_KINDS)
     update = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
                   for i, d in enumerate(net.learnable)), default=0)
 
     def plan_for(types: tuple[str, ...], modes) -> Any:
-        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes)
+        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
+                         layout=net.layout)
         plan.param_bytes, plan.update_bytes = params, update
         return plan
 
@@ -121,10 +80,11 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
     return (mode or "auto").lower(), None if types is None else tuple(types), pool
 
 
-def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = None):
-    """The manager for `mode`; `checkpoint_types` are the layers whose outputs offload may move and
-    recomputation keeps (None: Convolution, except that `auto` then weighs other sets too). Under `auto`
-    the manager's `auto` attribute is the `cost.Choice` made."""
+def make_manager(mode: str | type[MemoryManager], net: NetServices,
+                 checkpoint_types: Iterable[str] | None = None) -> MemoryManager:
+    """The manager for `mode` (or an instance of the MemoryManager class given); `checkpoint_types` are the
+    layers whose outputs offload may move and recomputation keeps (None: Convolution, except that `auto`
+    then weighs other sets too). Under `auto` the manager's `auto` attribute is the `cost.Choice` made."""
     from superneurons.memory.managers import MANAGERS
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
@@ -133,8 +93,8 @@ def make_manager(mode: str, net: Any, checkpoint_types: Iterable[str] | None = N
         choice = pick_mode(net, checkpoint_types)
         mode, checkpoint_types = choice.mode, choice.checkpoint_types
     types = tuple(checkpoint_types or DEFAULT_CHECKPOINTS)
-    if mode == "baseline":
-        manager = BaselineManager(net, types)
+    if isinstance(mode, type) and issubclass(mode, MemoryManager):
+        manager = mode(net, types)
     elif mode in MANAGERS:
         manager = MANAGERS[mode](net, types)
     else:

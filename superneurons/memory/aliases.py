@@ -1,19 +1,20 @@
 """Gradient aliasing: layers whose backward only forwards or sums gradients write no gradient of their own.
 
-- **Split** (bottom b, tops t_0..t_n-1): b's gradient is the sum of the tops' gradients. The bottom
-  gradient shares the memory of one top gradient t_a@diff and the others are added into it (Caffe
-  overwrites bottom gradients, so the sum *is* the value it would have written).
-- **Eltwise SUM** with coefficient 1 for bottom j: bottom j's gradient equals the top gradient, so it is
-  the top gradient's memory and backward writes nothing for it.
+The layers say which they are (`Layer.sums_top_diffs`, `Layer.identity_diff_bottoms`):
+- **Summing top gradients** (Split; bottom b, tops t_0..t_n-1): b's gradient is the sum of the tops'
+  gradients. The bottom gradient shares the memory of one top gradient t_a@diff and the others are added
+  into it (Caffe overwrites bottom gradients, so the sum *is* the value it would have written).
+- **Passing the top gradient on** (Eltwise SUM with coefficient 1 for bottom j): bottom j's gradient equals
+  the top gradient, so it is the top gradient's memory and backward writes nothing for it.
 - **Accumulating consumers of a Split top**: a consumer that can add its bottom gradient into memory
   (`Layer.can_accumulate_bottom_diff`: Convolution, cuDNN's beta = 1) and runs after top a's consumers in
   backward writes straight into the bottom gradient, which then already holds top a's share; Split skips
   that top. Without it a ResNet's projection block holds two input-sized gradients at once (the sum and
   the second convolution's output), 1.17x max(l_i) under recompute; with it, none beyond max(l_i).
 
-Both the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) ask `diff_aliases` which top
-gradients become views of which bottom gradients, so they agree on the roots; the layers are told which
-index shares memory (`Split.diff_alias`, `Eltwise.diff_alias`).
+`tensors.declare_tensors` asks `diff_aliases` which top gradients become views of which bottom gradients,
+and the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) share that layout, so they agree on
+the roots; the layers are told which index shares memory (`Layer.diff_alias`).
 
 An alias is only taken when it is provably safe, with the same arithmetic in every memory mode:
 - the shared memory is (re)written every iteration before the aliasing layer's backward reads it: some
@@ -22,25 +23,22 @@ An alias is only taken when it is provably safe, with the same arithmetic in eve
 - nothing else writes the bottom's gradient in the window: the aliasing layer is the bottom's last
   consumer (in-place layers before it run *after* it in backward, when the top gradient is dead);
 - no loss seeds either gradient, no blob name repeats among the layer's bottoms or tops.
-`SUPERNEURONS_DIFF_ALIAS=0` turns aliasing off (every mode then sums into separate memory, as before).
+The graph's `diff_alias` (memory_param's, or SUPERNEURONS_DIFF_ALIAS=0) turns aliasing off: every mode then
+sums into separate memory.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from superneurons.graph.build import Graph
-from superneurons.proto import superneurons_pb2 as pb
-
-COEFF_ONE = 1.0
 
 
 @dataclass
 class DiffAliases:
     """`views[top blob] = bottom blob`: the top's gradient is a view of the bottom's gradient.
-    `index[node name]`: Split -> the top whose gradient memory is the bottom gradient; Eltwise -> the
-    bottom whose gradient memory is the top gradient. `added[split name]`: the tops whose consumers add
+    `index[node name]`: a layer summing top gradients (Split) -> the top whose gradient memory is the bottom
+    gradient; one passing it on (Eltwise) -> the bottom whose gradient memory is the top gradient. `added[split name]`: the tops whose consumers add
     their gradient into the bottom gradient themselves; `accumulate[consumer name]`: those consumers'
     bottom indexes that do so."""
 
@@ -50,17 +48,12 @@ class DiffAliases:
     accumulate: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
-def enabled() -> bool:
-    value = os.environ.get("SUPERNEURONS_DIFF_ALIAS", "").strip().lower()
-    return value not in ("0", "false", "no", "off")
-
-
 def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: dict[str, list[bool]],
                  seeds: Iterable[str]) -> DiffAliases:
     """The gradient aliases of `graph` under the given backward flags; `seeds` are the blobs whose
     gradients the loss fills before backward."""
     out = DiffAliases()
-    if not enabled():
+    if not graph.diff_alias:
         return out
     nodes = graph.nodes
     seeded = set(seeds)
@@ -112,7 +105,8 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
         pdown = propagate_down[n.name]
         if not need_backward[n.name] or n.layer.in_place:
             continue
-        if layer.type_name == "Split" and len(n.tops) >= 2 and pdown[0]:
+        passed_on = layer.identity_diff_bottoms()
+        if layer.sums_top_diffs and len(n.tops) >= 2 and pdown[0]:
             b = n.bottoms[0]
             if b in seeded or not last_consumer(b, i):
                 continue
@@ -133,12 +127,12 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
                         out.accumulate[node] = out.accumulate.get(node, frozenset()) | {acc[1]}
                 if added:
                     out.added[n.name] = tuple(added)
-        elif layer.type_name == "Eltwise" and layer.op == pb.EltwiseParameter.SUM:
+        elif passed_on:
             t = n.tops[0]
             if not fresh_top(t, i):
                 continue
             j = next((k for k, b in enumerate(n.bottoms)
-                      if pdown[k] and layer.coeffs[k] == COEFF_ONE and b not in seeded and last_consumer(b, i)), None)
+                      if pdown[k] and k in passed_on and b not in seeded and last_consumer(b, i)), None)
             if j is not None:
                 out.views[t] = n.bottoms[j]
                 out.index[n.name] = j
@@ -146,11 +140,9 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
 
 
 def install(graph: Graph, aliases: DiffAliases) -> None:
-    """Tell the Split and Eltwise layers which gradient shares memory (None: none), Split which tops' consumers
-    add their own share, and those consumers which bottom gradients they add into."""
+    """Tell every layer which of its gradients shares memory (None: none), a layer summing top gradients
+    which tops' consumers add their own share, and those consumers which bottom gradients they add into."""
     for n in graph.nodes:
-        if n.layer.type_name in ("Split", "Eltwise"):
-            n.layer.diff_alias = aliases.index.get(n.name)
-        if n.layer.type_name == "Split":
-            n.layer.added_by_consumers = aliases.added.get(n.name, ())
+        n.layer.diff_alias = aliases.index.get(n.name)
+        n.layer.added_by_consumers = aliases.added.get(n.name, ())
         n.layer.accumulate_bottoms = aliases.accumulate.get(n.name, frozenset())

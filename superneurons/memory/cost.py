@@ -4,7 +4,8 @@ The paper fixes CONV layers as checkpoints: in 2017 a convolution took long enou
 of its output. Today's GPUs compute ~30x faster but PCIe is only ~3x faster, so offloading every conv
 output is transfer-bound (ResNet-50, batch 344, 12 GiB on an H100: 495 img/s under offload, 985 img/s
 recomputing from ResNet block outputs). So `auto` weighs, per candidate (mode x checkpoint set):
-- compute: every forward step (roofline: FLOPs or bytes, whichever takes longer) and backward at ~2x;
+- compute: every forward step (roofline: FLOPs or bytes, whichever takes longer, as each layer declares
+  them: `Layer.forward_flops`, `Layer.forward_bytes`) and backward at ~2x;
 - replay: the forward steps the recompute schedule runs again in backward;
 - transfer: the checkpoint bytes that cannot stay on the device, out and back over the host link.
 Copies overlap compute, so an iteration takes about max(compute + replay, transfer). The model only
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from superneurons.graph.build import Graph, Node
-from superneurons.layers.base import count
 from superneurons.memory.liveness import RUN
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, offloaded_bytes
 
@@ -37,33 +37,12 @@ MOVING_MODES = ("offload", "recompute")  # the modes whose plan depends on the c
 FITS_ANYWAY = PLAN_MODES[:2]  # baseline, liveness: nothing moves, nothing replays -- take them when they fit
 
 
-def macs(node: Node) -> int:
-    """Multiply-adds of one forward pass of a convolution, deconvolution or inner product (0 otherwise).
-
-    The weight's shape already accounts for groups (each output channel sees c / group inputs)."""
-    layer = node.layer
-    weight = getattr(layer, "weight", None)
-    if weight is None:
-        return 0
-    kind = layer.type_name
-    if kind == "Convolution":  # every output pixel of every image: one dot product per weight element
-        return layer.n * layer.oh * layer.ow * count(weight.shape)
-    if kind == "Deconvolution":  # every input pixel scatters through the whole weight
-        return layer.n * layer.h * layer.w * count(weight.shape)
-    if kind == "InnerProduct":
-        return layer.m * count(weight.shape)
-    return 0
-
-
 def forward_seconds(node: Node, graph: Graph) -> float:
-    """One forward step: the longer of its arithmetic and its memory traffic (bottoms read, tops written)."""
+    """One forward step: the longer of its arithmetic and its memory traffic, as its layer declares them
+    (nothing for a view or a layer fused into another)."""
     layer = node.layer
-    if layer.shares_data and not getattr(layer, "copy_data", False):
-        return 0.0  # a view (Split, Flatten, Reshape): nothing is computed or copied
-    if getattr(layer, "fused_into", None) is not None:
-        return 0.0  # a Scale or ReLU the BatchNorm or Eltwise before it applies (graph/fuse.py)
-    elems = sum(count(graph.blob_shapes[b]) for b in node.bottoms) + sum(count(s) for s in node.top_shapes)
-    return max(2 * macs(node) / FLOPS, 4 * elems / DEVICE_BW)
+    moved = layer.forward_bytes([graph.blob_shapes[b] for b in node.bottoms], node.top_shapes)
+    return max(layer.forward_flops() / FLOPS, moved / DEVICE_BW)
 
 
 @dataclass

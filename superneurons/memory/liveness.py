@@ -1,10 +1,10 @@
 """Liveness analysis (paper section 3.2): which tensors each step touches, when each is first and last used.
 
-`Program` is the device-free picture of one training iteration: every activation tensor the Net
-declares (same keys as `runtime.net.Tensor.key`, so the plan and the runtime talk about the same
-objects), reduced to *root* tensors (views such as Split/Flatten tops follow their base), and for
-every forward and backward step the roots it reads or writes. Parameters and their gradients are
-not part of it: they stay resident and are reported separately.
+`Program` is the device-free picture of one training iteration: every activation tensor of the
+layout the Net builds its tensors from (`tensors.declare_tensors`, so the plan and the runtime talk
+about the same objects), reduced to *root* tensors (views such as Split/Flatten tops follow their
+base), and for every forward and backward step the roots it reads or writes. Parameters and their
+gradients are not part of it: they stay resident or are streamed, and are reported separately.
 
 `Liveness` turns the program into first/last use per root and from that into per-step action
 lists (allocate before the first use, free after the last), which both `plan.py` (bytes per step)
@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from superneurons.graph.build import Graph, Node
-from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, count
-from superneurons.memory.aliases import DiffAliases, diff_aliases
+from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
 from superneurons.memory.pool import round_up
+from superneurons.memory.tensors import BUFFER, DATA, DIFF, TensorLayout, declare_tensors
+
+ACTIVATION_KINDS = (DATA, DIFF, BUFFER)  # what the program plans; parameters are placed or streamed apart
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -65,25 +65,35 @@ class Program:
     """The tensors and per-step uses of one iteration of `graph`.
 
     `plan_backward=True` plans a deploy net (no loss) as if its outputs fed one: every layer that can
-    run backward does, and every bottom produced by such a layer gets a gradient.
+    run backward does, and every bottom produced by such a layer gets a gradient. `layout`: the tensors
+    as a Net declared them (`net.layout`, for the plan the Net's memory manager runs); by default they
+    are declared here, with the same function (`tensors.declare_tensors`).
     """
 
-    def __init__(self, graph: Graph, train: bool = True, plan_backward: bool = False):
+    def __init__(self, graph: Graph, train: bool = True, plan_backward: bool = False,
+                 layout: TensorLayout | None = None):
         self.graph = graph
-        self.tensors: dict[str, TensorInfo] = {}  # roots only
-        self.root: dict[str, str] = {}  # every key (views included) -> its root key
-        self.data_key: dict[str, str] = {}  # blob name -> data tensor key
-        self.diff_key: dict[str, str] = {}  # blob name -> diff tensor key
-        self.buffer_keys: dict[str, list[tuple[str, bool]]] = {}  # node name -> [(key, for_backward)]
         self.need_backward, self.propagate_down = self._backward_flags(graph, plan_backward)
         # Gradients the loss seeds (Net.backward fills them before the first backward step); a deploy net
         # planned with backward seeds its outputs.
         self.seed_blobs = ([t for t, _w in graph.loss_blobs] or (list(graph.outputs) if plan_backward else [])
                            if train else [])
+        if layout is None:
+            layout = declare_tensors(graph, train=train, need_backward=self.need_backward,
+                                     propagate_down=self.propagate_down, seeds=self.seed_blobs)
+        self.layout = layout
         # Split / Eltwise SUM top gradients that are views of a bottom gradient (as the Net declares them).
-        self.aliases = (diff_aliases(graph, self.need_backward, self.propagate_down, self.seed_blobs)
-                        if train else DiffAliases())
-        self._declare(train)
+        self.aliases = layout.aliases
+        # Parameters and their gradients are not part of the program: they stay resident or are streamed.
+        self.tensors: dict[str, TensorInfo] = {  # roots only
+            t.key: TensorInfo(t.key, t.shape, round_up(t.nbytes), t.kind) for t in layout.roots(ACTIVATION_KINDS)}
+        # every key (views included) -> its root key
+        self.root: dict[str, str] = {t.key: layout.root(t.key) for t in layout.specs if t.kind in ACTIVATION_KINDS}
+        self.data_key: dict[str, str] = layout.data_key  # blob name -> data tensor key
+        self.diff_key: dict[str, str] = layout.diff_key  # blob name -> diff tensor key
+        self.buffer_keys: dict[str, list[tuple[str, bool]]] = {  # node name -> [(key, for_backward)]
+            node: [(key, for_backward) for key, _name, for_backward in bufs]
+            for node, bufs in layout.buffer_keys.items()}
         self.steps: list[StepInfo] = []
         self.seeds: list[str] = []
         self._build_steps(train, plan_backward)
@@ -98,7 +108,6 @@ class Program:
             for k in s.writes:
                 self.writers.setdefault(k, []).append(s.index)
 
-    # -- declaration: mirrors runtime.net.Net._declare_tensors, so keys and views agree --------------
     @staticmethod
     def _backward_flags(graph: Graph, plan_backward: bool):
         if not plan_backward:
@@ -116,53 +125,6 @@ class Program:
                 needs[t] = nb
         return need_bw, pdown
 
-    def _add(self, key: str, shape, kind: str, dtype=np.float32) -> None:
-        self.tensors[key] = TensorInfo(key, tuple(shape), round_up(count(shape) * np.dtype(dtype).itemsize), kind)
-        self.root[key] = key
-
-    def _declare(self, train: bool) -> None:
-        data, diff = self.data_key, self.diff_key
-        for node in self.graph.nodes:
-            layer = node.layer
-            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
-            for t, shape in zip(node.tops, node.top_shapes):
-                if t in data and node.bottoms and t == node.bottoms[0]:
-                    continue  # in place
-                if view_data:
-                    self.root[t] = self.root[data[node.bottoms[0]]]
-                else:
-                    self._add(t, shape, "data")
-                data[t] = t
-            if train and self.need_backward[node.name]:
-                for t, shape in zip(node.tops, node.top_shapes):
-                    if t not in diff:
-                        base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
-                        if t in self.aliases.views:
-                            base = self._bottom_diff(self.aliases.views[t])
-                        key = t + "@diff"
-                        if base is not None:
-                            self.root[key] = self.root[base]
-                        else:
-                            self._add(key, shape, "diff")
-                        diff[t] = key
-            if train:
-                for b, pd in zip(node.bottoms, self.propagate_down[node.name]):
-                    if pd:
-                        self._bottom_diff(b)
-            bufs = []
-            for name, buf in layer.buffers.items():
-                key = f"{node.name}#{name}"
-                self._add(key, buf.shape, "buffer", buf.dtype)
-                bufs.append((key, bool(buf.for_backward)))
-            self.buffer_keys[node.name] = bufs
-
-    def _bottom_diff(self, b: str) -> str:
-        """The key of blob `b`'s gradient, declared now if this is its first consumer."""
-        if b not in self.diff_key:
-            self._add(b + "@diff", self.graph.blob_shapes[b], "diff")
-            self.diff_key[b] = b + "@diff"
-        return self.diff_key[b]
-
     # -- per-step uses ---------------------------------------------------------------------------
     def _build_steps(self, train: bool, plan_backward: bool) -> None:
         r, data, diff = self.root, self.data_key, self.diff_key
@@ -170,7 +132,7 @@ class Program:
         for i, node in enumerate(nodes):
             uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
             uses += [k for k, _fb in self.buffer_keys[node.name]]
-            view = node.layer.shares_data and not getattr(node.layer, "copy_data", False)
+            view = node.layer.views_bottom_data
             # A forward step (re)writes its tops and every buffer it keeps: a replay rebuilds them together.
             tops = () if view else tuple(r[data[t]] for t in node.tops)
             writes = tuple(dict.fromkeys(tops + tuple(k for k, _fb in self.buffer_keys[node.name])))

@@ -8,25 +8,25 @@ parameters (resident, or streamed through `params.py`), checks the floor, and ru
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from superneurons.errors import PoolExhausted, UserError
-from superneurons.memory.counters import MovementCounters
+from superneurons.memory.interface import MemoryManager, NetServices
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
-from superneurons.memory.params import PARAM_KINDS, OffloadedParams, ResidentParams
+from superneurons.memory.params import OffloadedParams, ResidentParams
 from superneurons.memory.pool import format_bytes, round_up
+from superneurons.memory.tensors import PARAM_KINDS  # parameters, their gradients, history: placed or streamed
 
-_PARAM_KINDS = PARAM_KINDS  # parameters, their gradients, solver history: placed at setup or streamed
+if TYPE_CHECKING:
+    from superneurons.runtime.net import Step, Tensor
 
 
-class LivenessManager(MovementCounters):
+class LivenessManager(MemoryManager):
     name = "liveness"
 
-    def __init__(self, net: Any, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
-        self.net = net
-        self.checkpoint_types = tuple(checkpoint_types)
+    def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
+        super().__init__(net, checkpoint_types)
         self.trace: list[int] = []  # peak activation bytes in the pool per global step (this iteration)
         self.on: set[str] = set()  # roots with device memory now
         self.allocs = 0  # tensors given device memory / freed by the schedule (cumulative; `superneurons time`)
@@ -39,16 +39,12 @@ class LivenessManager(MovementCounters):
 
         net = self.net
         self.in_setup = True
+        # Planned on the layout the Net built its tensors from: the plan's keys are the Net's tensors.
         self.plan = make_plan(net.graph, train=net.train, modes=(self.name,), plan_backward=False,
-                              checkpoint_types=self.checkpoint_types)
+                              checkpoint_types=self.checkpoint_types, layout=net.layout)
         self.program = self.plan.program
         schedule = self.plan.schedules[self.name]
         self.tensors = {t.key: t for t in net.tensors}
-        roots = {t.key for t in net.tensors if t.base is None and t.kind not in _PARAM_KINDS}
-        if roots != set(self.program.tensors):
-            planned = set(self.program.tensors)
-            raise RuntimeError(f"memory plan and Net disagree on tensors: only in Net {sorted(roots - planned)}, "
-                               f"only in plan {sorted(planned - roots)}")
         self.views: dict[str, list[Any]] = {}
         for t in net.tensors:
             if t.base is not None:
@@ -56,9 +52,10 @@ class LivenessManager(MovementCounters):
                 while r.base is not None:
                     r = r.base
                 self.views.setdefault(r.key, []).append(t)
-        self.buffer_decl = {f"{n.name}#{name}": buf for n in net.graph.nodes for name, buf in n.layer.buffers.items()}
+        self.buffer_decl = {key: n.layer.buffers[name] for n in net.graph.nodes
+                            for key, name, _for_backward in net.layout.buffer_keys[n.name]}
         self.nf = self.program.n_forward
-        params = [t for t in net.tensors if t.base is None and t.kind in _PARAM_KINDS]
+        params = [t for t in net.tensors if t.base is None and t.kind in PARAM_KINDS]
         all_params = sum(round_up(t.nbytes) for t in params)
         self.param_store = self._param_store(params, all_params)
         self._check_floor(all_params)
@@ -72,17 +69,17 @@ class LivenessManager(MovementCounters):
             self._place(k)
         for t in net.tensors:  # parameter views (none today) follow their base
             if t.base is not None and t.array is None and root_of(t).array is not None:
-                net._materialize(t)
+                net.materialize(t)
         self._compile(schedule)
         self.in_setup = False
 
     def _param_store(self, params: list, all_params: int):
         """Stream the parameters through the pool when the pool cannot hold them all beside this mode's
-        planned peak; keep them resident otherwise. SUPERNEURONS_PARAM_OFFLOAD=1 / 0 forces either."""
+        planned peak; keep them resident otherwise. The policy's param_offload true / false forces either."""
         net = self.net
-        setting = os.environ.get("SUPERNEURONS_PARAM_OFFLOAD", "").strip()
+        setting = net.policy.param_offload
         fits = all_params + max(self.plan.traces[self.name].bytes, default=0) <= net.pool.capacity
-        stream = (not fits) if not setting else env_flag("SUPERNEURONS_PARAM_OFFLOAD", False)
+        stream = (not fits) if setting is None else setting
         if net.train and params and stream:
             return OffloadedParams(net, params)
         return ResidentParams(net)
@@ -123,21 +120,21 @@ class LivenessManager(MovementCounters):
         self.after = [[(do[op], arg) for op, arg in acts] for acts in schedule.after]
 
     # -- the hooks -----------------------------------------------------------------------------
-    def before_forward(self, i: int, step: Any) -> None:
+    def before_forward(self, i: int, step: Step) -> None:
         if i == 0:
             self._start_iteration()
         self._enter(i)
 
-    def after_forward(self, i: int, step: Any) -> None:
+    def after_forward(self, i: int, step: Step) -> None:
         self._leave(i)
 
-    def before_backward(self, i: int, step: Any) -> None:
+    def before_backward(self, i: int, step: Step) -> None:
         self._enter(self.nf + i)
 
-    def after_backward(self, i: int, step: Any) -> None:
+    def after_backward(self, i: int, step: Step) -> None:
         self._leave(self.nf + i)
 
-    def ensure(self, tensor: Any) -> None:
+    def ensure(self, tensor: Tensor) -> None:
         """Give `tensor` device memory now (the loss gradient Net.backward seeds)."""
         k = root_of(tensor).key
         if k not in self.on:
@@ -175,7 +172,7 @@ class LivenessManager(MovementCounters):
         net, t = self.net, self.tensors[k]
         while True:
             try:
-                net._materialize(t)
+                net.materialize(t)
                 break
             except PoolExhausted as e:
                 if not (self._make_param_room() or self._defragment(t.nbytes)):
@@ -194,7 +191,7 @@ class LivenessManager(MovementCounters):
 
     def _quiesce(self) -> None:
         """Finish every copy in flight: a copy reads or writes a pool block, which compaction moves."""
-        store = getattr(self, "param_store", None)
+        store = self.param_store
         if store is not None and store.offloaded:
             for event in list(store.incoming.values()):
                 event.synchronize()
@@ -202,12 +199,12 @@ class LivenessManager(MovementCounters):
 
     def _make_param_room(self) -> bool:
         """Streamed parameters may hold blocks for copies in flight or prefetched ahead: reclaim them."""
-        store = getattr(self, "param_store", None)
+        store = self.param_store
         return store is not None and store.make_room()
 
     def _bind(self, k: str, t: Any) -> None:
         for v in self.views.get(k, ()):
-            self.net._materialize(v)
+            self.net.materialize(v)
         buf = self.buffer_decl.get(k)
         if buf is not None:
             buf.array = t.array
@@ -215,7 +212,7 @@ class LivenessManager(MovementCounters):
 
     def _unplace(self, k: str) -> None:
         self._unbind(k)
-        self.net._release(self.tensors[k])
+        self.net.release(self.tensors[k])
 
     def _unbind(self, k: str) -> None:
         """Detach root `k` and its views from their arrays; the pool block itself is the caller's."""
@@ -266,17 +263,12 @@ class LivenessManager(MovementCounters):
             st = steps[s]
             params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
             if params is None:
-                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in _PARAM_KINDS)
+                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in PARAM_KINDS)
             plan_peak = max(self.plan.traces[self.name].bytes) + params
             return (f", at {st.phase} step {s + 1} (layer {st.node.name!r}); this mode's plan needs "
                     f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "
                     f"{self.net.pool.capacity}: give a larger pool/--gpu-memory or a leaner --memory mode")
         return ""
-
-
-def env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    return default if not value else value not in ("0", "false", "no", "off")
 
 
 def root_of(t: Any) -> Any:

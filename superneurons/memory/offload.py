@@ -14,7 +14,6 @@ Two halves:
 from __future__ import annotations
 
 import bisect
-import os
 from typing import Any, Hashable, Iterable
 
 from superneurons.errors import UserError
@@ -119,18 +118,6 @@ def delay_prefetches(program: Program, schedule: Schedule, moves: dict[str, tupl
             moves[k] = (off, due[k])
 
 
-def make_transfer(backend: Any) -> Any:
-    """The host<->device copier for `backend`: pinned memory and copy streams on the GPU, NumPy copies
-    on the CPU (SUPERNEURONS_TRANSFER_LAG=N makes those lag, to exercise the asynchronous paths in CI)."""
-    if getattr(backend, "name", "cpu") == "cuda":
-        from superneurons.backend.cuda.transfer import CudaTransfer
-
-        return CudaTransfer(backend)
-    from superneurons.backend.cpu.transfer import CpuTransfer
-
-    return CpuTransfer(lag=int(os.environ.get("SUPERNEURONS_TRANSFER_LAG", "0") or 0))
-
-
 class HostMemoryError(UserError):
     """The host store could not pin the host memory a tensor leaving the device needs."""
 
@@ -216,7 +203,7 @@ class HostStore:
     """
 
     def __init__(self, limit: int | None, backend: Any):
-        self.transfer = make_transfer(backend)
+        self.transfer = backend.make_transfer()
         self.pool = HostChunks(self.transfer, limit)
         self._saving: dict[str, Any] = {}  # key -> event of its D2H, oldest first
         self._loading: dict[str, Any] = {}  # key -> event of its H2D, oldest first

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from superneurons.errors import PoolExhausted
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
-from superneurons.memory.liveness_manager import LivenessManager, env_flag
+from superneurons.memory.liveness_manager import LivenessManager
 from superneurons.memory.offload import HostStore, host_store_limit
 from superneurons.memory.pool import round_up
 
@@ -26,8 +26,8 @@ class OffloadManager(LivenessManager):
         self.cache = TensorCache()
         self.host_keys: set[str] = set()  # evicted: the data is on the host, or on its way there
         self.leaving: dict[str, None] = {}  # evicted, copy still in flight: device block held (oldest first)
-        # SUPERNEURONS_CACHE=0: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
-        self.use_cache = env_flag("SUPERNEURONS_CACHE", True)
+        # tensor_cache off: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
+        self.use_cache = self.net.policy.tensor_cache
         self.offloadable: set[str] = set()
         super().setup()
         live = self.plan.liveness
@@ -149,7 +149,7 @@ class OffloadManager(LivenessManager):
             return
         net, t = self.net, self.tensors[k]
         self.alloc_block(k, t.nbytes)
-        net._attach(t)
+        net.attach(t)
         if t.zero_init:
             net.ops.fill(t.array, 0.0)
         self._bind(k, t)
@@ -203,7 +203,7 @@ class OffloadManager(LivenessManager):
         self.host.cancel(k)
         self.host_keys.discard(k)
         t = self.tensors[k]
-        self.net._attach(t)
+        self.net.attach(t)
         self._bind(k, t)
         self.cache.insert(k, t.nbytes)
 

@@ -7,7 +7,7 @@ to the device only for the steps that use them.
   history only at the update.
 - `ResidentParams`: everything placed once at setup (the memory manager does it); nothing moves.
 - `OffloadedParams`: every parameter tensor has a host copy (its home), carved from one arena of the
-  host transfer (`offload.make_transfer`: pinned memory on the GPU, so copies run at PCIe speed). Before
+  host transfer (`Backend.make_transfer`: pinned memory on the GPU, so copies run at PCIe speed). Before
   a step the tensors it uses are given pool blocks and copied in; after it, weights are simply dropped
   (the step did not change them) and gradients are copied home. The solver updates one parameter at a
   time (`Solver._update_streamed`), so only one parameter's data, gradient and history are on the
@@ -29,15 +29,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from superneurons.memory.offload import make_transfer
 from superneurons.memory.pool import BLOCK, HeapPool, round_up
-
-PARAM_KINDS = ("param", "param_diff", "history")
 
 
 def param_root(decl: Any) -> Any:
     """The ParamDecl that owns the tensors of `decl` (shared params and test nets point at it)."""
-    while getattr(decl, "owner", None) is not None:
+    while decl.owner is not None:
         decl = decl.owner
     return decl
 
@@ -48,10 +45,10 @@ def layers_computed_by(nodes: list[Any]) -> list[list[Any]]:
     steps read none (it is a pass-through)."""
     folded: dict[int, list[Any]] = {}
     for node in nodes:
-        owner = getattr(node.layer, "fused_into", None)
+        owner = node.layer.fused_into
         if owner is not None:
             folded.setdefault(id(owner), []).append(node.layer)
-    return [[] if getattr(n.layer, "fused_into", None) is not None else [n.layer] + folded.get(id(n.layer), [])
+    return [[] if n.layer.fused_into is not None else [n.layer] + folded.get(id(n.layer), [])
             for n in nodes]
 
 
@@ -91,7 +88,7 @@ class OffloadedParams:
 
     def __init__(self, net: Any, tensors: list[Any]):
         self.net = net
-        self.transfer = make_transfer(net.backend)
+        self.transfer = net.backend.make_transfer()
         self.host = HeapPool(sum(round_up(t.nbytes) for t in tensors) + BLOCK, self.transfer)
         self.home: dict[str, np.ndarray] = {}
         self.by_key = {t.key: t for t in tensors}
@@ -217,7 +214,7 @@ class OffloadedParams:
         else:
             # From the top of the pool, away from the activations; may evict cached ones (offload, recompute).
             net.memory.alloc_block(t.key, t.nbytes, high=True)
-        net._attach(t)
+        net.attach(t)
         if pending is None:
             if t.key in self.zero:
                 net.ops.fill(t.array, 0.0)

@@ -20,6 +20,7 @@ from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, bac
 from superneurons.memory.params import layers_computed_by
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.recompute import RecomputePlanner
+from superneurons.memory.tensors import TensorLayout
 
 PLAN_MODES = ("baseline", "liveness", "offload", "recompute")  # cheapest (in time) first
 
@@ -122,12 +123,13 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
 
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
               modes: Iterable[str] = PLAN_MODES, solver_history: int = 0,
-              plan_backward: bool | None = None) -> MemoryPlan:
+              plan_backward: bool | None = None, layout: TensorLayout | None = None) -> MemoryPlan:
     """Plan `graph` under each of `modes`. A net with no loss is planned as if its outputs fed one
-    (unless `plan_backward=False`: the runtime plans exactly the steps its Net will run)."""
+    (unless `plan_backward=False`: the runtime plans exactly the steps its Net will run, and passes the
+    `layout` its tensors were built from)."""
     if plan_backward is None:
         plan_backward = train and not graph.loss_blobs
-    program = Program(graph, train=train, plan_backward=plan_backward)
+    program = Program(graph, train=train, plan_backward=plan_backward, layout=layout)
     live = Liveness(program)
     types = tuple(checkpoint_types)
     n = len(program.steps)

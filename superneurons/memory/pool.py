@@ -8,7 +8,6 @@ allocator, so everything above it behaves identically in CI.
 from __future__ import annotations
 
 import bisect
-import os
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
@@ -208,7 +207,6 @@ class MallocPool:
         self.high_water = 0
         self.n_allocs = 0
         self.n_frees = 0
-        self._release = _release_hook(backend)
 
     def alloc(self, key: Hashable, nbytes: int, high: bool = False) -> int:
         if key in self._arrays:
@@ -229,8 +227,7 @@ class MallocPool:
         del self._arrays[key]
         self.used_bytes -= self._sizes.pop(key)
         self.n_frees += 1
-        if self._release is not None:
-            self._release()
+        self.backend.release_freed()  # numba defers cudaFree: run it now, so the cost is measured where it is paid
 
     def rename(self, key: Hashable, new_key: Hashable) -> None:
         if new_key in self._arrays:
@@ -260,23 +257,9 @@ class MallocPool:
         self.high_water = self.used_bytes
 
 
-def _release_hook(backend: Any):
-    """numba defers cudaFree of dropped arrays; on the GPU, run it at each free so the cost is real."""
-    if getattr(backend, "name", "") != "cuda":
-        return None
-    from superneurons.backend.cuda.transfer import release_freed_allocations
-
-    return release_freed_allocations
-
-
 ALLOCATORS = {"pool": HeapPool, "malloc": MallocPool}
 
 
-def make_pool(nbytes: int, backend: Any) -> "HeapPool | MallocPool":
-    """The Net's allocator: the heap pool, or per-tensor allocations with SUPERNEURONS_ALLOCATOR=malloc."""
-    name = os.environ.get("SUPERNEURONS_ALLOCATOR", "pool").strip().lower() or "pool"
-    if name not in ALLOCATORS:
-        from superneurons.errors import UserError
-
-        raise UserError(f"SUPERNEURONS_ALLOCATOR={name!r}: choose one of {', '.join(ALLOCATORS)}")
-    return ALLOCATORS[name](nbytes, backend)
+def make_pool(nbytes: int, backend: Any, allocator: str = "pool") -> "HeapPool | MallocPool":
+    """The Net's allocator: the heap pool, or per-tensor allocations (memory_param allocator MALLOC)."""
+    return ALLOCATORS[allocator](nbytes, backend)

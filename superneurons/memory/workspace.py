@@ -6,8 +6,8 @@ when the call has been issued (`release`). Taking it from the pool, rather than 
 scratch buffer, lets a convolution use whatever the activations leave free at that step. The
 workspace lives only inside one step, so the per-step bytes the plan predicts exclude it.
 
-This implements the backend's `WorkspaceSource` protocol (superneurons/backend/cuda/device.py):
-    available() -> int; acquire(nbytes) -> int (device pointer); release() -> None
+This implements the backend's `WorkspaceSource` protocol (superneurons/backend/base.py):
+    available() -> int; acquire(nbytes) -> int (device address); release() -> None
 """
 from __future__ import annotations
 
@@ -18,14 +18,6 @@ import numpy as np
 from superneurons.memory.pool import round_up
 
 WORKSPACE_KEY = "#workspace"
-
-
-def pointer(array: Any) -> int:
-    """Address of an array's first byte: numba device arrays on the GPU, NumPy arrays on the CPU."""
-    p = getattr(array, "device_ctypes_pointer", None)
-    if p is not None:
-        return int(p.value or 0)
-    return int(array.ctypes.data)
 
 
 class PoolWorkspace:
@@ -39,8 +31,9 @@ class PoolWorkspace:
         # A pool with one arena (HeapPool) returns arena offsets from alloc: the workspace's address is then
         # the arena's plus the offset, with no array view built per convolution call (a numba view costs
         # tens of microseconds). Other pools (MallocPool: one allocation per key) go through a view.
+        self._address = pool.backend.address
         arena = getattr(pool, "arena", None)
-        self._base = pointer(arena) if arena is not None else None
+        self._base = self._address(arena) if arena is not None else None
 
     def available(self) -> int:
         """Bytes a convolution may use right now: the largest free contiguous extent of the pool."""
@@ -60,7 +53,7 @@ class PoolWorkspace:
             self.peak_bytes = self._held
         if self._base is not None:
             return self._base + offset
-        return pointer(self.pool.view(WORKSPACE_KEY, (self._held,), np.uint8))
+        return self._address(self.pool.view(WORKSPACE_KEY, (self._held,), np.uint8))
 
     def release(self) -> None:
         if self._held:

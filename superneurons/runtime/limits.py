@@ -28,10 +28,9 @@ class SizedTensor(Protocol):
 
 def machine_bytes(backend: Any) -> tuple[int, str]:
     """(bytes, what they are) of the memory the backend's pool lives in."""
-    if getattr(backend, "name", "cpu") == "cuda":
-        from superneurons.backend.cuda.transfer import device_memory
-
-        return device_memory()[1], "the GPU's memory"
+    device = backend.device_memory()
+    if device is not None:
+        return device[1], "the device's memory"
     limits = [(1 << 62, "memory")]  # no sysconf (not POSIX): nothing to compare against
     try:
         limits.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's memory"))

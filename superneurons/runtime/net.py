@@ -1,10 +1,11 @@
 """The Net: runs a Graph's route as explicit forward and backward steps over tensors from one pool.
 
 Every array a layer touches (activations, their gradients, parameters, parameter gradients,
-layer scratch buffers) is a `Tensor` whose memory comes from the Net's `HeapPool` through one
-place, `_materialize`. The memory manager (`superneurons.memory`) is consulted before and after
-each step; under `baseline` it has nothing to do because every tensor stays allocated for the
-whole iteration.
+layer scratch buffers, solver history) is a `Tensor`, one per entry of the layout `memory/tensors.py`
+declares, whose memory comes from the Net's `HeapPool` through one place, `materialize`. The memory
+manager (`memory/interface.py`: `MemoryManager`) decides when: its hooks run before and after each
+step, and it uses the Net's public services (`NetServices`). Under `baseline` it has nothing to do
+per step, because every tensor stays allocated for the whole run.
 """
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph, Node
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
-from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.aliases import install as install_aliases
+from superneurons.memory.interface import MemoryManager, StepHooks
+from superneurons.memory.params import layers_computed_by, param_root
 from superneurons.memory.pool import make_pool, round_up
+from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.limits import check_fits
+from superneurons.settings import memory_policy
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
 # pool for what is allocated elsewhere: cuDNN/cuBLAS handles and library scratch, numba's loaded
@@ -43,6 +47,8 @@ class RunContext:
     seed: int = 0
     iteration: int = 0
     recomputing: bool = False  # True while the recompute manager replays a forward step
+    rank: int = 0  # data parallelism: this process's rank and the number of ranks (data layers read their share)
+    ranks: int = 1
 
 
 class Tensor:
@@ -63,7 +69,7 @@ class Tensor:
         self.base = base
         self.kind = kind
         self.zero_init = kind in ("diff", "param_diff", "history")  # history starts at zero, as in Caffe
-        self._reshaped: tuple[Any, Any] = (None, None)  # (base array, this view of it), see Net._materialize
+        self._reshaped: tuple[Any, Any] = (None, None)  # (base array, this view of it), see Net.materialize
 
     def __repr__(self) -> str:
         return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
@@ -88,7 +94,7 @@ class HostAwareBackend:
         return self._backend
 
     def _home_of(self, array: Any):
-        for store in self._net._param_stores():
+        for store in self._net.param_stores():
             key = store.home_key(array)
             if key is not None:
                 store.settle()
@@ -123,9 +129,10 @@ class Step:
 class Net:
     def __init__(self, graph: Graph, backend: Any, *, train: bool = True, seed: int = 0,
                  pool_bytes: int | None = None, share_params_with: "Net | None" = None,
-                 memory: str | None = "baseline", checkpoint_types: Iterable[str] | None = None,
-                 memory_param: Any = None, solver_history: int = 0):
-        """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default).
+                 memory: str | type[MemoryManager] | None = "baseline",
+                 checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0):
+        """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default),
+        or a MemoryManager class to run instead of the modes' (memory/interface.py).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
         borrowing another's parameters, else the default, see default_pool_bytes).
         `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution, or under auto the set it
@@ -140,29 +147,29 @@ class Net:
         self.tensors: list[Tensor] = []
         self.data: dict[str, Tensor] = {}
         self.diff: dict[str, Tensor] = {}
-        self.learnable: list[ParamDecl] = []  # owned, learnable params in prototxt order (the solver's list)
-        self._param_tensors: dict[int, tuple[Tensor, Tensor | None]] = {}
-        self._declare_tensors(share_params_with)
-        # The solver's history, one tensor per learnable parameter and set (Caffe's .solverstate order).
-        self.history: list[list[Tensor]] = [
-            [self._new(f"{decl.data_tensor.key}@history{j}", decl.shape, "history") for decl in self.learnable]
-            for j in range(solver_history)]
+        self.learnable: list[ParamDecl] = []  # owned, learnable params in route order (the solver's list)
+        self.history: list[list[Tensor]] = []  # per solver history set, one tensor per learnable param
+        self._declare_tensors(share_params_with, solver_history)
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
-        mode, types, param_pool = resolve_memory(memory, memory_param, checkpoint_types, unset_types=True)
+        custom = memory if isinstance(memory, type) else None
+        mode, types, param_pool = resolve_memory(None if custom else memory, memory_param, checkpoint_types,
+                                                 unset_types=True)
         if pool_bytes is None:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
+        self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
         # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
         check_fits(self.tensors, pool_bytes, backend, graph)
-        self.pool = make_pool(pool_bytes, backend)
-        self.memory = make_manager(mode, self, types)
+        self.pool = make_pool(pool_bytes, backend, self.policy.allocator)
+        self.memory: MemoryManager = make_manager(custom or mode, self, types)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
+        self.hooks: list[StepHooks] = [self.memory]  # called around every step (add_hooks)
         self.memory.setup()
         from superneurons.memory.params import ResidentParams
 
-        self.params = getattr(self.memory, "param_store", None) or ResidentParams(self)
+        self.params = self.memory.param_store or ResidentParams(self)
         # A test net reads the train net's weights, so it streams them through the train net's store.
         self._shared_params = share_params_with.params if share_params_with is not None else None
         self._sharers: list[weakref.ref] = []  # nets reading this net's parameters (re-pointed on compaction)
@@ -171,6 +178,8 @@ class Net:
         self._install_workspace()
         self._fill_params(seed, share_params_with)
         self._build_steps()
+        # Called with i after backward step i (data parallelism starts reducing the gradients that step
+        # finished while backward goes on; superneurons/parallel/reducer.py). None: nothing to call.
 
     def default_pool_bytes(self, share: "Net | None" = None) -> int:
         """On the GPU, a training net's pool is what baseline needs plus GPU_WORKSPACE_ALLOWANCE, or, when
@@ -178,11 +187,10 @@ class Net:
         history sets), so the memory techniques and convolution workspace share what is there.
         Elsewhere, and for nets that borrow another's parameters (test nets), what baseline needs."""
         need = self.baseline_bytes() + 4096
-        if getattr(self.backend, "name", "cpu") != "cuda" or not self.train or share is not None:
+        device = self.backend.device_memory()
+        if device is None or not self.train or share is not None:
             return need
-        from superneurons.backend.cuda.transfer import device_memory
-
-        free, total = device_memory()
+        free, total = device
         params = sum(round_up(t.nbytes) for t in self.tensors if t.base is None and t.kind == "param")
         margin = max(GPU_MARGIN_MIN, int(total * GPU_MARGIN_FRACTION)) + 2 * params
         if free - margin <= 0:
@@ -194,63 +202,24 @@ class Net:
         return min(free - margin, need + max(GPU_WORKSPACE_ALLOWANCE, GPU_WORKSPACE_TENSORS * largest))
 
     def _install_workspace(self) -> None:
-        """Convolutions borrow their workspace from the pool (when the backend supports it)."""
-        if hasattr(self.backend, "set_workspace_source"):
-            from superneurons.memory.workspace import PoolWorkspace
+        """Convolutions borrow their workspace from the pool."""
+        from superneurons.memory.workspace import PoolWorkspace
 
-            self.workspace = PoolWorkspace(self.pool, getattr(self.memory, "reclaim", None))
-        else:
-            self.workspace = None
+        self.workspace = PoolWorkspace(self.pool, self.memory.reclaim)
 
     def _use_workspace(self) -> None:
         # One backend serves the train net and its test nets: each pass borrows from its own Net's pool.
-        if self.workspace is not None:
-            self.backend.set_workspace_source(self.workspace)
+        self.backend.set_workspace_source(self.workspace)
 
     # -- construction -------------------------------------------------------------------------
-    def _new(self, key: str, shape, kind: str, dtype=np.float32, base: Tensor | None = None) -> Tensor:
-        t = Tensor(key, shape, dtype, kind, base)
-        self.tensors.append(t)
-        return t
-
-    def _declare_tensors(self, share: "Net | None") -> None:
-        by_name = {n.name: n for n in self.graph.nodes}
-        shared_owner: dict[str, ParamDecl] = {}
-        # Split and Eltwise SUM gradients that share memory (the planner asks the same question).
-        aliases = DiffAliases()
-        if self.train:
-            graph = self.graph
-            aliases = diff_aliases(graph, {n.name: n.need_backward for n in graph.nodes},
-                                   {n.name: list(n.propagate_down) for n in graph.nodes},
-                                   [t for t, _w in graph.loss_blobs])
-        install_aliases(self.graph, aliases)
-        for node in self.graph.nodes:
+    def _declare_tensors(self, share: "Net | None", solver_history: int) -> None:
+        """One Tensor per TensorSpec of the layout (`memory.tensors`, the planner's too), in its order."""
+        graph = self.graph
+        borrowed = set()
+        for node in graph.nodes:
             layer = node.layer
             layer.ops = self.ops
             layer.ctx = self.ctx
-            view_data = layer.shares_data and not getattr(layer, "copy_data", False)
-            for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
-                if t in self.data and node.bottoms and t == node.bottoms[0]:
-                    continue  # in place: same tensor
-                if view_data:
-                    self.data[t] = self._new(t, shape, "data", base=self.data[node.bottoms[0]])
-                else:
-                    self.data[t] = self._new(t, shape, "data")
-            # Bottom diffs first: a top diff that is a view (Flatten) needs its bottom's diff to exist,
-            # which it does not yet when the bottom comes from a data layer under force_backward.
-            if self.train:
-                for b, pd in zip(node.bottoms, node.propagate_down):
-                    if pd and b not in self.diff:
-                        self.diff[b] = self._new(b + "@diff", self.data[b].shape, "diff")
-            if self.train and node.need_backward:
-                for j, (t, shape) in enumerate(zip(node.tops, node.top_shapes)):
-                    if t not in self.diff:
-                        base = self.diff.get(node.bottoms[0]) if layer.shares_diff else None
-                        if t in aliases.views:
-                            base = self.diff[aliases.views[t]]
-                        self.diff[t] = self._new(t + "@diff", shape, "diff", base=base)
-            for name, buf in layer.buffers.items():
-                buf.tensor = self._new(f"{node.name}#{name}", buf.shape, "buffer", dtype=buf.dtype)
             specs = layer.param.param
             other = share.graph.node(node.name) if share is not None and node.name in _names(share) else None
             for k, decl in enumerate(layer.params):
@@ -261,29 +230,42 @@ class Net:
                 decl.name = spec.name if spec is not None and spec.name else ""
                 if other is not None and k < len(other.layer.params) and other.layer.params[k].shape == decl.shape:
                     decl.owner = other.layer.params[k]  # the test net reads the train net's weights
-                    continue
-                if decl.name and decl.name in shared_owner:
-                    owner = shared_owner[decl.name]
-                    if owner.shape != decl.shape:
-                        raise UserError(f"layer {node.name!r}: shared param {decl.name!r} has shape {decl.shape}, "
-                                        f"its owner has {owner.shape}")
-                    decl.owner = owner
-                    continue
-                decl.owner = None
-                if decl.name:
-                    shared_owner[decl.name] = decl
-                data = self._new(f"{node.name}.{k}", decl.shape, "param")
-                diff = self._new(f"{node.name}.{k}@diff", decl.shape, "param_diff") if self.train else None
-                decl.data_tensor, decl.diff_tensor = data, diff
-                if decl.learnable and self.train:
-                    self.learnable.append(decl)
-        self._by_name = by_name
+                    borrowed.add((node.name, k))
+        self.layout = declare_tensors(graph, train=self.train, borrowed=borrowed, history=solver_history)
+        # Split and Eltwise SUM gradients that share memory: the layers are told which.
+        install_aliases(graph, self.layout.aliases)
+        by_key: dict[str, Tensor] = {}
+        for spec in self.layout.specs:
+            base = by_key[spec.base] if spec.base is not None else None  # declared before its views
+            t = by_key[spec.key] = Tensor(spec.key, spec.shape, spec.dtype, spec.kind, base)
+            self.tensors.append(t)
+        self.data = {blob: by_key[key] for blob, key in self.layout.data_key.items()}
+        self.diff = {blob: by_key[key] for blob, key in self.layout.diff_key.items()}
+        for node in graph.nodes:
+            for key, name, _for_backward in self.layout.buffer_keys[node.name]:
+                node.layer.buffers[name].tensor = by_key[key]
+        decls = {(n.name, k): decl for n in graph.nodes for k, decl in enumerate(n.layer.params)}
+        for slot in self.layout.params:
+            decl = decls[slot.node, slot.index]
+            if slot.borrowed:
+                continue
+            if slot.shared_with is not None:
+                decl.owner = decls[slot.shared_with]
+                continue
+            decl.owner = None
+            decl.data_tensor = by_key[slot.data]
+            decl.diff_tensor = by_key[slot.diff] if slot.diff is not None else None
+        self.learnable = [decls[slot.node, slot.index] for slot in self.layout.learnable()]
+        # The solver's history, one tensor per learnable parameter and set (Caffe's .solverstate order).
+        self.history = [[by_key[key] for key in keys] for keys in self.layout.history]
+        self._by_name = {n.name: n for n in graph.nodes}
 
     def baseline_bytes(self) -> int:
         return sum(round_up(t.nbytes) for t in self.tensors if t.base is None)
 
-    def _materialize(self, t: Tensor) -> None:
-        """Give `t` memory from the pool (the one place tensors get memory)."""
+    # -- services to the memory manager (memory/interface.py: NetServices) ---------------------------
+    def materialize(self, t: Tensor) -> None:
+        """Give `t` memory from the pool (the one place tensors get memory); a view follows its base."""
         if t.base is not None:
             base_array, view = t._reshaped
             if base_array is not t.base.array:  # the base moved: a new view (else the same object, see pool.view)
@@ -292,15 +274,16 @@ class Net:
             t.array = view
             return
         self.pool.alloc(t.key, t.nbytes)
-        self._attach(t)
+        self.attach(t)
         if t.zero_init:
             self.ops.fill(t.array, 0.0)
 
-    def _attach(self, t: Tensor) -> None:
+    def attach(self, t: Tensor) -> None:
         """Point `t` at the pool block it already owns (contents unchanged)."""
         t.array = self.pool.view(t.key, t.shape, t.dtype)
 
-    def _release(self, t: Tensor) -> None:
+    def release(self, t: Tensor) -> None:
+        """Give `t`'s pool block back (a view just lets go of its array)."""
         if t.base is None and self.pool.owns(t.key):
             self.pool.free(t.key)
         t.array = None
@@ -314,10 +297,10 @@ class Net:
             return False
         for t in self.tensors:  # roots first, then the views over them
             if t.base is None and t.key in moved and t.array is not None:
-                self._attach(t)
+                self.attach(t)
         for t in self.tensors:
             if t.base is not None and t.array is not None:
-                self._materialize(t)
+                self.materialize(t)
         for net in [self] + [r() for r in self._sharers]:
             if net is not None:
                 net.bind_params()
@@ -333,12 +316,14 @@ class Net:
                     src = src.owner
                 decl.data = src.data_tensor.array
                 decl.diff = src.diff_tensor.array if getattr(src, "diff_tensor", None) is not None else None
-                for store in self._param_stores():
+                for store in self.param_stores():
                     store.register(decl)
             for buf in node.layer.buffers.values():
                 buf.array = buf.tensor.array
 
-    def _param_stores(self) -> list:
+    def param_stores(self) -> list:
+        """The stores streaming this net's parameters from the host (its own, and the train net's for a
+        test net); empty while every parameter is resident."""
         stores = (getattr(self, "params", None), getattr(self, "_shared_params", None))
         return [s for s in stores if s is not None and s.offloaded]
 
@@ -350,7 +335,7 @@ class Net:
 
     def _settle_params(self) -> None:
         """Wait for the parameter copies home still in flight, so host code may read the homes."""
-        for store in self._param_stores():
+        for store in self.param_stores():
             store.settle()
 
     def _fill_params(self, seed: int, share: "Net | None") -> None:
@@ -376,7 +361,7 @@ class Net:
         # Streamed parameters: per step, (store, tensors it brings in); None when every parameter is resident.
         self._param_fwd: list[list] | None = None
         self._param_bwd: list[list] | None = None
-        stores = self._param_stores()
+        stores = self.param_stores()
         if stores:
             per_store = [s.step_lists(self.graph.nodes, self.train) for s in stores]
             self._param_fwd = [[(s, *f[i]) for s, (f, _b) in zip(stores, per_store) if f[i][0]]
@@ -384,27 +369,72 @@ class Net:
             index = {id(n): i for i, n in enumerate(self.graph.nodes)}
             self._param_bwd = [[(s, *b[index[id(st.node)]]) for s, (_f, b) in zip(stores, per_store)
                                 if b[index[id(st.node)]][0]] for st in self.backward_steps]
+        self._gradients_ready = self._final_gradient_writers()
+
+    def _final_gradient_writers(self) -> list[list[ParamDecl]]:
+        """Per backward step, the learnable parameters whose gradients no later step of the pass writes
+        (see StepHooks.gradients_ready); those no step writes come with the last step."""
+        ready: list[list[ParamDecl]] = [[] for _ in self.backward_steps]
+        if not ready:
+            return ready
+        computed_by = layers_computed_by(self.graph.nodes)
+        index = {id(n): i for i, n in enumerate(self.graph.nodes)}
+        last: dict[int, int] = {}  # id(learnable decl) -> the last backward step writing its gradient
+        for b, step in enumerate(self.backward_steps):
+            for layer in computed_by[index[id(step.node)]]:
+                for decl in layer.params:
+                    last[id(param_root(decl))] = b
+        for decl in self.learnable:
+            ready[last.get(id(decl), len(ready) - 1)].append(decl)
+        return ready
 
     # -- running ------------------------------------------------------------------------------
-    def forward(self) -> float:
-        """Run every forward step; returns the weighted sum of the losses."""
-        mm = self.memory
+    def add_hooks(self, hooks: StepHooks) -> None:
+        """Call `hooks` around every step from now on, after the memory manager's before a step and before
+        its after one (memory/interface.py)."""
+        self.hooks.append(hooks)
+
+    def remove_hooks(self, hooks: StepHooks) -> None:
+        self.hooks.remove(hooks)
+
+    def forward(self, first: int = 0, last: int | None = None) -> float:
+        """Run the forward steps, in the route's order; returns the weighted sum of the losses. `first`/`last`:
+        only the layers at those prototxt positions (both included), Caffe's Net::ForwardFromTo."""
+        partial = self._partial(first, last, "forward over part of the net")
+        hooks = self.hooks
         self._use_workspace()
-        streamed = self._param_fwd
         for i, step in enumerate(self.forward_steps):
-            mm.before_forward(i, step)
-            if streamed is not None:
-                for store, tensors, _changed in streamed[i]:
-                    store.acquire(tensors)
-                self._prefetch_params(streamed, i + 1)  # queued before this step's kernels, so it overlaps them
-            step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
-            if streamed is not None:
-                for store, tensors, changed in streamed[i]:
-                    store.release(tensors, changed)  # weights are unchanged; running statistics go home
-            mm.after_forward(i, step)
-        if streamed is not None:
+            if partial and not first <= step.node.layer.layer_index <= last:
+                continue
+            for h in hooks:
+                h.before_forward(i, step)
+            self.run_forward_step(i)
+            for h in reversed(hooks):
+                h.after_forward(i, step)
+        if self._param_fwd is not None:
             self._settle_params()
         return self.loss_value()
+
+    def run_forward_step(self, i: int, replay: bool = False) -> None:
+        """Run forward step `i` on its tensors' current arrays, its streamed parameters brought in for it.
+        `replay`: a recomputation (memory/recompute_manager.py): `ctx.recomputing` is set meanwhile, so
+        BatchNorm keeps its running sums and no parameter goes home changed; nothing is prefetched."""
+        step = self.forward_steps[i]
+        per_step = self._param_fwd
+        streamed = per_step[i] if per_step is not None else ()
+        for store, tensors, _changed in streamed:
+            store.acquire(tensors)
+        if per_step is not None and not replay:
+            self._prefetch_params(per_step, i + 1)  # queued before this step's kernels, so it overlaps them
+        ctx = self.ctx
+        outer = ctx.recomputing
+        ctx.recomputing = outer or replay
+        try:
+            step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
+        finally:
+            ctx.recomputing = outer
+            for store, tensors, changed in streamed:
+                store.release(tensors, () if replay else changed)  # weights are unchanged; running statistics go home
 
     def loss_value(self) -> float:
         loss = 0.0
@@ -412,16 +442,22 @@ class Net:
             loss += w * float(self.backend.to_host(data.array).sum())
         return loss
 
-    def backward(self) -> None:
-        mm = self.memory
+    def backward(self, first: int = 0, last: int | None = None, seed_losses: bool = True) -> None:
+        """Run the backward steps. `first`/`last`: only the layers at those prototxt positions (Caffe's
+        Net::BackwardFromTo); `seed_losses=False`: start from the gradients the blobs hold now instead of
+        setting each loss blob's gradient to its weight (`seed_loss_diffs`), so a caller may set any top's."""
+        partial = self._partial(first, last, "backward over part of the net")
+        hooks = self.hooks
         self._use_workspace()
-        for _data, diff, w in self.loss_blobs:
-            if diff is not None:
-                mm.ensure(diff)
-                self.ops.fill(diff.array, w)
+        if seed_losses:
+            self.seed_loss_diffs()
         streamed = self._param_bwd
+        ready = self._gradients_ready
         for i, step in enumerate(self.backward_steps):
-            mm.before_backward(i, step)
+            if partial and not first <= step.node.layer.layer_index <= last:
+                continue
+            for h in hooks:
+                h.before_backward(i, step)
             if streamed is not None:
                 for store, tensors, _changed in streamed[i]:
                     store.acquire(tensors)
@@ -434,10 +470,14 @@ class Net:
                 [t.array for t in step.bottoms],
                 [t.array if t is not None else None for t in step.bottom_diffs],
             )
+            if ready[i]:
+                for h in hooks:
+                    h.gradients_ready(step, ready[i])
             if streamed is not None:
                 for store, tensors, changed in streamed[i]:  # the gradients accumulated: copy them home
                     store.release(tensors, changed)
-            mm.after_backward(i, step)
+            for h in reversed(hooks):
+                h.after_backward(i, step)
         if streamed is not None:
             self._settle_params()
 
@@ -472,6 +512,47 @@ class Net:
 
     def layers_in_prototxt_order(self) -> Iterable[Node]:
         return sorted(self.graph.nodes, key=lambda n: n.layer.layer_index)
+
+    # -- for the Python API (superneurons.pycaffe): blobs by name, runs over part of the net -----------
+    # pycaffe reads and writes any blob between calls and runs a slice of the layers, so these need every
+    # tensor resident: slices and unseeded backward passes are refused under the memory modes that free
+    # or move tensors between steps.
+    def blob_array(self, name: str, diff: bool = False) -> Any:
+        """The backend array that holds blob `name`'s data (`diff`: its gradient) now, not a copy; None
+        when the net keeps no gradient for the blob or the memory mode has freed it. KeyError: no such blob."""
+        if diff:
+            t = self.diff.get(name)
+            if name not in self.data:
+                raise KeyError(name)
+            return None if t is None else t.array
+        return self.data[name].array
+
+    def runs_backward(self) -> bool:
+        """Whether `backward` runs any layer (not for a test net, nor for a net without a loss)."""
+        return bool(self.backward_steps)
+
+    def layer_position(self, name: str) -> int:
+        """Layer `name`'s position in the prototxt (split layers included), Caffe's layer index."""
+        return self._by_name[name].layer.layer_index
+
+    def seed_loss_diffs(self) -> None:
+        """Set each loss blob's gradient to its loss weight, as `backward` does first."""
+        for _data, diff, w in self.loss_blobs:
+            if diff is not None:
+                self.memory.ensure(diff)
+                self.ops.fill(diff.array, w)
+
+    def _partial(self, first: int, last: int | None, what: str) -> bool:
+        """Whether first..last leaves out some layer; such a run needs every tensor resident."""
+        partial = first > 0 or (last is not None and last < max(n.layer.layer_index for n in self.graph.nodes))
+        if partial:
+            self._require_resident(what)
+        return partial
+
+    def _require_resident(self, what: str) -> None:
+        if self.memory.name != "baseline" or self._param_fwd is not None:
+            raise UserError(f"net {self.name!r}: {what} needs every tensor resident; it runs under memory mode "
+                            f"{self.memory.name!r} (build the net with memory='baseline')")
 
 
 def _names(net: Net) -> set[str]:

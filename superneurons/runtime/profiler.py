@@ -95,7 +95,7 @@ class Profile:
 class Profiler:
     def __init__(self, net: Any):
         self.net = net
-        self.sync = net.backend.synchronize if net.backend.name != "cpu" else None
+        self.sync = net.backend.synchronize if net.backend.asynchronous else None
         self.timings = {n.name: LayerTiming(n.name, n.layer.type_name) for n in net.graph.nodes}
         self._layer_ms = 0.0   # the current iteration's sums
         self._memory_ms = 0.0
@@ -203,7 +203,7 @@ class Profiler:
             for hook in ("before_forward", "after_forward", "before_backward", "after_backward"):
                 mm.__dict__.pop(hook, None)
         for node in net.graph.nodes:
-            self.timings[node.name].algo = str(getattr(node.layer, "algo_name", "") or "")
+            self.timings[node.name].algo = str(node.layer.algo_name or "")
         return Profile([self.timings[n.name] for n in net.graph.nodes], fwd_ms, bwd_ms, it_ms,
                        net.pool.high_water, net.pool.capacity, layer_ms, memory_ms,
-                       memory_mode=getattr(mm, "name", "baseline"))
+                       memory_mode=mm.name)

@@ -60,10 +60,8 @@ class TrainProgress:
     def _open(self, initial: int) -> None:
         from tqdm import tqdm
 
-        # A terminal that reports no width (a pty nobody sized, as under `script`) gets 100 columns.
-        width = {"dynamic_ncols": True} if _columns(self.stream) != 0 else {"ncols": 100, "nrows": 24}
         self.bar = tqdm(total=self.total, initial=initial, file=self.stream, desc="Training", unit="iter",
-                        leave=True, mininterval=self.mininterval, disable=False, **width)
+                        leave=True, mininterval=self.mininterval, disable=False, **bar_size(self.stream))
 
     # -- log lines -------------------------------------------------------------------------------
     def write(self, line: str) -> None:
@@ -98,6 +96,12 @@ class TrainProgress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def bar_size(stream: TextIO) -> dict[str, Any]:
+    """tqdm's size arguments for a bar on `stream`: the terminal's width, followed as it changes; a terminal
+    that reports no width (a pty nobody sized, as under `script`) gets 100 columns."""
+    return {"dynamic_ncols": True} if _columns(stream) != 0 else {"ncols": 100, "nrows": 24}
 
 
 def _columns(stream: TextIO) -> int | None:

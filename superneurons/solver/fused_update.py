@@ -13,16 +13,16 @@ table when it changed: stale offsets are never used, and the check costs the sam
 
 The grouped path serves resident float32 parameters in a pool with one arena, under a rule with a
 multi-tensor op (SGD). `unsupported` names why it does not apply otherwise (streamed parameters,
-SUPERNEURONS_ALLOCATOR=malloc, another rule, SUPERNEURONS_MULTI_UPDATE=0); the Solver then keeps the
+the malloc allocator, another rule, SUPERNEURONS_MULTI_UPDATE=0); the Solver then keeps the
 per-parameter ops. The CPU backend runs the grouped ops too, with the per-parameter ops' arithmetic.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.proto import superneurons_pb2 as pb
 
 ENV = "SUPERNEURONS_MULTI_UPDATE"  # 0: always the per-parameter ops (for comparisons and benchmarks)
@@ -32,7 +32,7 @@ CHUNK = 4096  # elements per thread block: 16 per thread, and a block of its own
 
 def unsupported(net: Any, rule: str) -> str | None:
     """Why the grouped update cannot serve `net`'s learnable parameters under `rule` (None: it can)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not settings.get(ENV):
         return f"{ENV}=0"
     if rule not in RULES:
         return f"no multi-tensor op for the {rule} rule"
@@ -41,7 +41,7 @@ def unsupported(net: Any, rule: str) -> str | None:
     if net.params.offloaded:
         return "the parameters are streamed from the host"
     if getattr(net.pool, "arena", None) is None or not hasattr(net.pool, "watch"):
-        return "the pool has no single arena (SUPERNEURONS_ALLOCATOR=malloc)"
+        return "the pool has no single arena (allocator malloc)"
     if any(t.dtype != np.float32 for t in _tensors(net)):
         return "a parameter tensor is not float32"
     return None

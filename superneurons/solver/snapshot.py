@@ -78,6 +78,7 @@ def write_snapshot(solver: "Solver") -> tuple[str, str]:
     extra = {
         "version": EXTRA_VERSION,
         "seed": solver.seed,
+        "ranks": solver.net.ctx.ranks,  # data parallelism: the resume must run as many (superneurons/parallel)
         "test_passes": solver.test_passes,
         "layers": {key: layer.state() for key, layer in _stateful_layers(solver)},
     }
@@ -179,6 +180,10 @@ def _restore_extra(solver: "Solver", path: str) -> None:
                             "beginning (the run will not repeat an uninterrupted one exactly)")
         return
     extra = read_extra(path)
+    ranks, now = extra.get("ranks", 1), solver.net.ctx.ranks
+    if ranks != now:
+        raise UserError(f"{path}: this snapshot was taken with {ranks} rank(s) (GPUs or processes) and this run "
+                        f"has {now}; resume it with {ranks}, or start from its weights with --weights")
     solver.set_seed(extra.get("seed", solver.seed))
     passes = extra.get("test_passes", [])
     for i in range(min(len(passes), len(solver.test_passes))):
@@ -208,6 +213,9 @@ def read_extra(path: str) -> dict[str, Any]:
     version = extra.get("version", EXTRA_VERSION)
     if version != EXTRA_VERSION:
         raise UserError(f"{path}: field version is {version!r}; this SuperNeurons reads version {EXTRA_VERSION}")
+    ranks = extra.get("ranks", 1)
+    if not _is_count(ranks) or ranks < 1:
+        raise UserError(f"{path}: field ranks is {ranks!r}; expected a positive whole number")
     if "seed" in extra and not _is_count(extra["seed"]):
         raise UserError(f"{path}: field seed is {extra['seed']!r}; expected an integer in [0, 2^63)")
     passes = extra.get("test_passes", [])

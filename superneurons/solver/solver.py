@@ -25,6 +25,7 @@ from superneurons.layers.base import count
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog, num, output_line
 from superneurons.runtime.net import Net
+from superneurons.settings import memory_policy
 from superneurons.solver.evaluate import evaluate, output_values
 from superneurons.solver.fused_update import grouped_update
 from superneurons.solver.lr_policy import LrPolicy
@@ -73,8 +74,9 @@ class Solver:
 
     # -- construction -------------------------------------------------------------------------
     def _build(self, src: NetSource, phase: int, memory: str | None, share: Net | None = None) -> Net:
-        graph = build_graph(src.param, phase, src.level, src.stages, source=src.where)
         memory_param = self.param.memory_param if self.param.HasField("memory_param") else None
+        graph = build_graph(src.param, phase, src.level, src.stages, source=src.where,
+                            policy=memory_policy(memory_param))
         # The budget is the training net's; a test net (sharing its parameters) sizes its pool to its need.
         pool = self.pool_bytes if share is None else None
         return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,

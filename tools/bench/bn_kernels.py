@@ -82,9 +82,10 @@ def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int]], 
     beta = cuda.to_device(rng.standard_normal(c).astype(np.float32))
     out: dict = {"shape": list(shape), "mbytes": 4 * n / 1e6, "configs": {}}
     first = None
-    saved = fused.ROWS, fused.ROWS_MIN_INNER, fused.MIN_BLOCK_ELEMENTS
+    knobs = ("SUPERNEURONS_BN_ROWS", "SUPERNEURONS_BN_ROWS_MIN", "SUPERNEURONS_BN_MIN_BLOCK")
+    saved = {k: os.environ.get(k) for k in knobs}
     for name, (rows_min, min_block) in configs.items():
-        fused.ROWS, fused.ROWS_MIN_INNER, fused.MIN_BLOCK_ELEMENTS = rows_min > 0, rows_min, min_block
+        os.environ.update(zip(knobs, ("1" if rows_min > 0 else "0", str(rows_min), str(min_block))))
         y, x_hat, dx = (cuda.device_array(n, np.float32) for _ in range(3))
         stats = [cuda.device_array(c, np.float32) for _ in range(3)]
         running = [cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32)),
@@ -105,7 +106,11 @@ def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int]], 
                                 "forward_gbs": FORWARD_PASSES * 4 * n / fwd / 1e6,
                                 "backward_gbs": BACKWARD_PASSES * 4 * n / bwd / 1e6,
                                 "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(got, first))}
-    fused.ROWS, fused.ROWS_MIN_INNER, fused.MIN_BLOCK_ELEMENTS = saved
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     return out
 
 

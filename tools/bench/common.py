@@ -485,9 +485,12 @@ def make_backend(device: str, workspace: int | None):
     return CudaBackend(int(device.split(":")[-1]) if ":" in device else 0, **kwargs)
 
 
-def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int | None, checkpoints: str = ""):
+def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int | None, checkpoints: str = "",
+                factory: Callable[..., Any] | None = None, **solver_kwargs: Any):
     """Our Solver for `net` at `batch` (no test nets, no display, no snapshots) with a pool of `pool_bytes`
-    (None: the runtime's default); `checkpoints`: comma-separated checkpoint layer types ("": the default)."""
+    (None: the runtime's default); `checkpoints`: comma-separated checkpoint layer types ("": the default).
+    `factory`: the solver class (default Solver; scaling.py's ranks use the data-parallel RankSolver), given
+    `solver_kwargs` besides."""
     from superneurons.io.prototxt import read_solver
     from superneurons.solver.solver import Solver
 
@@ -503,7 +506,8 @@ def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int
     param.net_param.CopyFrom(net_param(net, batch))
     if checkpoints:
         param.memory_param.checkpoint_type[:] = checkpoints.split(",")
-    return Solver(param, str(ROOT / spec.solver), backend=backend, memory=memory, pool_bytes=pool_bytes)
+    return (factory or Solver)(param, str(ROOT / spec.solver), backend=backend, memory=memory, pool_bytes=pool_bytes,
+                               **solver_kwargs)
 
 
 def history_bytes(solver: Any) -> int:
@@ -607,7 +611,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
 
 def conv_algorithms(net: Any) -> list[dict]:
     """The cuDNN algorithms (and workspace) each Convolution layer uses, as `superneurons time` shows them."""
-    return [{"layer": node.name, "algo": str(getattr(node.layer, "algo_name", "") or "")}
+    return [{"layer": node.name, "algo": str(node.layer.algo_name or "")}
             for node in net.graph.nodes if node.layer.param.type in ("Convolution", "Deconvolution")]
 
 

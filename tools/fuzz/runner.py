@@ -51,7 +51,7 @@ class Worker:
 
     def _start(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.repo), os.environ.get("PYTHONPATH", "")]),
-                   SUPERNEURONS_PROGRESS="0", PYTHONHASHSEED="0")
+                   PYTHONHASHSEED="0")
         cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), "--max-memory", str(self.max_memory)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)

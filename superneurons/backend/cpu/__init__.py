@@ -6,9 +6,11 @@ Operations live in one module per layer family; each module lists its public fun
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend.base import collect_ops
 
 _ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are aligned too
@@ -16,9 +18,11 @@ _ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are
 
 class CpuBackend:
     name = "cpu"
+    asynchronous = False  # every op has finished when it returns
 
     def __init__(self) -> None:
         self.ops = collect_ops(sys.modules[__name__])
+        self.workspace_source: Any = None  # accepted for the Backend interface; NumPy convolutions need none
 
     def arena(self, nbytes: int) -> np.ndarray:
         raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
@@ -38,5 +42,23 @@ class CpuBackend:
     def to_host(self, src: np.ndarray) -> np.ndarray:
         return np.array(src, copy=True)
 
+    def address(self, array: np.ndarray) -> int:
+        return int(array.ctypes.data)
+
     def synchronize(self) -> None:
         pass
+
+    def device_memory(self) -> None:
+        return None  # arrays live in host memory: the pool is sized from the net, not from a device
+
+    def make_transfer(self) -> Any:
+        """NumPy copies; SUPERNEURONS_TRANSFER_LAG=N makes them lag, to exercise the asynchronous paths in CI."""
+        from superneurons.backend.cpu.transfer import CpuTransfer
+
+        return CpuTransfer(lag=settings.get("SUPERNEURONS_TRANSFER_LAG"))
+
+    def set_workspace_source(self, source: Any) -> None:
+        self.workspace_source = source
+
+    def release_freed(self) -> None:
+        pass  # NumPy frees an array when its last reference goes

@@ -9,11 +9,11 @@ pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the 
 """
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend.base import collect_ops
 from superneurons.errors import UserError
 
@@ -27,11 +27,12 @@ def _collect_ops() -> SimpleNamespace:
 
 
 def _env_tf32() -> bool:
-    return os.environ.get("SUPERNEURONS_TF32", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("SUPERNEURONS_TF32")
 
 
 class CudaBackend:
     name = "cuda"
+    asynchronous = True  # kernels are queued on the default stream: timers synchronize
 
     def __init__(self, device: int = 0, tf32: bool | None = None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT):
         try:
@@ -59,9 +60,31 @@ class CudaBackend:
         self.ops = _collect_ops()
 
     def set_workspace_source(self, source) -> None:
-        """Where convolutions take cuDNN workspace from (a device.WorkspaceSource); None: the default
+        """Where convolutions take cuDNN workspace from (a base.WorkspaceSource); None: the default
         FixedWorkspace (one private buffer of at most `workspace_limit` bytes)."""
         self.device.workspace_source = source
+
+    def address(self, array) -> int:
+        from superneurons.backend.cuda.pointers import pointer
+
+        return pointer(array)
+
+    def device_memory(self) -> tuple[int, int]:
+        from superneurons.backend.cuda.transfer import device_memory
+
+        return device_memory()
+
+    def make_transfer(self):
+        """Pinned host memory and two copy streams of its own (transfer.CudaTransfer)."""
+        from superneurons.backend.cuda.transfer import CudaTransfer
+
+        return CudaTransfer(self)
+
+    def release_freed(self) -> None:
+        """numba defers cudaFree of dropped device arrays; run the pending frees now."""
+        from superneurons.backend.cuda.transfer import release_freed_allocations
+
+        release_freed_allocations()
 
     def arena(self, nbytes: int):
         """One device allocation of `nbytes` (uint8); the pool carves every tensor out of it."""

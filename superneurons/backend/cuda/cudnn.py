@@ -5,16 +5,16 @@ Descriptors are cached per shape. Each convolution direction of each (shapes, ge
 cuDNN's graph API (cudnn_graph.py: execution plans built once; the default, because cuDNN 9's legacy calls
 spend ~3x the host time per call) or through the legacy API with algorithms ranked by cuDNN's heuristics or,
 with SUPERNEURONS_CUDNN_FIND=1, measured with cudnnFind*AlgorithmEx (see ConvPlan). Workspace comes from the
-device's workspace source (device.WorkspaceSource: by default one private buffer grown on demand up to a limit).
+device's workspace source (base.WorkspaceSource: by default one private buffer grown on demand up to a limit).
 """
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import NamedTuple
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend.cuda import cudnn_graph, libs
 from superneurons.backend.cuda.cudnn_graph import Candidates, NoFit
 from superneurons.backend.cuda.pointers import pointer
@@ -89,7 +89,7 @@ class Handle:
         call("cudnnCreate", _c.byref(self.value))
         call("cudnnSetStream", self.value, _c.c_void_p(stream))
         self.math = DEFAULT_MATH if tf32 else FMA_MATH
-        self.workspace_source = workspace_source  # a device.WorkspaceSource; Device swaps it
+        self.workspace_source = workspace_source  # a base.WorkspaceSource; Device swaps it
         self._tensors: dict = {}
         self._convs: dict = {}
 
@@ -158,7 +158,7 @@ def _find_enabled() -> bool:
     H200 (cuDNN 9.19, ResNet-50 batch 64) the measured choices trained slower end to end: 1120 against 1350
     img/s (docs/BENCHMARKS.md, issue 3), Find timing each algorithm alone on an idle GPU. Measuring uses the
     legacy API (the graph path ranks by heuristics only)."""
-    return os.environ.get("SUPERNEURONS_CUDNN_FIND", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return settings.get("SUPERNEURONS_CUDNN_FIND")
 
 
 # Per direction: the heuristic query, the measuring query, the call itself.

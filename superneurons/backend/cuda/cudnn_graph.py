@@ -18,9 +18,9 @@ the caller then uses the legacy API for that direction.
 from __future__ import annotations
 
 import ctypes as _c
-import os
 from typing import Iterator
 
+from superneurons import settings
 from superneurons.backend.cuda import libs
 from superneurons.backend.geometry import ConvGeometry
 
@@ -62,7 +62,7 @@ class Unsupported(RuntimeError):
 
 def enabled() -> bool:
     """SUPERNEURONS_CUDNN_GRAPH=0 keeps every convolution on the legacy API."""
-    return os.environ.get("SUPERNEURONS_CUDNN_GRAPH", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("SUPERNEURONS_CUDNN_GRAPH")
 
 
 class _Api:

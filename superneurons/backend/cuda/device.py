@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 
-from typing import Protocol
-
 import numpy as np
 from numba import cuda
 
@@ -17,20 +15,11 @@ try:
 except ImportError:  # the CUDA simulator (tests without a GPU): the ops then run on host arrays
     DeviceNDArray = None
 
+from superneurons.backend.base import WorkspaceSource
 from superneurons.backend.cuda import cublas, cudnn
 from superneurons.backend.cuda.pointers import pointer  # also re-exported: the ops' helpers live here
 
 _current: "Device | None" = None
-
-
-class WorkspaceSource(Protocol):
-    """Where a cuDNN convolution gets its scratch memory (see FixedWorkspace; memory/workspace.py has a
-    pool-backed one). A convolution asks `available()`, picks the fastest algorithm that fits, then
-    `acquire`s that many bytes (only when it needs any) and `release`s them when the call is queued."""
-
-    def available(self) -> int: ...          # bytes a convolution may use right now
-    def acquire(self, nbytes: int) -> int: ... # device pointer (int, 16-byte aligned) to >= nbytes, valid until release()
-    def release(self) -> None: ...
 
 
 class FixedWorkspace:

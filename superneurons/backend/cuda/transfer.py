@@ -25,6 +25,7 @@ from cuda.bindings import driver as drv
 from numba import cuda
 
 from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.cuda.pointers import pointer
 
 _STREAM0 = drv.CUstream(0)  # the legacy default stream: where numba, cuDNN and cuBLAS run
 
@@ -34,11 +35,6 @@ def _check(result: tuple, what: str) -> Any:
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what} failed: {err!r}")
     return result[1] if len(result) == 2 else result[1:] or None
-
-
-def device_pointer(a: Any) -> int:
-    """The device address of a numba device array (a view's address includes its offset)."""
-    return int(a.device_ctypes_pointer.value or 0)
 
 
 def device_memory() -> tuple[int, int]:
@@ -110,14 +106,14 @@ class CudaTransfer:
     def to_host(self, src: Any, dst: np.ndarray) -> CudaEvent:
         """D2H of device array `src` into pinned `dst` on the offload stream, after stream 0's work so far."""
         self._after_compute(self.offload_stream)
-        _check(drv.cuMemcpyDtoHAsync(dst.ctypes.data, drv.CUdeviceptr(device_pointer(src)), int(dst.nbytes),
+        _check(drv.cuMemcpyDtoHAsync(dst.ctypes.data, drv.CUdeviceptr(pointer(src)), int(dst.nbytes),
                                      self.offload_stream), "cuMemcpyDtoHAsync")
         return CudaEvent(self.offload_stream)
 
     def to_device(self, src: np.ndarray, dst: Any) -> CudaEvent:
         """H2D of pinned `src` into device array `dst` on the prefetch stream, after stream 0's work so far."""
         self._after_compute(self.prefetch_stream)
-        _check(drv.cuMemcpyHtoDAsync(drv.CUdeviceptr(device_pointer(dst)), src.ctypes.data, int(src.nbytes),
+        _check(drv.cuMemcpyHtoDAsync(drv.CUdeviceptr(pointer(dst)), src.ctypes.data, int(src.nbytes),
                                      self.prefetch_stream), "cuMemcpyHtoDAsync")
         return CudaEvent(self.prefetch_stream)
 

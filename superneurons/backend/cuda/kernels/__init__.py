@@ -16,15 +16,25 @@ from __future__ import annotations
 import ctypes
 import os
 
+from superneurons import settings
+
 BLOCK = 256
 MAX_BLOCKS = 16384
 _CACHE_LIMIT = 8192  # argument blocks kept per launcher (memory modes re-create views each iteration)
 
-FAST = (os.environ.get("SUPERNEURONS_FAST_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
-        and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"))
+# Whether launches take the recorded path: None until the first launch reads the setting, False after a
+# driver error.
+FAST: bool | None = None
 _SCALARS: frozenset = frozenset()
 _cu = None
 _configured: dict = {}
+
+
+def _fast() -> bool:
+    global FAST
+    if FAST is None:
+        FAST = settings.get("SUPERNEURONS_FAST_LAUNCH") and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0")
+    return FAST
 
 
 def _driver():
@@ -92,7 +102,7 @@ class _Launcher:
         self.blocks: dict = {}
 
     def __call__(self, *args):
-        if not FAST:
+        if not (FAST if FAST is not None else _fast()):
             return self.cfg(*args)
         key = tuple([(a.__class__, a) if a.__class__ in _SCALARS else id(a) for a in args])
         entry = self.blocks.get(key)
@@ -128,7 +138,7 @@ def memcpy_device(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
             _memcpy = fn
-    return bool(_memcpy) and FAST and _memcpy(dst_ptr, src_ptr, nbytes, None) == 0
+    return bool(_memcpy) and _fast() and _memcpy(dst_ptr, src_ptr, nbytes, None) == 0
 
 
 def _disable() -> None:

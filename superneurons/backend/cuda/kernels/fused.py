@@ -15,7 +15,7 @@ memory bandwidth (a thread's single outstanding load cannot cover the memory lat
 register-heavy kernels get). Positions past the block's planes load the first (always valid) element and
 are masked out, so the loads need no branches. Partial sums are float64, added with atomics (two per block).
 
-Long planes (ops/fused.py: ROWS_MIN_INNER, 1024 elements by default: ResNet's 56x56 and 112x112 stages)
+Long planes (SUPERNEURONS_BN_ROWS_MIN, 1024 elements by default: ResNet's 56x56 and 112x112 stages)
 take the `*_rows` kernels instead: the block sweeps each of its planes with one flat index per thread stepping by BLOCK (four
 loads per trip, then a tail), one 64-bit add per element, where the (plane, offset, index) walk above
 spends about ten integer operations per element on 64-bit index arithmetic.
@@ -257,7 +257,7 @@ def param_grads(sums, dgamma, dbeta):
         dgamma[c] += sums[dim + c]
 
 
-# ---- long planes (ops/fused.py: ROWS_MIN_INNER and more): a plain sweep of each plane ------------------
+# ---- long planes (SUPERNEURONS_BN_ROWS_MIN and more): a plain sweep of each plane ------------------
 @cuda.jit(device=True, inline=True)
 def plane_start(n, c, dim, inner):
     """Flat index of this thread's first element of plane n of channel c, and one past the plane's end."""
@@ -267,7 +267,7 @@ def plane_start(n, c, dim, inner):
 
 @cuda.jit
 def stats_partials_rows(x, sums, outer, dim, inner, chunk):
-    """stats_partials for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
+    """stats_partials for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
     s0 = 0.0
@@ -289,7 +289,7 @@ def stats_partials_rows(x, sums, outer, dim, inner, chunk):
 
 @cuda.jit
 def forward_apply_rows(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, chunk, keep, relu, slope):
-    """forward_apply for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
+    """forward_apply for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     c, n0, planes = block_region(outer, chunk)
     mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
     for n in range(n0, n0 + planes):
@@ -308,7 +308,7 @@ def forward_apply_rows(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, c
 
 @cuda.jit
 def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
-    """backward_partials for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
+    """backward_partials for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
     g, b = gamma[c], beta[c]
@@ -338,7 +338,7 @@ def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chun
 @cuda.jit
 def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
                         relu, slope, param_grads):
-    """backward_apply for planes swept plainly (ops/fused.py: ROWS_MIN_INNER elements or more)."""
+    """backward_apply for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     c, n0, planes = block_region(outer, chunk)
     g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch,
                                                param_grads)

@@ -2,10 +2,9 @@
 (statistics; x_hat and y) and two backward (sums of dy' and dy' x_hat; dx), on numba kernels."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek, fused as fk, reduce as rk
@@ -13,21 +12,24 @@ from superneurons.backend.cuda.kernels import elementwise as ek, fused as fk, re
 __all__ = ["bn_affine_forward", "bn_affine_backward"]
 
 _sums: dict = {}  # channels -> float64 device array of 2 * channels partial sums, reused
-# Planes of at least ROWS_MIN_INNER elements take the plain-sweep kernels (kernels/fused.py says why); on
-# shorter planes a thread's sweep ends after one or two loads, and the general walk, which runs on across
-# planes, keeps four in flight. SUPERNEURONS_BN_ROWS=0 keeps the general walk everywhere (for benchmarks).
-ROWS = os.environ.get("SUPERNEURONS_BN_ROWS", "1").strip().lower() not in ("0", "false", "no", "off")
-ROWS_MIN_INNER = int(os.environ.get("SUPERNEURONS_BN_ROWS_MIN", 4 * K.BLOCK))
-# Elements per block at least, where the planes allow (kernels/reduce.py: chunking). Measured on an H200
-# (tools/bench/bn_kernels.py, ResNet-50 batch 64): with 8192 the 7x7 and 14x14 layers' passes take 20-40%
-# less time than with the plain 4096-block chunking, and the whole fused BatchNorm goes from 6.84 + 7.34 to
-# 5.99 + 6.25 ms per iteration together with the plain sweep of planes of 1024 elements or more.
-MIN_BLOCK_ELEMENTS = int(os.environ.get("SUPERNEURONS_BN_MIN_BLOCK", 8192))
+# Planes of at least SUPERNEURONS_BN_ROWS_MIN elements (1024, four blocks) take the plain-sweep kernels
+# (kernels/fused.py says why); on shorter planes a thread's sweep ends after one or two loads, and the general
+# walk, which runs on across planes, keeps four in flight. SUPERNEURONS_BN_ROWS=0 keeps the general walk
+# everywhere (for benchmarks).
+# Blocks take SUPERNEURONS_BN_MIN_BLOCK elements at least, where the planes allow (kernels/reduce.py:
+# chunking). Measured on an H200 (tools/bench/bn_kernels.py, ResNet-50 batch 64): with 8192 the 7x7 and 14x14
+# layers' passes take 20-40% less time than with the plain 4096-block chunking, and the whole fused BatchNorm
+# goes from 6.84 + 7.34 to 5.99 + 6.25 ms per iteration together with the plain sweep of planes of 1024
+# elements or more.
+
+
+def _min_block() -> int:
+    return settings.get("SUPERNEURONS_BN_MIN_BLOCK")
 
 
 def _kernels(inner: int):
     """(stats, apply, backward sums, backward apply) kernels for planes of `inner` elements."""
-    if ROWS and inner >= ROWS_MIN_INNER:
+    if settings.get("SUPERNEURONS_BN_ROWS") and inner >= settings.get("SUPERNEURONS_BN_ROWS_MIN"):
         return fk.stats_partials_rows, fk.forward_apply_rows, fk.backward_partials_rows, fk.backward_apply_rows
     return fk.stats_partials, fk.forward_apply, fk.backward_partials, fk.backward_apply
 
@@ -51,7 +53,7 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
                       moving_average_fraction: float, var_correction: float, relu_slope: float | None) -> None:
     if not y.size:
         return
-    chunk, blocks = rk.chunking(outer, channels, inner, MIN_BLOCK_ELEMENTS)
+    chunk, blocks = rk.chunking(outer, channels, inner, _min_block())
     stats_kernel, apply_kernel, _, _ = _kernels(inner)
     if use_global_stats:
         sums, mode = mean_sum, fk.GLOBAL  # sums unused
@@ -73,7 +75,7 @@ def bn_affine_backward(x_hat, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer
                        use_global_stats: bool, relu_slope: float | None) -> None:
     if not dy.size:
         return
-    chunk, blocks = rk.chunking(outer, channels, inner, MIN_BLOCK_ELEMENTS)
+    chunk, blocks = rk.chunking(outer, channels, inner, _min_block())
     _, _, sums_kernel, apply_kernel = _kernels(inner)
     relu, slope = _slope(relu_slope, dy)
     sums = _zeroed_sums(channels)

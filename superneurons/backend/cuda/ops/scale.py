@@ -1,11 +1,10 @@
 """Per-channel multiply over (outer, dim, inner) views and the multiplier's gradient."""
 from __future__ import annotations
 
-from superneurons.backend.cuda import kernels as K
-import os
-
 import numpy as np
 
+from superneurons import settings
+from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
 
@@ -13,12 +12,11 @@ __all__ = ["channel_mul", "channel_mul_grad"]
 
 # Per-channel reductions split over (channel, chunk of planes) blocks (kernels/reduce.py);
 # SUPERNEURONS_CUDA_SPREAD=0 keeps the one-block-per-channel kernels.
-_SPREAD = os.environ.get("SUPERNEURONS_CUDA_SPREAD", "1").strip().lower() not in ("0", "false", "no", "off")
 _sums: dict = {}
 
 
 def spread() -> bool:
-    return _SPREAD
+    return settings.get("SUPERNEURONS_CUDA_SPREAD")
 
 
 def channel_partials(x, y, mean, inv, outer: int, dim: int, inner: int, mode: int):
@@ -49,7 +47,7 @@ def channel_mul(x, s, y, outer: int, dim: int, inner: int) -> None:
 
 
 def channel_mul_grad(x, dy, ds, outer: int, dim: int, inner: int, accumulate: bool) -> None:
-    if _SPREAD:
+    if spread():
         sums = channel_partials(x, dy, None, None, outer, dim, inner, 2)
         K.launch(rk.channel_finish, dim)(sums, flat(ds), bool(accumulate))
         return

@@ -1,0 +1,165 @@
+"""Databases of serialized records (Caffe's `Datum`), kept in LMDB or LevelDB: one surface for both stores.
+
+A reader (`LmdbReader`, `LevelDbReader`) offers `count`, `values_from(start)` (values in key order
+from record `start` on, wrapping at the end as Caffe's cursor does) and `close()`. `open_reader`
+picks the store by name, or, when none is named, by what the folder holds (LMDB: `data.mdb`,
+LevelDB: `CURRENT`), so an old prototxt that leaves `backend` unset (Caffe's default is LEVELDB)
+reads either. `write_database` builds a new database whole or not at all.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+from superneurons.errors import UserError
+
+LMDB = "lmdb"
+LEVELDB = "leveldb"
+BACKENDS = (LMDB, LEVELDB)
+_MARKER = {LMDB: "data.mdb", LEVELDB: "CURRENT"}  # the file that says which store a folder holds
+_SPELLED = {LMDB: "LMDB", LEVELDB: "LEVELDB"}
+
+
+class RecordReader(Protocol):
+    """A read-only database of records, opened by `open_reader`."""
+
+    path: str
+    count: int
+
+    def values_from(self, start: int) -> Iterator[bytes]:
+        """Values from record number `start` (mod count) on, in key order, forever, wrapping at the end."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def shown_path(path: str) -> str:
+    """`path` quoted, with where it resolves to when it is relative (the working directory matters)."""
+    return f"{path!r}" if os.path.isabs(path) else f"{path!r} (resolved to {os.path.abspath(path)!r})"
+
+
+def detect_backend(path: str) -> str | None:
+    """LMDB or LEVELDB by the files in the folder at `path`; None when it holds neither."""
+    for backend, marker in _MARKER.items():
+        if os.path.isfile(os.path.join(path, marker)):
+            return backend
+    return None
+
+
+def check_database_folder(path: str, backend: str, where: str) -> None:
+    """Raise a UserError saying what is wrong when `path` is not a `backend` database folder."""
+    shown = shown_path(path)
+    if not os.path.exists(path):
+        raise UserError(f"{where}: database {shown} does not exist")
+    if not os.path.isdir(path):
+        raise UserError(f"{where}: database {shown} is a file; an {_SPELLED[backend]} database is a folder")
+    found = detect_backend(path)
+    if found == backend:
+        return
+    if found is not None:
+        raise UserError(f"{where}: database {shown} is a {_SPELLED[found]} database but backend is "
+                        f"{_SPELLED[backend]}; name backend {_SPELLED[found]} or leave backend out")
+    raise UserError(f"{where}: {shown} is not an {_SPELLED[backend]} database (no {_MARKER[backend]} in the "
+                    f"folder)")
+
+
+def resolve_backend(path: str, backend: str | None, where: str) -> str:
+    """The backend named, or the one the folder holds when none is named."""
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise UserError(f"{where}: unknown database backend {backend!r}; use lmdb or leveldb")
+        return backend
+    found = detect_backend(path)
+    if found is None:
+        if not os.path.exists(path):
+            raise UserError(f"{where}: database {shown_path(path)} does not exist")
+        raise UserError(f"{where}: {shown_path(path)} is neither an LMDB (data.mdb) nor a LevelDB (CURRENT) "
+                        f"database")
+    return found
+
+
+def open_reader(path: str, backend: str | None, where: str) -> RecordReader:
+    """A reader of the database at `path`; `backend` None reads whichever store the folder holds."""
+    backend = resolve_backend(path, backend, where)
+    if backend == LEVELDB:
+        from superneurons.data.leveldb_source import LevelDbReader
+
+        return LevelDbReader(path, where)
+    from superneurons.data.lmdb_source import LmdbReader
+
+    return LmdbReader(path, where)
+
+
+def write_database(path: str, records: Iterable[tuple[bytes, bytes]], backend: str = LMDB) -> int:
+    """Write (key, value) records into a new `backend` database at `path` (replaced if it exists)."""
+    if backend == LEVELDB:
+        from superneurons.data.leveldb_source import write_leveldb
+
+        return write_leveldb(path, records)
+    if backend != LMDB:
+        raise ValueError(f"unknown database backend {backend!r}")
+    from superneurons.data.lmdb_source import write_lmdb
+
+    return write_lmdb(path, records)
+
+
+class SharedHandles:
+    """One open handle per database and process, counted: LMDB allows one environment per database and
+    process, LevelDB one handle (its LOCK), yet a train and a test net (or two layers) may read the same
+    database. Keys are real paths, resolved once at open (the working directory may change later)."""
+
+    def __init__(self, close: Callable[[Any], None]):
+        self._close = close
+        self._entries: dict[str, list] = {}  # real path -> [handle, number of readers]
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str, open_handle: Callable[[], Any]) -> Any:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = [open_handle(), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            entry = self._entries[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._entries[key]
+                self._close(entry[0])
+
+
+def build_folder_atomically(path: str, fill: Callable[[str], int]) -> int:
+    """Run `fill(folder)` on a sibling folder and rename it to `path` once it returns.
+
+    An interrupted or failed run never leaves a half-written database that looks complete;
+    an existing `path` is replaced only at the end. Returns what `fill` returns.
+    """
+    path = os.path.normpath(path)
+    tmp = f"{path}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        result = fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return result
+
+
+def chunks(records: Iterable[tuple[bytes, bytes]], size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+    """`records` in lists of at most `size` (one write transaction or batch each)."""
+    chunk: list[tuple[bytes, bytes]] = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

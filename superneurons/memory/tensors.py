@@ -1,0 +1,191 @@
+"""The tensors of one iteration, declared once: their keys, shapes, kinds, and which are views of which.
+
+`declare_tensors(graph, ...)` walks the route and returns a `TensorLayout`; `tensor_key` is the only
+place a tensor's key is spelled. Both sides of the memory runtime read the same layout:
+- the planner (`liveness.Program`) takes its root activations, gradients and buffers and their per-step uses;
+- the runtime (`runtime.net.Net`) builds one `Tensor` per `TensorSpec`, in layout order, and points the
+  layers' parameter and buffer declarations at them.
+So the plan and the pool talk about the same objects by construction.
+
+Views: a Flatten/Reshape/Split top is a reshaped view of its bottom (`Layer.shares_data`), the top
+gradient of a `shares_diff` layer a view of its bottom gradient, and gradients that `aliases.py` lets
+share memory (Split, Eltwise SUM) views of one bottom gradient. A view has no memory of its own: it
+follows its `base`, and the planner counts only roots.
+
+Parameters (values, gradients, the solver's history) are declared here too, once per owner: a parameter
+that names another's (`param { name: ... }`) reads the first one's tensors, and a test net reads the train
+net's (`borrowed`), so neither declares any.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.graph.build import Graph
+from superneurons.memory.aliases import DiffAliases, diff_aliases
+
+DATA, DIFF, BUFFER = "data", "diff", "buffer"  # activations, their gradients, layer scratch kept for backward
+PARAM, PARAM_DIFF, HISTORY = "param", "param_diff", "history"  # parameters, their gradients, solver history
+PARAM_KINDS = (PARAM, PARAM_DIFF, HISTORY)
+
+
+def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
+    """The key of a tensor, for the runtime, the planner, `superneurons memory` and the pool alike.
+    `owner`: the blob (DATA, DIFF), the layer (BUFFER: `index` is the buffer's name; PARAM, PARAM_DIFF:
+    the parameter's index), or the parameter's key (HISTORY: `index` is the history set)."""
+    if kind == DATA:
+        return owner
+    if kind == DIFF:
+        return f"{owner}@diff"
+    if kind == BUFFER:
+        return f"{owner}#{index}"
+    if kind == PARAM:
+        return f"{owner}.{index}"
+    if kind == PARAM_DIFF:
+        return f"{owner}.{index}@diff"
+    if kind == HISTORY:
+        return f"{owner}@history{index}"
+    raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    key: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    kind: str
+    base: str | None = None  # the key of the tensor this one is a reshaped view of
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Parameter `index` of layer `node`: the keys of its tensors, or where it reads them from."""
+
+    node: str
+    index: int
+    data: str | None  # None when it reads another parameter's tensors (`shared_with`, or `borrowed`)
+    diff: str | None  # None also when not training
+    learnable: bool
+    shared_with: tuple[str, int] | None = None  # (layer, index) of the parameter of the same name declared first
+    borrowed: bool = False  # a test net's parameter that reads the train net's
+
+
+@dataclass
+class TensorLayout:
+    specs: list[TensorSpec] = field(default_factory=list)  # declaration order: the Net builds its tensors in it
+    by_key: dict[str, TensorSpec] = field(default_factory=dict)
+    data_key: dict[str, str] = field(default_factory=dict)  # blob -> key of its data tensor
+    diff_key: dict[str, str] = field(default_factory=dict)  # blob -> key of its gradient (training only)
+    # layer -> [(key, buffer name, whether backward reads it)]
+    buffer_keys: dict[str, list[tuple[str, str, bool]]] = field(default_factory=dict)
+    params: list[ParamSlot] = field(default_factory=list)  # every layer's parameters, in route order
+    history: list[list[str]] = field(default_factory=list)  # per solver history set, per learnable owned parameter
+    aliases: DiffAliases = field(default_factory=DiffAliases)
+
+    def root(self, key: str) -> str:
+        """The key of the tensor that owns `key`'s memory (itself unless it is a view)."""
+        base = self.by_key[key].base
+        while base is not None:
+            key, base = base, self.by_key[base].base
+        return key
+
+    def roots(self, kinds: Iterable[str]) -> list[TensorSpec]:
+        kinds = set(kinds)
+        return [s for s in self.specs if s.base is None and s.kind in kinds]
+
+    def learnable(self) -> list[ParamSlot]:
+        """The owned, learnable parameters (the solver's list), in route order."""
+        return [p for p in self.params if p.learnable and p.data is not None and p.diff is not None]
+
+    def add(self, kind: str, owner: str, index: int | str, shape, dtype=np.float32, base: str | None = None) -> str:
+        """Declare one more tensor (after its base, if it is a view); returns its key."""
+        spec = TensorSpec(tensor_key(kind, owner, index), tuple(int(d) for d in shape), np.dtype(dtype), kind, base)
+        self.specs.append(spec)
+        self.by_key[spec.key] = spec
+        return spec.key
+
+
+def top_is_view(layer) -> bool:
+    """Whether `layer`'s tops are reshaped views of its bottom 0 rather than tensors of their own."""
+    return layer.views_bottom_data
+
+
+def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool] | None = None,
+                    propagate_down: dict[str, list[bool]] | None = None, seeds: Iterable[str] | None = None,
+                    borrowed: Iterable[tuple[str, int]] = (), history: int = 0) -> TensorLayout:
+    """Every tensor of one iteration of `graph`. `need_backward`/`propagate_down`: the backward flags
+    (default: the graph's own, as its Net runs them); `seeds`: blobs whose gradients the loss fills (default:
+    the loss blobs); `borrowed`: (layer, index) of parameters read from another net; `history`: solver
+    history sets per learnable parameter."""
+    nodes = graph.nodes
+    if need_backward is None:
+        need_backward = {n.name: n.need_backward for n in nodes}
+    if propagate_down is None:
+        propagate_down = {n.name: list(n.propagate_down) for n in nodes}
+    seeds = [t for t, _w in graph.loss_blobs] if seeds is None else list(seeds)
+    out = TensorLayout()
+    out.aliases = diff_aliases(graph, need_backward, propagate_down, seeds) if train else DiffAliases()
+    data, diff = out.data_key, out.diff_key
+
+    def bottom_diff(b: str) -> str:
+        if b not in diff:
+            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b])
+        return diff[b]
+
+    borrowed = set(borrowed)
+    named: dict[str, tuple[str, int, tuple]] = {}  # parameter name -> (layer, index, shape) of its owner
+    for node in nodes:
+        layer = node.layer
+        view = top_is_view(layer)
+        for t, shape in zip(node.tops, node.top_shapes):
+            if t in data and node.bottoms and t == node.bottoms[0]:
+                continue  # in place: the bottom's tensor
+            data[t] = out.add(DATA, t, 0, shape, base=data[node.bottoms[0]] if view else None)
+        if train:
+            # Bottom gradients first: a top gradient that is a view (Flatten) needs its bottom's gradient,
+            # which does not exist yet when the bottom comes from a layer without backward (force_backward).
+            for b, pd in zip(node.bottoms, propagate_down[node.name]):
+                if pd:
+                    bottom_diff(b)
+            if need_backward[node.name]:
+                for t, shape in zip(node.tops, node.top_shapes):
+                    if t in diff:
+                        continue
+                    base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
+                    if t in out.aliases.views:
+                        base = bottom_diff(out.aliases.views[t])
+                    diff[t] = out.add(DIFF, t, 0, shape, base=base)
+        out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype), name,
+                                       bool(buf.for_backward)) for name, buf in layer.buffers.items()]
+        specs = layer.param.param
+        for k, decl in enumerate(layer.params):
+            name = specs[k].name if k < len(specs) and specs[k].name else ""
+            if (node.name, k) in borrowed:
+                out.params.append(ParamSlot(node.name, k, None, None, decl.learnable, borrowed=True))
+                continue
+            if name in named:
+                owner, j, shape = named[name]
+                if shape != tuple(decl.shape):
+                    raise UserError(f"layer {node.name!r}: shared param {name!r} has shape {tuple(decl.shape)}, "
+                                    f"its owner has {shape}")
+                out.params.append(ParamSlot(node.name, k, None, None, decl.learnable, shared_with=(owner, j)))
+                continue
+            if name:
+                named[name] = (node.name, k, tuple(decl.shape))
+            value = out.add(PARAM, node.name, k, decl.shape)
+            grad = out.add(PARAM_DIFF, node.name, k, decl.shape) if train else None
+            out.params.append(ParamSlot(node.name, k, value, grad, decl.learnable))
+    learnable = out.learnable()
+    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape) for p in learnable]
+                   for j in range(history)]
+    return out

@@ -1,0 +1,103 @@
+"""The two engines that average gradients across ranks: NCCL between GPUs, MPI between CPU processes.
+
+Both average in place (the gradient's own memory holds the mean afterwards) and return a handle from
+`start` that `wait` completes, so the reducer can start a bucket while backward still runs.
+
+NCCL (`nccl4py`, NVIDIA's binding): one communicator per job, initialized from a unique id rank 0
+creates and MPI broadcasts. Reductions run on a stream of their own, non-blocking, so they overlap the
+backward kernels on stream 0: before a bucket starts, the communication stream waits for an event
+recorded on stream 0 (the kernels that wrote the bucket's gradients); `wait` makes stream 0 wait for the
+bucket's done event, on the GPU, so the host is never blocked. NCCL's AVG operation divides by the number
+of ranks in the same pass.
+
+MPI (mpi4py) on the CPU backend: a non-blocking in-place Iallreduce per gradient, then a scale by 1/N.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from superneurons.errors import UserError
+
+
+class MpiCollective:
+    """Averaging NumPy arrays (the CPU backend's) across the ranks of `world`."""
+
+    def __init__(self, world: Any, ops: Any):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = world.comm
+        self.size = world.size
+        self.ops = ops
+
+    def start(self, arrays: list[np.ndarray]) -> tuple[list[Any], list[np.ndarray]]:
+        requests = [self.comm.Iallreduce(self._MPI.IN_PLACE, a, op=self._MPI.SUM) for a in arrays]
+        return requests, arrays
+
+    def wait(self, handle: tuple[list[Any], list[np.ndarray]]) -> None:
+        requests, arrays = handle
+        self._MPI.Request.Waitall(requests)
+        if self.size > 1:
+            for a in arrays:
+                self.ops.scal(1.0 / self.size, a)
+
+
+def _check(result: tuple, what: str) -> Any:
+    """The value of a cuda-python driver call, or an error naming the call."""
+    from cuda.bindings import driver as drv
+
+    if result[0] != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {result[0]!r}")
+    return result[1] if len(result) == 2 else None
+
+
+def _nccl() -> Any:
+    try:
+        import nccl.core as nccl
+    except ImportError as e:
+        raise UserError(f"data parallelism on GPUs needs NCCL's Python binding ({e}); install it with "
+                        "`pip install 'superneurons[gpu]'` (nccl4py and nvidia-nccl-cu12 or -cu13)") from None
+    return nccl
+
+
+class NcclCollective:
+    """Averaging device arrays of the current GPU across the ranks of `world` through NCCL."""
+
+    def __init__(self, world: Any):
+        from cuda.bindings import driver as drv
+
+        nccl = _nccl()
+        self._nccl = nccl
+        self._drv, self._check = drv, _check
+        uid = world.broadcast(bytes(nccl.get_unique_id()) if world.is_root else None)
+        self.comm = nccl.Communicator.init(world.size, world.rank, nccl.UniqueId.from_bytes(uid))
+        self.size = world.size
+        self.stream = _check(drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
+        self._stream_handle = int(self.stream)
+        no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._marker = _check(drv.cuEventCreate(no_timing), "cuEventCreate")
+
+    def start(self, arrays: list[Any]) -> Any:
+        from superneurons.backend.cuda.transfer import CudaEvent
+
+        drv, check = self._drv, self._check
+        # The communication stream starts after what stream 0 has been given so far (cuStreamWaitEvent
+        # waits for the marker's latest record, so one marker serves every bucket).
+        check(drv.cuEventRecord(self._marker, drv.CUstream(0)), "cuEventRecord")
+        check(drv.cuStreamWaitEvent(self.stream, self._marker, 0), "cuStreamWaitEvent")
+        nccl = self._nccl
+        with nccl.group():
+            for a in arrays:
+                self.comm.allreduce(a, a, nccl.AVG, stream=self._stream_handle)
+        return CudaEvent(self.stream)
+
+    def wait(self, handle: Any) -> None:
+        drv = self._drv
+        self._check(drv.cuStreamWaitEvent(drv.CUstream(0), handle.handle, 0), "cuStreamWaitEvent")
+
+    def close(self) -> None:
+        """Release the communicator (all ranks, at the end of a run that did not fail)."""
+        self._check(self._drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        self.comm.destroy()

@@ -1,0 +1,501 @@
+"""pycaffe's `Net`: a net from a prototxt whose blobs and parameters are NumPy arrays you read and write.
+
+`net.blobs[name].data` and `.diff`, and `net.params[layer][i].data`/`.diff`, are the arrays the net
+computes with on the CPU backend (views into its memory pool: writes go straight into the net). On the
+GPU they are host copies, refreshed after every forward/backward/solver step and copied back to the
+device before the next one, so the same code works on both (write into them between calls; an array
+kept across a `reshape` is stale, as in Caffe).
+
+Layer ranges (`forward(start=, end=)`) are in Caffe's layer order, the prototxt's with split layers
+inserted (`_layer_names`); the layers of a range run in the route's order.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.pycaffe import mode
+
+TRAIN = pb.TRAIN
+TEST = pb.TEST
+
+# Tests set this to exercise on the CPU the host copies the GPU uses.
+FORCE_HOST_COPIES = False
+
+
+class HostArrays:
+    """The NumPy arrays handed to Python for a net's backend arrays: the arrays themselves where they are
+    host arrays, else host copies that `pull` refreshes from the device and `push` writes back. A copy is
+    written back only when it differs from what was last pulled: a net and the nets sharing its weights
+    (a solver's test nets) may all hold copies of one parameter, and an unchanged one must not undo an edit
+    made through another."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        # key -> (the array handed out, the values last pulled into it, how to find the backend array)
+        self.copies: dict[tuple, tuple[np.ndarray, np.ndarray, Callable[[], Any]]] = {}
+        self.placeholders: dict[tuple, np.ndarray] = {}
+
+    def get(self, key: tuple, array_of: Callable[[], Any], shape: Sequence[int]) -> np.ndarray:
+        array = array_of()
+        if array is None:  # a blob without a gradient: zeros, as Caffe's unused diffs are
+            held = self.placeholders.get(key)
+            if held is None or held.shape != tuple(shape):
+                held = self.placeholders[key] = np.zeros(tuple(shape), dtype=np.float32)
+            return held
+        if isinstance(array, np.ndarray) and not FORCE_HOST_COPIES:
+            return array
+        held = self.copies.get(key)
+        if held is None or held[0].shape != tuple(shape):
+            host = np.ascontiguousarray(self.backend.to_host(array)).reshape(tuple(shape))
+            self.copies[key] = (host, host.copy(), array_of)
+            return host
+        return held[0]
+
+    def push(self) -> None:
+        """Write the host copies the user changed into the backend arrays."""
+        for host, pulled, array_of in self.copies.values():
+            array = array_of()
+            if array is not None and not np.array_equal(host, pulled):
+                self.backend.from_host(array, host)
+                pulled[...] = host
+
+    def pull(self) -> None:
+        """Refresh the host copies from the backend arrays (after the net has run)."""
+        for host, pulled, array_of in self.copies.values():
+            array = array_of()
+            if array is not None:
+                host[...] = np.asarray(self.backend.to_host(array)).reshape(host.shape)
+                pulled[...] = host
+
+
+class Blob:
+    """One blob (or one learnable parameter): `.data`, `.diff`, `.shape`, `.count`, `.reshape(...)`."""
+
+    def __init__(self, net: "Net", key: tuple, shape_of: Callable[[], tuple[int, ...]],
+                 data_of: Callable[[], Any], diff_of: Callable[[], Any], reshape: Callable[[tuple], None] | None):
+        self._net, self._key = net, key
+        self._shape_of, self._data_of, self._diff_of, self._reshape = shape_of, data_of, diff_of, reshape
+
+    @property
+    def data(self) -> np.ndarray:
+        staged = self._net._pending.get(self._key[-1]) if self._key[0] == "blob" else None
+        if staged is not None:
+            return staged
+        return self._net._host.get(self._key + ("data",), self._data_of, self.shape)
+
+    @property
+    def diff(self) -> np.ndarray:
+        return self._net._host.get(self._key + ("diff",), self._diff_of, self.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        staged = self._net._pending.get(self._key[-1]) if self._key[0] == "blob" else None
+        return staged.shape if staged is not None else tuple(self._shape_of())
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def _legacy(self, axis: int) -> int:
+        shape = self.shape
+        return shape[axis] if axis < len(shape) else 1
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    def reshape(self, *shape: int | Sequence[int]) -> None:
+        """Give an input blob a new shape (its data then reads as zeros until written); the net is set up for
+        it, weights kept, at the next `net.reshape()`, forward or backward, as in Caffe."""
+        dims = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
+        dims = tuple(int(d) for d in dims)
+        if self._reshape is None:
+            raise UserError(f"blob {self._key[-1]!r} cannot be reshaped: only a net's input blobs (Input layer "
+                            "tops) take a new shape; the others follow from them")
+        self._reshape(dims)
+
+    def __repr__(self) -> str:
+        return f"<Blob {self._key[-1]!r} {self.shape}>"
+
+
+class Layer:
+    """A layer as pycaffe shows it: `.type`, `.name`, `.blobs` (its parameters)."""
+
+    def __init__(self, name: str, type_name: str, blobs: list[Blob]):
+        self.name, self.type, self.blobs = name, type_name, blobs
+
+    def __repr__(self) -> str:
+        return f"<Layer {self.name!r} ({self.type})>"
+
+
+class Net:
+    """`Net(model, phase)`, `Net(model, weights, phase)` or `Net(model, phase, weights=...)`, as pycaffe;
+    `level`/`stages` pick the NetState rules. Ours: `memory` (`baseline` default, so every blob stays
+    readable; `liveness`, `offload`, `recompute` or `auto`), `gpu_memory` (the pool's size, e.g. '12G')."""
+
+    def __init__(self, network_file: str, *args: Any, phase: int | None = None, weights: str | None = None,
+                 level: int = 0, stages: Iterable[str] | None = None, memory: str = "baseline",
+                 gpu_memory: str | int | None = None):
+        from superneurons.commands._options import parse_size
+        from superneurons.io.prototxt import read_net
+
+        if len(args) == 1:
+            phase = args[0]
+        elif len(args) == 2:
+            weights, phase = args
+        elif len(args) > 2:
+            raise TypeError("Net(model, phase), Net(model, weights, phase) or Net(model, phase, weights=...)")
+        if phase not in (TRAIN, TEST):
+            raise UserError(f"Net({network_file!r}, ...): phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
+        self._file = str(network_file)
+        self._net_param = read_net(self._file)
+        self._phase, self._level, self._stages = int(phase), int(level), tuple(stages or ())
+        self._memory = memory
+        self._pool_bytes = gpu_memory if isinstance(gpu_memory, int) else parse_size(gpu_memory)
+        self._backend = mode.current_backend()
+        self._standalone = True
+        self._passes = 0
+        self._pending: dict[str, np.ndarray] = {}
+        self._shares: Any = None
+        self._attach(self._build_runtime())
+        if weights:
+            self.copy_from(weights)
+
+    @classmethod
+    def _wrap(cls, runtime: Any, backend: Any) -> "Net":
+        """The Python view of a Net someone else runs (a solver's train and test nets)."""
+        self = cls.__new__(cls)
+        self._file, self._net_param, self._backend, self._standalone = runtime.graph.source, None, backend, False
+        self._phase, self._passes, self._pending = runtime.graph.phase, 0, {}
+        _zero_blobs(runtime)
+        self._attach(runtime)
+        return self
+
+    # -- building ------------------------------------------------------------------------------
+    def _build_runtime(self, share: Any = None) -> Any:
+        from superneurons.graph.build import build_graph
+        from superneurons.runtime.net import Net as RuntimeNet
+
+        graph = build_graph(self._net_param, self._phase, self._level, self._stages, source=self._file)
+        # A TEST net keeps gradients only under force_backward (saliency maps, deep dream), as in Caffe.
+        keeps_gradients = self._phase == TRAIN or bool(self._net_param.force_backward)
+        runtime = RuntimeNet(graph, self._backend, train=keeps_gradients, seed=mode.random_seed(),
+                             memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share)
+        _zero_blobs(runtime)
+        return runtime
+
+    def _attach(self, runtime: Any) -> None:
+        self._net = runtime
+        self._host = HostArrays(runtime.backend)
+        nodes = list(runtime.layers_in_prototxt_order())
+        self._layer_names = [n.name for n in nodes]
+        self._nodes = {n.name: n for n in nodes}
+        self.blobs: OrderedDict[str, Blob] = OrderedDict()
+        for n in nodes:
+            for top in n.tops:
+                if top not in self.blobs:
+                    self.blobs[top] = self._blob(top)
+        self.layer_dict: OrderedDict[str, Layer] = OrderedDict(
+            (n.name, Layer(n.name, n.layer.type_name,
+                           [self._param_blob(n.name, k) for k in range(len(n.layer.params))]))
+            for n in nodes)
+        self.layers = list(self.layer_dict.values())
+        self.params: OrderedDict[str, list[Blob]] = OrderedDict(
+            (name, layer.blobs) for name, layer in self.layer_dict.items() if layer.blobs)
+        self.top_names = OrderedDict((n.name, list(n.tops)) for n in nodes)
+        self.bottom_names = OrderedDict((n.name, list(n.bottoms)) for n in nodes)
+        self.inputs = [t for n in nodes if n.layer.type_name == "Input" for t in n.tops]
+        self.outputs = list(runtime.graph.outputs)
+        self.blob_loss_weights = OrderedDict((b, 0.0) for b in self.blobs)
+        self.blob_loss_weights.update(runtime.graph.loss_blobs)
+
+    def _blob(self, name: str) -> Blob:
+        reshape = (lambda dims: self._reshape_input(name, dims)) if self._standalone else None
+        return Blob(self, ("blob", name), lambda: self._net.graph.blob_shapes[name],
+                    lambda: self._resident(name), lambda: self._net.blob_array(name, diff=True), reshape)
+
+    def _param_blob(self, layer: str, k: int) -> Blob:
+        decl_of = lambda: self._net.layer(layer).params[k]  # noqa: E731  (re-read: a reshape rebuilds the net)
+        return Blob(self, ("param", layer, k), lambda: decl_of().shape, lambda: decl_of().data,
+                    lambda: decl_of().diff, None)
+
+    def _resident(self, name: str) -> Any:
+        array = self._net.blob_array(name)
+        if array is None:
+            raise UserError(f"blob {name!r} is not in memory: the net runs under memory mode "
+                            f"{self._net.memory.name!r}, which frees it after its last use; build the Net with "
+                            "memory='baseline' to read every blob")
+        return array
+
+    @property
+    def _blob_names(self) -> list[str]:
+        return list(self.blobs)
+
+    @property
+    def runtime(self) -> Any:
+        """The superneurons.runtime Net underneath (memory manager, pool, graph)."""
+        return self._net
+
+    # -- running -------------------------------------------------------------------------------
+    def _position(self, layer: str, what: str) -> int:
+        if layer not in self._nodes:
+            raise UserError(f"{what}={layer!r}: the net has no layer of that name")
+        return self._net.layer_position(layer)
+
+    def _blob_for(self, name: str) -> str:
+        """`end=` names a layer; pycaffe returns the blob of the same name (else the layer's first top)."""
+        if name in self.blobs or name not in self._nodes:
+            return name
+        return self._nodes[name].tops[0]
+
+    def forward(self, blobs: Iterable[str] | None = None, start: str | None = None, end: str | None = None,
+                **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the net (or layers start..end) with the inputs given by name; returns {blob: data} for the
+        outputs (or `end`'s blob) and `blobs`. The arrays are the net's: copy what you keep."""
+        self.reshape()
+        blobs = list(blobs or [])
+        first = self._position(start, "start") if start is not None else 0
+        last = self._position(end, "end") if end is not None else len(self._layer_names) - 1
+        outputs = set([self._blob_for(end)] + blobs) if end is not None else set(self.outputs + blobs)
+        if kwargs:
+            if set(kwargs) != set(self.inputs):
+                raise UserError(f"forward() got inputs {sorted(kwargs)}, the net's inputs are {self.inputs}")
+            for name, value in kwargs.items():
+                target = self.blobs[name]
+                if np.shape(value)[:1] != target.shape[:1]:
+                    raise UserError(f"forward(): input {name!r} has {np.shape(value)[0] if np.ndim(value) else 0} "
+                                    f"items, the blob holds {target.shape[0]} (reshape it first)")
+                target.data[...] = value
+        self._run(lambda: self._net.forward(first, last), fresh_pass=first == 0)
+        return {name: self.blobs[name].data for name in outputs}
+
+    def backward(self, diffs: Iterable[str] | None = None, start: str | None = None, end: str | None = None,
+                 **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+        """Backpropagate (from layer `start` down to `end`), with the output gradients given by name; returns
+        {blob: diff} for the inputs (or `end`'s blob) and `diffs`. Parameter gradients add up, as in Caffe."""
+        self.reshape()
+        diffs = list(diffs or [])
+        first = self._position(end, "end") if end is not None else 0
+        last = self._position(start, "start") if start is not None else len(self._layer_names) - 1
+        outputs = set([self._blob_for(end)] + diffs) if end is not None else set(self.inputs + diffs)
+        if kwargs and set(kwargs) != set(self.outputs):
+            raise UserError(f"backward() got gradients for {sorted(kwargs)}, the net's outputs are {self.outputs}")
+        if not self._net.runs_backward():
+            raise UserError(f"backward(): net {self._net.name!r} ({_phase_name(self._phase)}) runs no layer backward: "
+                            "a TEST net keeps gradients only with force_backward: true in its prototxt, and "
+                            "otherwise only layers below a loss backpropagate")
+
+        def run() -> None:
+            if not kwargs and first == 0 and last == len(self._layer_names) - 1:
+                self._net.backward()
+                return
+            self._net.seed_loss_diffs()
+            for name, value in kwargs.items():
+                array = self._net.blob_array(name, diff=True)
+                if array is not None:  # else no layer reads it (an input passed through): nothing to do
+                    self._net.backend.from_host(array, np.asarray(value, dtype=np.float32).reshape(
+                        self.blobs[name].shape))
+            self._net.backward(first, last, seed_losses=False)
+
+        self._run(run)
+        return {name: self.blobs[name].diff for name in outputs}
+
+    def _run(self, work: Callable[[], Any], fresh_pass: bool = False) -> Any:
+        """Host copies to the device, run, host copies back. A standalone net's full forward is a new pass
+        (Dropout draws a new mask each time, as Caffe's does)."""
+        if fresh_pass and self._standalone:
+            self._net.ctx.iteration = self._passes
+            self._passes += 1
+        self._host.push()
+        try:
+            return work()
+        finally:
+            self._host.pull()
+
+    def forward_all(self, blobs: Iterable[str] | None = None, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+        """`forward` over inputs of any length, batch by batch (the last batch padded); returns whole arrays."""
+        blobs = list(blobs or [])
+        wanted = set(self.outputs + blobs)
+        collected: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
+        for batch in self._batches(kwargs):
+            for name, value in self.forward(blobs=blobs, **batch).items():
+                _collect(collected[name], value)
+        n = len(next(iter(kwargs.values()))) if kwargs else 0
+        return {name: _trim(values, n) for name, values in collected.items()}
+
+    def forward_backward_all(self, blobs: Iterable[str] | None = None, diffs: Iterable[str] | None = None,
+                             **kwargs: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """forward and backward over inputs (and output gradients) of any length, batch by batch."""
+        blobs, diffs = list(blobs or []), list(diffs or [])
+        forward_in = {k: v for k, v in kwargs.items() if k in self.inputs}
+        backward_in = {k: v for k, v in kwargs.items() if k not in self.inputs}
+        outs: dict[str, list[np.ndarray]] = {name: [] for name in set(self.outputs + blobs)}
+        grads: dict[str, list[np.ndarray]] = {name: [] for name in set(self.inputs + diffs)}
+        for fb, bb in zip(self._batches(forward_in), self._batches(backward_in)):
+            for name, value in self.forward(blobs=blobs, **fb).items():
+                _collect(outs[name], value)
+            for name, value in self.backward(diffs=diffs, **bb).items():
+                _collect(grads[name], value)
+        n = len(next(iter(kwargs.values()))) if kwargs else 0
+        return {k: _trim(v, n) for k, v in outs.items()}, {k: _trim(v, n) for k, v in grads.items()}
+
+    def _batches(self, arrays: dict[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
+        if not arrays:
+            yield {}
+            return
+        batch = self.blobs[next(iter(arrays))].shape[0]
+        n = len(next(iter(arrays.values())))
+        for start in range(0, n, batch):
+            out = {}
+            for name, values in arrays.items():
+                chunk = np.asarray(values[start:start + batch])
+                if len(chunk) < batch:  # pad the last batch, as pycaffe does
+                    pad = np.zeros((batch - len(chunk),) + chunk.shape[1:], dtype=chunk.dtype)
+                    chunk = np.concatenate([chunk, pad])
+                out[name] = chunk
+            yield out
+        return
+
+    # -- shapes, weights, sharing --------------------------------------------------------------
+    def _reshape_input(self, name: str, dims: tuple[int, ...]) -> None:
+        if name not in self.inputs:
+            raise UserError(f"blob {name!r} cannot be reshaped: only input blobs take a new shape "
+                            f"(this net's: {', '.join(self.inputs) or 'none'})")
+        if not dims or min(dims) < 1:
+            raise UserError(f"blob {name!r}: cannot reshape to {dims}; every dimension must be at least 1")
+        if dims == tuple(self._net.graph.blob_shapes[name]):
+            self._pending.pop(name, None)
+        else:
+            self._pending[name] = np.zeros(dims, dtype=np.float32)
+
+    def reshape(self) -> None:
+        """Set the net up again for the shapes its input blobs were given (`Blob.reshape`), keeping the
+        weights and what was written into the reshaped inputs; forward and backward do this first."""
+        if not self._pending:
+            return
+        for name, staged in self._pending.items():
+            self._set_input_shape(name, staged.shape)
+        staged, self._pending = self._pending, {}
+        self._rebuild()
+        for name, values in staged.items():
+            self._net.backend.from_host(self._net.blob_array(name), values)
+
+    def _set_input_shape(self, name: str, dims: tuple[int, ...]) -> None:
+        for lp in self._net_param.layer:
+            if lp.type == "Input" and name in lp.top:
+                shapes = list(lp.input_param.shape)
+                if len(shapes) == 1 and len(lp.top) > 1:  # one shape for every top: give each its own
+                    del lp.input_param.shape[:]
+                    for _ in lp.top:
+                        lp.input_param.shape.add().CopyFrom(shapes[0])
+                shape = lp.input_param.shape[list(lp.top).index(name)]
+                del shape.dim[:]
+                shape.dim.extend(dims)
+
+    def _rebuild(self, share: Any = None) -> None:
+        """A new runtime Net for the changed shapes or sharing, keeping the weights (and our host copies in step)."""
+        from superneurons.io.caffemodel import load_weights, net_to_proto
+
+        self._host.push()
+        weights = net_to_proto(self._net)
+        runtime = self._build_runtime(share if share is not None else self._shares)
+        load_weights(runtime, weights)
+        self._attach(runtime)
+
+    def copy_from(self, weights: str) -> None:
+        """Load weights from a .caffemodel (or .caffemodel.h5), layers matched by name; others keep theirs."""
+        from superneurons.io.caffemodel import load_weights
+
+        self._host.push()
+        load_weights(self._net, str(weights))
+        self._host.pull()
+
+    def save(self, path: str) -> None:
+        """Write the weights as a .caffemodel (`.h5`: Caffe's HDF5 layout)."""
+        from superneurons.io.caffemodel import save_weights
+
+        self._host.push()
+        save_weights(self._net, str(path))
+
+    def save_hdf5(self, path: str) -> None:
+        from superneurons.io.caffemodel import save_weights
+
+        if not str(path).endswith((".h5", ".hdf5")):
+            raise UserError(f"save_hdf5({path!r}): give a file name ending in .h5 or .hdf5")
+        self._host.push()
+        save_weights(self._net, str(path))
+
+    def share_with(self, other: "Net") -> None:
+        """Use `other`'s weights for the layers both nets have (same name and shapes), as Caffe's
+        ShareTrainedLayersWith: a change to one net's weights is seen by the other."""
+        if not self._standalone:
+            raise UserError("share_with: a solver's nets share their weights already; call it on a Net you built")
+        other._host.push()
+        self._shares = other._net
+        self._rebuild(other._net)
+
+    def set_input_arrays(self, data: np.ndarray, labels: np.ndarray, layer: str | None = None) -> None:
+        """Feed a MemoryData layer (the first one, or `layer`): `data` (n, C, H, W), `labels` n values, n a
+        multiple of its batch_size; forward passes walk through them and wrap around."""
+        names = [n for n in self._layer_names if self._nodes[n].layer.type_name == "MemoryData"]
+        if layer is None:
+            if not names:
+                raise UserError("set_input_arrays: the net has no MemoryData layer")
+            layer = names[0]
+        elif layer not in names:
+            raise UserError(f"set_input_arrays: {layer!r} is not a MemoryData layer of this net "
+                            f"(those: {', '.join(names) or 'none'})")
+        self._net.layer(layer).reset(np.asarray(data), np.asarray(labels).reshape(-1))
+
+    # -- memory (ours) -------------------------------------------------------------------------
+    @property
+    def memory_mode(self) -> str:
+        """The memory mode the net runs under (what `auto` chose, when it was asked to)."""
+        return self._net.memory.name
+
+    def memory_summary(self) -> str:
+        """One line: the mode, its checkpoints or what auto weighed, and the pool's size."""
+        from superneurons.solver.solver import memory_line
+
+        return memory_line(self._net).removeprefix("Memory: ")
+
+    def memory_plan(self) -> dict[str, Any]:
+        """The static memory plan of this net (what `superneurons memory --json` prints): per step, the live
+        bytes under every mode, each mode's peak, the parameters' bytes."""
+        from superneurons.memory.plan import make_plan, to_json
+
+        graph = self._net.graph
+        plan = make_plan(graph, train=self._net.train, plan_backward=False)
+        batch = next((shape[0] for shape in graph.blob_shapes.values() if shape), None)
+        return to_json(plan, batch)
+
+
+def _collect(into: list, value: np.ndarray) -> None:
+    """Items of a batch's blob (a scalar blob, e.g. a loss, one value per batch)."""
+    if np.ndim(value):
+        into.extend(np.array(value, copy=True))
+    else:
+        into.append(np.array(value, copy=True))
+
+
+def _trim(values: list, n: int) -> np.ndarray:
+    """The collected items without the padding of the last batch (n: the number of real items, 0: all)."""
+    return np.asarray(values[:n] if n and len(values) >= n and np.ndim(values[0]) else values)
+
+
+def _phase_name(phase: int) -> str:
+    return "TRAIN" if phase == TRAIN else "TEST"
+
+
+def _zero_blobs(runtime: Any) -> None:
+    """Caffe's blobs start at zero, and pycaffe code reads (or runs on) inputs it has not written yet."""
+    for name in runtime.graph.blob_shapes:
+        array = runtime.blob_array(name)
+        if array is not None:
+            runtime.ops.fill(array, 0.0)

@@ -1,0 +1,132 @@
+"""pycaffe's solvers: `get_solver(path)` and `SGDSolver(path)`, `AdamSolver(path)`, ...
+
+A solver trains the train net its prototxt names and tests its test nets at `test_interval`, printing
+Caffe's log lines on stderr, as the `train` command does (the solver's `solver_mode` is ignored: the
+device is `set_mode_cpu`/`set_mode_gpu`'s, as in pycaffe). `solver.net` and `solver.test_nets` are
+`caffe.Net`s over the nets the solver runs: their blobs and parameters may be read and written between
+`step` calls.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from superneurons.errors import UserError
+from superneurons.pycaffe import mode
+from superneurons.pycaffe.net import Net
+
+
+class Solver:
+    """A solver of the type the prototxt names (`get_solver`); the subclasses force their type."""
+
+    type_name: str | None = None
+
+    def __init__(self, solver_file: str, memory: str | None = None, gpu_memory: str | int | None = None):
+        """`memory`: the memory mode (default: the prototxt's memory_param.mode when set, else baseline, so every
+        blob stays readable); `gpu_memory`: the training net's pool size, e.g. '12G'."""
+        from superneurons.commands._options import parse_size
+        from superneurons.io.prototxt import read_solver
+        from superneurons.runtime.logging import TrainLog
+        from superneurons.solver.solver import Solver as RuntimeSolver
+
+        param = read_solver(str(solver_file))
+        if self.type_name is not None:
+            param.type = self.type_name
+        if memory is None and not (param.HasField("memory_param") and param.memory_param.HasField("mode")):
+            memory = "baseline"
+        pool = gpu_memory if isinstance(gpu_memory, int) else parse_size(gpu_memory)
+        backend = mode.current_backend()
+        self._solver = RuntimeSolver(param, str(solver_file), backend=backend, memory=memory, pool_bytes=pool,
+                                     log=TrainLog(stream=sys.stderr))
+        self._net = Net._wrap(self._solver.net, backend)
+        self._test_nets = [Net._wrap(n, backend) for n in self._solver.test_nets]
+
+    @property
+    def net(self) -> Net:
+        return self._net
+
+    @property
+    def test_nets(self) -> list[Net]:
+        return list(self._test_nets)
+
+    @property
+    def iter(self) -> int:
+        """Updates done so far."""
+        return self._solver.iter
+
+    @property
+    def param(self) -> Any:
+        """The SolverParameter (after upgrading)."""
+        return self._solver.param
+
+    @property
+    def runtime(self) -> Any:
+        """The superneurons.solver Solver underneath."""
+        return self._solver
+
+    def _nets(self) -> list[Net]:
+        return [self._net] + self._test_nets
+
+    def _run(self, work) -> Any:
+        for net in self._nets():
+            net._host.push()
+        try:
+            return work()
+        finally:
+            for net in self._nets():
+                net._host.pull()
+
+    def step(self, iters: int) -> None:
+        """Train `iters` iterations (testing and snapshotting when the prototxt says so)."""
+        if int(iters) < 0:
+            raise UserError(f"step({iters}): the number of iterations cannot be negative")
+        self._run(lambda: self._solver.step(int(iters)))
+
+    def solve(self, resume_file: str | None = None) -> None:
+        """Train up to max_iter (from a .solverstate when given), as `superneurons train` does."""
+        self._run(lambda: self._solver.solve(resume=str(resume_file) if resume_file else None))
+
+    def restore(self, state_file: str) -> None:
+        """Continue from a .solverstate: iteration, history and the weights of the model it names."""
+        self._run(lambda: self._solver.restore(str(state_file)))
+
+    def snapshot(self) -> None:
+        """Write `<prefix>_iter_N.caffemodel` and `.solverstate` now."""
+        self._run(self._solver.snapshot)
+
+    def share_weights(self, net: Net) -> None:
+        """Make `net` (a Net you built) use this solver's weights for the layers both have, as they train."""
+        net.share_with(self._net)
+
+    def test_all(self) -> None:
+        """Score every test net now (the log lines Caffe prints at test_interval)."""
+        self._run(self._solver.test_all)
+
+
+class SGDSolver(Solver):
+    type_name = "SGD"
+
+
+class NesterovSolver(Solver):
+    type_name = "Nesterov"
+
+
+class AdaGradSolver(Solver):
+    type_name = "AdaGrad"
+
+
+class RMSPropSolver(Solver):
+    type_name = "RMSProp"
+
+
+class AdaDeltaSolver(Solver):
+    type_name = "AdaDelta"
+
+
+class AdamSolver(Solver):
+    type_name = "Adam"
+
+
+def get_solver(solver_file: str, **kwargs: Any) -> Solver:
+    """The solver of the type the prototxt's `type` names (SGD when unset)."""
+    return Solver(solver_file, **kwargs)
