@@ -104,6 +104,11 @@ def build(root: Path, repo: Path) -> Corpus:
     for name in ("train_lmdb", "test_lmdb"):
         write_lmdb(str(root / "data/digits" / name), c.records)
     c.lmdb = root / "data/digits/test_lmdb"
+    import h5py  # the HDF5Data layer's rows: the same digits as float data and labels
+
+    with h5py.File(root / "data/rows.h5", "w") as f:
+        f.create_dataset("data", data=np.stack([a for a, _ in digits]).astype(np.float32) / 255)
+        f.create_dataset("label", data=np.array([lab for _, lab in digits], dtype=np.float32))
     c.encoded_records = [(b"%08d" % i, encoded_datum(encode_image(a), lab).SerializeToString())
                          for i, (a, lab) in enumerate(digits[:4])]
     write_lmdb(str(root / "data/encoded_lmdb"), c.encoded_records)

@@ -185,17 +185,85 @@ def lmdb_db(rng: random.Random, c: Corpus, case: Path) -> list[str]:
                 data[i] ^= 1 << rng.randrange(8)
             mdb.write_bytes(bytes(data))
     else:
-        records = list(c.records)
-        for _ in range(rng.randint(1, 3)):
-            i = rng.randrange(len(records))
-            key, value = records[i]
-            records[i] = (key, _mutate_proto(value, pb.Datum, rng))
-        if rng.random() < 0.1:
-            records = records[:rng.randrange(len(records) + 1)]  # fewer records, possibly none
-        write_lmdb(str(db), records)
+        write_lmdb(str(db), _mutated_records(rng, c))
     net = case / "lenet.prototxt"
     net.write_text(c.lenet.read_text().replace("data/digits/test_lmdb", c.rel(db)))
     return ["test", "--model", c.rel(net), "--iterations", "3"]
+
+
+def _mutated_records(rng: random.Random, c: Corpus) -> list[tuple[bytes, bytes]]:
+    records = list(c.records)
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(records))
+        key, value = records[i]
+        records[i] = (key, _mutate_proto(value, pb.Datum, rng))
+    if rng.random() < 0.1:
+        records = records[:rng.randrange(len(records) + 1)]  # fewer records, possibly none
+    return records
+
+
+def leveldb(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    """Datum records edited and written as a LevelDB, or one of the database's files truncated or flipped."""
+    from superneurons.data.leveldb_source import write_leveldb
+
+    db = case / "db"
+    if rng.random() < 0.35:
+        write_leveldb(str(db), c.records)
+        files = sorted(p for p in db.iterdir() if p.is_file() and p.stat().st_size)
+        victim = rng.choice(files)
+        victim.write_bytes(mutate_bytes(victim.read_bytes(), rng))
+    else:
+        write_leveldb(str(db), _mutated_records(rng, c))
+    net = case / "lenet.prototxt"
+    net.write_text(c.lenet.read_text().replace('source: "data/digits/test_lmdb"\n    batch_size: 8\n    backend: LMDB',
+                                               f'source: "{c.rel(db)}"\n    batch_size: 8\n    backend: LEVELDB'))
+    return ["test", "--model", c.rel(net), "--iterations", "3"]
+
+
+def hdf5_data(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    """An HDF5Data layer's .h5 file with its bytes damaged, or rewritten with datasets of other shapes,
+    types or values, or missing; sometimes its list file damaged."""
+    import h5py
+    import numpy as np
+
+    h5 = case / "rows.h5"
+    seed_bytes = (c.root / "data/rows.h5").read_bytes()
+    if rng.random() < 0.4:
+        h5.write_bytes(mutate_bytes(seed_bytes, rng))
+    else:
+        n = rng.choice([0, 1, 5, 24, 24, 24])
+        shapes = {"data": (n, 1, 28, 28), "label": (n,)}
+        name = rng.choice(list(shapes))
+        shape = list(shapes[name])
+        if shape and rng.random() < 0.7:
+            shape[rng.randrange(len(shape))] = rng.choice([0, 1, 2, 3, 27, 100])
+        else:
+            shape = shape[:rng.randrange(len(shape) + 1)]
+        shapes[name] = tuple(shape)
+        dtype = rng.choice(["f4", "f8", "i4", "u1", "S3"])
+        with h5py.File(h5, "w") as f:
+            for key, sh in shapes.items():
+                if key == name and rng.random() < 0.15:
+                    continue  # missing
+                values = np.full(sh, rng.choice([0.0, 1.0, float("nan"), 1e30, -5.0]))
+                with np.errstate(invalid="ignore", over="ignore"):  # NaN and 1e30 cast to integers on purpose
+                    values = values.astype(dtype if key == name else "f4")
+                f.create_dataset(key, data=values)
+    listing = f"{c.rel(h5)}\n".encode()
+    if rng.random() < 0.2:
+        listing = mutate_text(listing, rng)
+    (case / "list.txt").write_bytes(listing)
+    net = case / "hdf5.prototxt"
+    net.write_text(HDF5_NET.replace("LIST", c.rel(case / "list.txt")))
+    return ["test", "--model", c.rel(net), "--iterations", "2"]
+
+
+HDF5_NET = """name: "rows"
+layer { name: "rows" type: "HDF5Data" top: "data" top: "label" hdf5_data_param { source: "LIST" batch_size: 8 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
 
 
 def image(rng: random.Random, c: Corpus, case: Path) -> list[str]:
@@ -235,5 +303,7 @@ KINDS: dict[str, Kind] = {
     "extra": extra,
     "binaryproto": binaryproto,
     "lmdb": lmdb_db,
+    "leveldb": leveldb,
+    "hdf5_data": hdf5_data,
     "image": image,
 }
