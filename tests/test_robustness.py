@@ -312,3 +312,16 @@ def test_resize_target_beyond_what_an_image_may_hold(tmp_path, height, width):
     with pytest.raises(UserError, match=rf"a.png: resizing to {height}x{width} asks for {height * width} pixels"):
         load_image(str(path), False, height, width)
     assert load_image(str(path), False, 6, 5).shape == (1, 6, 5)
+
+
+def test_hdf5_snapshot_under_a_non_ascii_prefix_resumes(tmp_path, monkeypatch, capsys):
+    (tmp_path / "conf/nets").mkdir(parents=True)
+    (tmp_path / "conf/nets/tiny.prototxt").write_text(TINY_NET)
+    solver = SOLVER.replace('snapshot_prefix: "out/tiny"', 'snapshot_prefix: "out/caf\u00e9"\nsnapshot_format: HDF5')
+    (tmp_path / "conf/solver.prototxt").write_text(solver.replace("max_iter: 6", "max_iter: 4"), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--solver", "conf/solver.prototxt"]) == 0
+    state = "out/caf\u00e9_iter_4.solverstate.h5"
+    (tmp_path / "conf/solver.prototxt").write_text(solver, encoding="utf-8")
+    assert main(["train", "--solver", "conf/solver.prototxt", "--snapshot", state]) == 0
+    assert f"Restoring previous solver status from {state}" in capsys.readouterr().out

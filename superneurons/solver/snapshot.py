@@ -145,7 +145,7 @@ def _text_field(value: str | bytes, field: str, path: str) -> str:
 def _state_to_hdf5(state: pb.SolverState, f: Any) -> None:
     """Caffe's SnapshotSolverStateToHDF5 layout: iter, learned_net, current_step, /history/<k>."""
     f.create_dataset("iter", data=np.array([state.iter], dtype=np.int32))
-    f.create_dataset("learned_net", data=np.bytes_(state.learned_net))
+    f.create_dataset("learned_net", data=np.bytes_(state.learned_net.encode("utf-8")))  # a path: any Unicode
     f.create_dataset("current_step", data=np.array([state.current_step], dtype=np.int32))
     history = f.create_group("history")
     for k, blob in enumerate(state.history):
