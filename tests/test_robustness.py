@@ -325,3 +325,9 @@ def test_hdf5_snapshot_under_a_non_ascii_prefix_resumes(tmp_path, monkeypatch, c
     (tmp_path / "conf/solver.prototxt").write_text(solver, encoding="utf-8")
     assert main(["train", "--solver", "conf/solver.prototxt", "--snapshot", state]) == 0
     assert f"Restoring previous solver status from {state}" in capsys.readouterr().out
+
+
+def test_user_error_is_one_line_whatever_it_quotes():
+    e = UserError("db 'x' is corrupt (CURRENT points to MANIFEST-0\n\x00\x1b[2J02: no such file)\tcaf\u00e9")
+    assert str(e) == "db 'x' is corrupt (CURRENT points to MANIFEST-0\\n\\x00\\x1b[2J02: no such file)\\tcaf\u00e9"
+    assert str(UserError("plain")) == "plain"
