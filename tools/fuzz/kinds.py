@@ -14,8 +14,8 @@ from typing import Callable
 
 from google.protobuf import message, text_format
 
-from mutate import mutate_bytes, mutate_message, mutate_text
 from corpus import Corpus
+from mutate import mutate_bytes, mutate_message, mutate_text
 from superneurons.data.lmdb_source import write_lmdb
 from superneurons.proto import superneurons_pb2 as pb
 
