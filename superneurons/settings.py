@@ -109,6 +109,10 @@ _DECLARED = (
             "blocks)."),
     Setting("SUPERNEURONS_BN_MIN_BLOCK", INT, 8192,
             "Fused BatchNorm: the fewest elements one block of the partial-sum kernels takes on."),
+    # -- read by the test suite only
+    Setting("SUPERNEURONS_ZOO", TEXT, None,
+            "Tests: the folder holding Caffe's model zoo (`caffe/models/bvlc_alexnet/deploy.prototxt`, ...); "
+            "unset, the tests that read it skip and say so."),
     # -- set by the program itself, not by users
     Setting("SUPERNEURONS_DP_ERRORS", TEXT, None,
             "Internal: the folder where the data-parallel launcher (`--gpu 0,1`) asks each rank to write its "

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from harness import lmdb_digest, load_tool, parse_classify_output
+from logs import messages
 from PIL import Image
 
 from superneurons.backend import get_backend
@@ -150,7 +151,7 @@ def test_superneurons_test_reproduces_caffe_test(caffe, tmp_path, capsys):
     model.write_text(TRAIN_TEST.read_text().replace('"data/digits/test_lmdb"', f'"{lmdb_path}"'))
     iterations = len(caffe["batch_loss"])
     assert main(["test", "--model", str(model), "--weights", str(MODEL), "--iterations", str(iterations)]) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(messages(capsys.readouterr().err))  # glog lines on stderr
 
     # What Caffe printed (caffe_test.log) and what we print, line for line for the accuracies.
     caffe_acc = caffe_log_values("caffe_test.log", r"\] Batch \d+, accuracy = (\S+)")

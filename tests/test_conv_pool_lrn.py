@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from harness import check_gradients, forward, make_layer
+from zoo import missing, zoo_path
 
 from superneurons.backend.cpu import conv as conv_ops
 from superneurons.errors import UserError
@@ -14,7 +15,7 @@ from superneurons.io.prototxt import read_net
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
 from superneurons.proto import superneurons_pb2 as pb
 
-ZOO = "/work/shared/zoo/caffe/models"
+ZOO = str(zoo_path("caffe/models"))
 
 
 def _rng(seed):
@@ -457,6 +458,8 @@ def _stem(path, types=("Input", "Convolution", "Pooling", "LRN", "ReLU")):
     return build_graph(net, pb.TEST, source=path).blob_shapes
 
 
+@pytest.mark.skipif(bool(missing("caffe/models/bvlc_alexnet/deploy.prototxt")),
+                    reason=str(missing("caffe/models/bvlc_alexnet/deploy.prototxt")))
 def test_alexnet_stem_shapes():
     shapes = _stem(f"{ZOO}/bvlc_alexnet/deploy.prototxt")
     assert shapes["conv1"] == (10, 96, 55, 55)
@@ -466,6 +469,8 @@ def test_alexnet_stem_shapes():
     assert shapes["pool5"] == (10, 256, 6, 6)
 
 
+@pytest.mark.skipif(bool(missing("caffe/models/bvlc_googlenet/deploy.prototxt")),
+                    reason=str(missing("caffe/models/bvlc_googlenet/deploy.prototxt")))
 def test_googlenet_stem_shapes_use_ceil_rounding():
     shapes = _stem(f"{ZOO}/bvlc_googlenet/deploy.prototxt")
     assert shapes["conv1/7x7_s2"] == (10, 64, 112, 112)

@@ -305,7 +305,7 @@ def test_recomputed_forward_serves_the_same_batch(tmp_path, closing):
 
 def test_prefetch_thread_is_a_daemon_and_stops(tmp_path):
     source, _, _ = random_db(tmp_path, n=4)
-    layer, shapes = data_layer(source, 2, extra="prefetch: 2")
+    layer, shapes = data_layer(source, 2, extra="prefetch: 2 decode_workers: 1")
     take(layer, shapes, 1)
     threads = [t for t in threading.enumerate() if t.name == "prefetch:src"]
     assert len(threads) == 1 and threads[0].daemon

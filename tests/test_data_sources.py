@@ -15,6 +15,7 @@ import pytest
 from google.protobuf import text_format
 from gpu_harness import GPU_ONLY
 from harness import load_tool
+from logs import messages
 from test_data import take
 from PIL import Image
 
@@ -188,7 +189,7 @@ def example_dir(tmp_path, monkeypatch):
 
 def test_caffe_hdf5_classification_example_trains(example_dir, capsys):
     assert train_example(example_dir) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(messages(capsys.readouterr().err))  # the training log: glog lines on stderr
     accuracies = [float(m) for m in re.findall(r"Test net output #1: accuracy = ([0-9.]+)", out)]
     assert len(accuracies) == 5 and accuracies[0] < 0.7  # before training, then every 500 iterations
     assert accuracies[-1] >= 0.88, out[-2000:]  # logistic regression on two Gaussians 2 apart: ~0.92

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,9 @@ from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Li
 from superneurons.memory.plan import PLAN_MODES, make_plan
 
 from test_memory_modes import CONV_FAN, DENSE, MLP_FAN, _graph, _mlp_with_loss
+from zoo import missing as zoo_missing, zoo_path
 
-ALEXNET = "/work/shared/zoo/caffe/models/bvlc_alexnet/deploy.prototxt"
+ALEXNET = str(zoo_path("caffe/models/bvlc_alexnet/deploy.prototxt"))
 
 
 def _steps_named(program, key, op, sched):
@@ -93,7 +93,7 @@ def test_every_mode_schedule_is_valid_and_modes_are_ordered(name):
     assert plan.peak("recompute")[0] >= plan.max_layer[1]  # l_peak is a floor
 
 
-ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+ZOO = zoo_path()
 # Issue 4's list: the planner's peaks fall baseline > liveness > offload >= recompute, and recompute stays
 # within 5% of max(l_i). (VGG16's offload already reaches max(l_i): conv1_2's backward alone needs it.)
 ZOO_PLANS = {"alexnet": ("caffe/models/bvlc_alexnet/deploy.prototxt", 200),
@@ -113,8 +113,8 @@ def test_zoo_recompute_peak_is_within_5_percent_of_max_l_i(name):
     from superneurons.proto import superneurons_pb2 as pb
 
     rel, batch = ZOO_PLANS[name]
-    if not (ZOO / rel).exists():
-        pytest.skip(f"{ZOO / rel} is not here")
+    if zoo_missing(rel):
+        pytest.skip(zoo_missing(rel))
     net = read_net(str(ZOO / rel))
     set_batch(net, batch)
     plan = make_plan(build_graph(net, pb.TRAIN))
@@ -155,7 +155,7 @@ def test_parse_size():
 
 needs_alexnet = pytest.mark.skipif(
     not os.path.exists(ALEXNET) or not {"Convolution", "Pooling", "LRN", "Dropout", "Softmax"} <= set(known_types()),
-    reason="AlexNet prototxt or its layers (Convolution, Pooling, LRN, Dropout, Softmax) missing")
+    reason=zoo_missing("caffe/models/bvlc_alexnet/deploy.prototxt") or "AlexNet's layers are not all registered")
 
 
 @needs_alexnet

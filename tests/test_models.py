@@ -10,6 +10,8 @@ import numpy as np
 from harness import is_net_prototxt, load_tool
 import pytest
 from google.protobuf import text_format
+from logs import messages
+from zoo import ZOO_ENV, missing, zoo_path
 
 from superneurons.backend import get_backend
 from superneurons.cli import main
@@ -21,7 +23,7 @@ from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = ROOT.parent / "shared" / "zoo"
+ZOO = zoo_path()
 MODEL_FILES = sorted(ROOT.glob("models/*/*.prototxt"))
 
 
@@ -76,13 +78,13 @@ def test_every_zoo_net_has_its_model_folder():
 # -- tools/zoo_to_train.py ---------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not ZOO.is_dir(), reason=f"model zoo not found at {ZOO}")
+@pytest.mark.skipif(missing() is not None, reason=str(missing()))
 @pytest.mark.parametrize("name", list(zoo_to_train.SPECS))
 def test_committed_nets_are_what_the_script_writes(name, tmp_path):
     zoo_to_train.write_model(ZOO, name, zoo_to_train.SPECS[name], tmp_path, None, 1)
     fresh = (tmp_path / name / f"{name}_dummy.prototxt").read_text()
     assert fresh == (ROOT / "models" / name / f"{name}_dummy.prototxt").read_text(), \
-        f"models/{name} is stale: rerun python tools/zoo_to_train.py ../shared/zoo"
+        f"models/{name} is stale: rerun python tools/zoo_to_train.py ${ZOO_ENV}"
 
 
 def _train_net(name: str) -> pb.NetParameter:
@@ -156,7 +158,7 @@ def test_cifar10_quick_trains_two_iterations_on_cpu(tmp_path, monkeypatch, capsy
     path = tmp_path / "solver.prototxt"
     path.write_text(text_format.MessageToString(solver))
     assert main(["train", "--solver", str(path)]) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(messages(capsys.readouterr().err))  # glog lines on stderr
     assert "Iteration 2" in out and "accuracy" in out
     # Every label is class 1 and the data is noise: the loss starts near ln(10).
     losses = [float(line.rsplit("=", 1)[1].split()[0]) for line in out.splitlines()

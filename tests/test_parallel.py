@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from logs import GLOG, messages
 from test_solver import TINY_NET, Quiet
 
 import parallel_job as job
@@ -227,7 +228,7 @@ def _cli(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProces
 def test_mpiexec_train_on_the_cpu_logs_once_and_resumes_only_with_as_many_ranks(workdir):
     r = _cli(2, "--solver", "conf/solver.prototxt")
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
+    lines = messages(r.stderr)  # glog lines on stderr
     assert lines.count("Optimization Done.") == 1  # rank 0 alone logs
     assert lines.count("Iteration 3, Testing net (#0)") == 1
     assert any(l.startswith("Data parallel: 2 rank(s)") for l in lines)
@@ -237,7 +238,7 @@ def test_mpiexec_train_on_the_cpu_logs_once_and_resumes_only_with_as_many_ranks(
     alone = subprocess.run([sys.executable, "-m", "superneurons", "train", "--solver", "conf/solver.prototxt",
                             "--snapshot", "out/tiny_iter_3.solverstate"], capture_output=True, text=True, env=ENV)
     assert alone.returncode == 1
-    err = alone.stderr.strip().splitlines()
+    err = [line for line in alone.stderr.strip().splitlines() if not GLOG.fullmatch(line)]  # past the log lines
     assert len(err) == 1 and "taken with 2 rank(s)" in err[0] and "this run has 1" in err[0], alone.stderr
     three = _cli(3, "--solver", "conf/solver.prototxt", "--snapshot", "out/tiny_iter_3.solverstate")
     assert three.returncode != 0 and "taken with 2 rank(s)" in three.stderr and "this run has 3" in three.stderr
@@ -264,7 +265,7 @@ def test_a_failing_rank_stops_every_rank_with_its_message(workdir):
     assert elapsed < 45, elapsed
     mine = [l for l in r.stderr.splitlines() if "injected failure" in l]
     assert mine == ["superneurons train: error: rank 1: injected failure at iteration 5"], r.stderr
-    assert "Optimization Done." not in r.stdout
+    assert "Optimization Done." not in messages(r.stderr)
     assert not _left_running(f"{JOB} fail conf/solver.prototxt"), "a rank outlived the job"
 
 
@@ -300,7 +301,7 @@ def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
     args = build_parser().parse_args(["train", "--solver", "conf/solver.prototxt", "--no-progress"])
     os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]
     assert launch.spawn(args, [0, 1]) == 0  # the workers have no --gpu: two CPU ranks
-    out = capfd.readouterr().out.splitlines()
+    out = messages(capfd.readouterr().err)  # the workers' glog lines, passed on by the launcher
     assert out.count("Optimization Done.") == 1 and any(l.startswith("Data parallel: 2 rank(s)") for l in out)
     assert json.loads((workdir / "out/tiny_iter_6.solverstate.extra").read_text())["ranks"] == 2
 

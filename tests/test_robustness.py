@@ -24,9 +24,12 @@ from superneurons.solver.snapshot import read_extra
 
 
 def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
+    """The CLI's error line: the last line on stderr, the only one of its form (log lines may precede it)."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("superneurons ") and ": error: " in line]
+    assert errors == lines[-1:] and "Traceback" not in err, err
+    return lines[-1]
 
 
 # -- prototxt text ------------------------------------------------------------------------------
@@ -324,7 +327,8 @@ def test_hdf5_snapshot_under_a_non_ascii_prefix_resumes(tmp_path, monkeypatch, c
     state = "out/caf\u00e9_iter_4.solverstate.h5"
     (tmp_path / "conf/solver.prototxt").write_text(solver, encoding="utf-8")
     assert main(["train", "--solver", "conf/solver.prototxt", "--snapshot", state]) == 0
-    assert f"Restoring previous solver status from {state}" in capsys.readouterr().out
+    logged = capsys.readouterr()
+    assert f"Restoring previous solver status from {state}" in logged.out + logged.err
 
 
 def test_user_error_is_one_line_whatever_it_quotes():

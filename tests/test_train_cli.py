@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from logs import GLOG, messages
 from test_solver import TINY_NET
 
 from superneurons.cli import main
@@ -36,16 +37,18 @@ def workdir(tmp_path, monkeypatch):
 
 
 def _error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
+    """The error line on stderr (log lines written before the error are glog lines and left aside)."""
+    err = [line for line in capsys.readouterr().err.splitlines() if not GLOG.fullmatch(line)]
+    assert len(err) == 1, err
+    return err[0]
 
 
 def test_train_prints_caffe_log_lines_and_writes_snapshots(workdir, capsys):
     rc = main(["train", "--solver", "conf/solver.prototxt", "--log", "train.log", "--log-json", "train.jsonl"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    lines = out.splitlines()
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.out == ""  # Caffe's log goes to stderr, as glog's
+    lines = messages(captured.err)
+    assert len(lines) == len(captured.err.splitlines())  # every line is a glog line
     for expected in ("Solving tiny", "Learning Rate Policy: step", "Iteration 0, Testing net (#0)",
                      "Iteration 2, lr = 0.05", "Iteration 4, lr = 0.025",
                      "Snapshotting to binary proto file out/tiny_iter_4.caffemodel",
@@ -56,7 +59,7 @@ def test_train_prints_caffe_log_lines_and_writes_snapshots(workdir, capsys):
     assert any(l.startswith("    Train net output #0: loss = ") and l.endswith(" loss)") for l in lines)
     assert any(l.startswith("    Test net output #0: accuracy = ") for l in lines)
     assert lines.index("Iteration 4, Testing net (#0)") < lines.index("Iteration 4, lr = 0.025")
-    assert (workdir / "train.log").read_text().splitlines() == lines
+    assert (workdir / "train.log").read_text().splitlines() == captured.err.splitlines()
     records = [json.loads(l) for l in (workdir / "train.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in records if r["event"] == "train"] == [0, 2, 4, 6]
     assert [r["iter"] for r in records if r["event"] == "test"] == [0, 4]
@@ -66,7 +69,7 @@ def test_train_prints_caffe_log_lines_and_writes_snapshots(workdir, capsys):
 
     assert main(["test", "--model", "conf/nets/tiny.prototxt", "--weights", "out/tiny_iter_6.caffemodel",
                  "--iterations", "3"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = messages(capsys.readouterr().err)
     assert "Running for 3 iterations." in out
     assert sum(l.startswith("Batch ") for l in out) == 6
     assert any(l.startswith("accuracy = ") for l in out)
@@ -78,7 +81,7 @@ def test_resume_through_the_cli_matches(workdir, capsys):
     first = (workdir / "out/tiny_iter_6.caffemodel").read_bytes()
     (workdir / "out/tiny_iter_6.caffemodel").unlink()
     assert main(["train", "--solver", "conf/solver.prototxt", "--snapshot", "out/tiny_iter_4.solverstate"]) == 0
-    out = capsys.readouterr().out
+    out = messages(capsys.readouterr().err)
     assert "Restoring previous solver status from out/tiny_iter_4.solverstate" in out
     assert (workdir / "out/tiny_iter_6.caffemodel").read_bytes() == first
 
@@ -109,7 +112,7 @@ def test_snapshot_and_weights_together_is_an_error(workdir, capsys):
 def test_weights_flag_fine_tunes(workdir, capsys):
     assert main(["train", "--solver", "conf/solver.prototxt"]) == 0
     assert main(["train", "--solver", "conf/solver.prototxt", "--weights", "out/tiny_iter_6.caffemodel"]) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(messages(capsys.readouterr().err))
     assert "Copied weights of 2 layer(s) from out/tiny_iter_6.caffemodel" in out
     assert main(["train", "--solver", "conf/solver.prototxt", "--weights", "missing.caffemodel"]) == 1
     assert "missing.caffemodel" in _error(capsys)

@@ -1,4 +1,4 @@
-"""Real model-zoo prototxts (../shared/zoo): every file parses and upgrades, every net infers its shapes.
+"""Real model-zoo prototxts (the folder in SUPERNEURONS_ZOO, see tests/zoo.py): every file parses and upgrades, every net infers its shapes.
 
 The shape tests need every layer type of a net registered; while a type is still missing the
 test is skipped and says which. Data layers are swapped for Input layers of the dataset's shape,
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness import is_net_prototxt
+from zoo import missing, zoo_path
 from google.protobuf import text_format
 
 from superneurons.cli import main
@@ -19,9 +20,9 @@ from superneurons.io.upgrade import net_needs_upgrade, upgrade_net, upgrade_solv
 from superneurons.layers.base import known_types
 from superneurons.proto import superneurons_pb2 as pb
 
-ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+ZOO = zoo_path()
 FILES = sorted(ZOO.rglob("*.prototxt")) if ZOO.is_dir() else []
-pytestmark = pytest.mark.skipif(not FILES, reason=f"model zoo not found at {ZOO}")
+pytestmark = pytest.mark.skipif(not FILES, reason=missing() or f"no prototxt files in {ZOO}")
 
 
 def _rel(path: Path) -> str:

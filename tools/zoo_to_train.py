@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Turn model-zoo deploy prototxts into ready-to-train nets fed by DummyData.
 
-    python tools/zoo_to_train.py ../shared/zoo                 # (re)writes models/<name>/ for every known net
-    python tools/zoo_to_train.py ../shared/zoo --only vgg16,alexnet --batch 8
+    python tools/zoo_to_train.py path/to/zoo                  # (re)writes models/<name>/ for every known net
+    python tools/zoo_to_train.py path/to/zoo --only vgg16,alexnet --batch 8
     python tools/zoo_to_train.py --deploy D.prototxt --out T.prototxt --batch 16 [--side 224] [--classes 1000]
 
 What a conversion does to the deploy net:
@@ -188,7 +188,7 @@ def write_model(zoo: Path, name: str, spec: Spec, out_dir: Path, batch: int | No
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("zoo", nargs="?", help="the model zoo folder (e.g. ../shared/zoo)")
+    p.add_argument("zoo", nargs="?", help="the model zoo folder (holding caffe/models/..., as $SUPERNEURONS_ZOO for the tests)")
     p.add_argument("--out-dir", default=str(ROOT / "models"), help="where models/<name>/ go (default: %(default)s)")
     p.add_argument("--only", help=f"comma-separated subset of: {', '.join(SPECS)}")
     p.add_argument("--batch", type=int, help="batch size (default: each net's own, see SPECS)")
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out}")
             return 0
         if not args.zoo:
-            raise UserError("give the model zoo folder (e.g. ../shared/zoo) or --deploy FILE --out FILE")
+            raise UserError("give the model zoo folder (holding caffe/models/...) or --deploy FILE --out FILE")
         zoo = Path(args.zoo)
         if not zoo.is_dir():
             raise UserError(f"{zoo}: not a folder")

@@ -1,8 +1,11 @@
-"""Flags shared by the commands that run a net: --gpu, --memory, --gpu-memory."""
+"""Flags shared by the commands that run a net: --gpu, --memory, --gpu-memory, --data-workers, --batch,
+--input-shape; the backend --gpu picks; the net with stand-in inputs."""
 from __future__ import annotations
 
 import argparse
 import re
+import sys
+from typing import Callable
 
 from superneurons.errors import UserError
 
@@ -25,11 +28,24 @@ MEMORY_HELP = "memory mode: baseline, liveness, offload, recompute or auto"
 
 def add_device_options(p: argparse.ArgumentParser, gpu: bool = True, memory_default: str | None = "auto",
                        memory_help: str = f"{MEMORY_HELP} (default auto: the cheapest that fits the pool)") -> None:
-    """--gpu (unless the command has its own), --memory and --gpu-memory."""
+    """--gpu (unless the command has its own), --memory, --gpu-memory and --data-workers."""
     if gpu:
-        p.add_argument("--gpu", help="GPU id to run on (default: the CPU)")
+        p.add_argument("--gpu", help="GPU id to run on; -1 or leaving it out: the CPU")
     p.add_argument("--memory", default=memory_default, help=memory_help)
     add_gpu_memory(p)
+    p.add_argument("--data-workers", metavar="N", type=_data_workers, dest="data_workers",
+                   help="decode worker processes per Data/ImageData layer, over their decode_workers "
+                        "(default: one per CPU core; 0 or 1: a thread in this process; same batches either way)")
+
+
+def _data_workers(text: str) -> int:
+    """--data-workers N: applies to every data layer built afterwards in this process."""
+    from superneurons.data.workers import request_workers
+
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"takes a number of workers (0 or more), got {text!r}")
+    request_workers(int(text))
+    return int(text)
 
 
 def add_gpu_memory(p: argparse.ArgumentParser) -> None:
@@ -38,13 +54,86 @@ def add_gpu_memory(p: argparse.ArgumentParser) -> None:
                         "minus a margin, on the CPU what the net needs)")
 
 
-def make_backend(args):
-    from superneurons.backend import get_backend
+def gpu_device(gpu: str) -> int | None:
+    """The device `--gpu` names: None for the CPU (-1), the first of a list (0,1), 0 for `all`."""
+    first = str(gpu).split(",")[0].strip().lower()
+    if first in ("-1", "cpu"):
+        return None
+    if first == "all":
+        return 0
+    try:
+        return int(first)
+    except ValueError:
+        raise UserError(f"--gpu takes a device number (or -1 for the CPU), got {gpu!r}") from None
 
-    if getattr(args, "gpu", None) not in (None, "", "-1"):
+
+def pick_backend(gpu: str | None, solver_mode: int | None = None, device_id: int = 0,
+                 warn: Callable[[str], None] | None = None, where: str = "the solver"):
+    """The backend a command runs on, as `caffe` decides it: `--gpu N` runs on GPU N and `--gpu -1` on
+    the CPU, whatever the solver says; without --gpu, the solver's `solver_mode: GPU` (device_id) asks for
+    a GPU. A GPU that was asked for on the command line and cannot be used is an error; one that only the
+    solver file asked for falls back to the CPU with one warning, as a Caffe built without CUDA does."""
+    from superneurons.backend import get_backend
+    from superneurons.proto import superneurons_pb2 as pb
+
+    if gpu not in (None, ""):
+        device = gpu_device(gpu)
+        if device is None:
+            return get_backend("cpu")
         try:
-            device = int(str(args.gpu).split(",")[0])
-        except ValueError:
-            raise UserError(f"--gpu takes a device number, got {args.gpu!r}") from None
-        return get_backend("cuda", device)
+            return get_backend("cuda", device)
+        except UserError as e:
+            raise UserError(f"--gpu {gpu}: {e}; run on the CPU with --gpu -1 or without --gpu") from None
+    if solver_mode == pb.SolverParameter.GPU:
+        try:
+            return get_backend("cuda", int(device_id))
+        except UserError as e:
+            say = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+            say(f"{where} asks for solver_mode: GPU, but {e}; running on the CPU (--gpu -1 chooses the CPU "
+                "without this warning)")
     return get_backend("cpu")
+
+
+def split_stages(stages: list[str] | None) -> list[str]:
+    """`--stage a --stage b,c` -> [a, b, c] (Caffe's -stage takes a comma-separated list)."""
+    return [s.strip() for arg in stages or () for s in arg.split(",") if s.strip()]
+
+
+def add_input_options(p: argparse.ArgumentParser) -> None:
+    """--batch and --input-shape: what `summary`, `memory` and `time` run a net's shapes with."""
+    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    p.add_argument("--input-shape", action="append", metavar="BLOB=N,C,H,W",
+                   help="the shape of an input blob, repeatable; replaces its data layer (a data layer whose "
+                        "source is absent is replaced anyway, with shapes from its own fields)")
+
+
+def net_state(args, net):
+    """The NetState --phase/--level/--stage select in `net`, as build_graph reads them (the net's own state
+    fills what the flags leave out)."""
+    from superneurons.graph.state import make_state
+    from superneurons.proto import superneurons_pb2 as pb
+
+    stages = tuple(split_stages(getattr(args, "stage", None)))
+    state = make_state(pb.Phase.Value(getattr(args, "phase", "TRAIN")), getattr(args, "level", 0) or 0,
+                       stages or tuple(net.state.stage))
+    if not stages and not state.level and net.state.HasField("level"):
+        state.level = net.state.level
+    return state
+
+
+def read_model(args, say: Callable[[str], None] | None = None):
+    """The net of --model with stand-in inputs (graph/stand_in.py) for the layers of --phase/--level/--stage,
+    and --batch applied; says which shapes it assumed, one line each (default: on stderr)."""
+    from superneurons.graph.batch import set_batch
+    from superneurons.graph.stand_in import parse_input_shapes, stand_in_inputs
+    from superneurons.io.prototxt import read_net
+
+    if args.batch is not None and args.batch <= 0:
+        raise UserError(f"--batch must be positive, got {args.batch}")
+    net = read_net(args.model)
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    for note in stand_in_inputs(net, parse_input_shapes(args.input_shape), args.model, net_state(args, net)):
+        say(f"{args.model}: {note}")
+    if args.batch:
+        set_batch(net, args.batch)
+    return net

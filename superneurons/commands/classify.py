@@ -177,7 +177,7 @@ def _input_blob(graph, where: str) -> tuple[str, tuple[int, ...]]:
 
 
 def run(args) -> int:
-    from superneurons.commands.train import pick_backend
+    from superneurons.commands._options import pick_backend
     from superneurons.graph.batch import set_batch
     from superneurons.graph.build import build_graph
     from superneurons.io.caffemodel import load_weights_files

@@ -5,10 +5,9 @@ import argparse
 import json
 import re
 
+from superneurons.commands._options import add_input_options, read_model
 from superneurons.errors import UserError
-from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
-from superneurons.io.prototxt import read_net
 from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets
 from superneurons.memory.cost import TIE, Choice, choose
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
@@ -21,6 +20,7 @@ EXAMPLES = """examples:
   superneurons memory --model deploy.prototxt --batch 64 --json > plan.json
   superneurons memory --model M --batch 32 --gpu-memory 12G          # which mode `--memory auto` would pick
   superneurons memory --model M --batch 32 --plot steps.png --memory liveness
+  superneurons memory --model train_val.prototxt --input-shape data=64,3,224,224   # no LMDB needed
   superneurons memory --model M --batch 64 --ranks 8 --gpu-memory 12G   # each of 8 GPUs: batch 64, 12 GiB
 """
 
@@ -40,7 +40,7 @@ def register(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="plan a net's memory per step under each memory mode (no GPU needed)",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="net prototxt (a deploy net is planned as if it fed a loss)")
-    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    add_input_options(p)
     p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN")
     p.add_argument("--memory", choices=list(PLAN_MODES) + ["auto", "all"], default="all",
                    help="which mode(s) to report (default: all; auto needs --gpu-memory)")
@@ -64,14 +64,10 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if args.batch is not None and args.batch <= 0:
-        raise UserError(f"--batch must be positive, got {args.batch}")
     budget = parse_size(args.gpu_memory) if args.gpu_memory else None
     if args.memory == "auto" and budget is None:
         raise UserError("--memory auto needs --gpu-memory SIZE (the budget auto must fit)")
-    net = read_net(args.model)
-    if args.batch:
-        set_batch(net, args.batch)
+    net = read_model(args)
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model)
     given = tuple(t.strip() for t in (args.checkpoints or "").split(",") if t.strip())
     sets = checkpoint_sets(graph, given)

@@ -67,7 +67,7 @@ def parse_log(path: str) -> dict[str, list[tuple[int, float]]]:
 
 def _add_record(series: dict[str, list[tuple[int, float]]], rec: dict) -> None:
     """One `--log-json` record (runtime/logging.py `TrainLog.record`, written by the solver):
-    {"event": "train", "iter", "loss" (smoothed), "iter_per_s", "outputs": {blob: value}} per display and
+    {"event": "train", "iter", "loss" (smoothed), "lr", "iter_per_s", "outputs": {blob: value}} per display and
     {"event": "test", "iter", "net", "outputs", "loss" (with test_compute_loss)} per test pass.
     Test outputs of net #0 become 'test/<blob>', those of net #k 'test/<blob> (net k)'."""
     it = rec.get("iter")

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.graph.batch import set_batch
+from superneurons.commands._options import add_input_options, read_model, split_stages
 from superneurons.graph.build import build_graph
-from superneurons.io.prototxt import read_net
 from superneurons.layers.base import count
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
@@ -13,6 +12,11 @@ from superneurons.proto import superneurons_pb2 as pb
 EXAMPLES = """examples:
   superneurons summary --model models/lenet/lenet_train_test.prototxt
   superneurons summary --model ResNet-50-deploy.prototxt --batch 32 --phase TEST
+  superneurons summary --model bvlc_alexnet/train_val.prototxt     # no LMDB here: shapes from crop_size
+  superneurons summary --model train_val.prototxt --input-shape data=32,3,224,224
+
+A data layer whose source is not on this machine is sized from its own fields (batch_size, crop_size,
+new_height/new_width) or from --input-shape; the lines on stderr say which shapes were assumed.
 """
 
 
@@ -21,18 +25,17 @@ def register(sub) -> argparse.ArgumentParser:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN")
-    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    add_input_options(p)
     p.add_argument("--level", type=int, default=0)
-    p.add_argument("--stage", action="append", default=[])
+    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    net = read_net(args.model)
-    if args.batch:
-        set_batch(net, args.batch)
-    graph = build_graph(net, pb.Phase.Value(args.phase), args.level, tuple(args.stage), source=args.model)
+    net = read_model(args)
+    graph = build_graph(net, pb.Phase.Value(args.phase), args.level, tuple(split_stages(args.stage)),
+                        source=args.model)
     print(format_summary(graph))
     return 0
 

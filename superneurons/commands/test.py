@@ -1,10 +1,12 @@
-"""`superneurons test`: score a trained model, Caffe's `caffe test` (TEST-phase net, outputs averaged)."""
+"""`superneurons test`: score a trained model, Caffe's `caffe test` (TEST-phase net, outputs averaged).
+
+Like Caffe it logs glog lines on stderr: "Batch 0, accuracy = 0.98" per batch, then "Loss: X" and the
+averaged outputs ("accuracy = 0.98"). A blob with many values prints its first few (runtime/logging.py)."""
 from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import add_device_options, parse_size
-from superneurons.commands.train import pick_backend
+from superneurons.commands._options import add_device_options, parse_size, pick_backend, split_stages
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -22,7 +24,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=50, help="number of batches to score (default 50)")
     add_device_options(p)
     p.add_argument("--level", type=int, default=0)
-    p.add_argument("--stage", action="append", default=[])
+    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
     p.set_defaults(func=run)
     return p
 
@@ -31,29 +33,36 @@ def run(args) -> int:
     from superneurons.graph.build import build_graph
     from superneurons.io.caffemodel import load_weights_files
     from superneurons.io.prototxt import read_net
-    from superneurons.runtime.logging import num, score_line
+    from superneurons.runtime.logging import TrainLog, capped_outputs, num, score_line
     from superneurons.runtime.net import Net
-    from superneurons.solver.evaluate import evaluate
+    from superneurons.solver.evaluate import evaluate, score_blobs
 
     if args.iterations <= 0:
         raise UserError(f"--iterations must be positive, got {args.iterations}")
+    log = TrainLog()
     backend = pick_backend(args.gpu)
-    graph = build_graph(read_net(args.model), pb.TEST, args.level, tuple(args.stage), source=args.model)
+    graph = build_graph(read_net(args.model), pb.TEST, args.level, tuple(split_stages(args.stage)),
+                        source=args.model)
     net = Net(graph, backend, train=False, seed=0, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
     if args.weights:
         for line in load_weights_files(net, args.weights):
-            print(line)
+            log.info(line)
     else:  # Caffe refuses; scoring initial weights is still useful to smoke-test a net
-        print("No --weights given: scoring the fillers' initial weights")
-    print(f"Running for {args.iterations} iterations.")
+        log.info("No --weights given: scoring the fillers' initial weights")
+    log.info(f"Running for {args.iterations} iterations.")
 
     def on_batch(i, outputs):
-        for name, values, _ in outputs:
-            for v in values:
-                print(f"Batch {i}, {name} = {num(v)}")
+        shown, notes = capped_outputs(outputs)
+        for _, name, value, _ in shown:
+            log.info(f"Batch {i}, {name} = {num(value)}")
+        for note in notes:
+            log.info(note)
 
     scores, loss = evaluate(net, args.iterations, on_batch=on_batch)
-    print(f"Loss: {num(loss)}")
-    for s in scores:
-        print(score_line(s.name, s.value, s.loss_weight))
+    log.info(f"Loss: {num(loss)}")
+    shown, notes = capped_outputs(score_blobs(scores))
+    for _, name, value, weight in shown:
+        log.info(score_line(name, value, weight))
+    for note in notes:
+        log.info(note)
     return 0

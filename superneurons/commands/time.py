@@ -4,17 +4,22 @@ Besides Caffe's lines it shows, per layer, the live pool bytes after each step a
 manager did at its forward (F) and backward (B) steps, averaged per iteration: tensors allocated and
 freed, bytes offloaded to and prefetched from the host, forward steps recomputed, Tensor Cache hits
 and misses. `--memory liveness|offload|recompute|auto` times the net under that manager.
+
+As `caffe time`, every layer's backward is timed: a net without a loss (a deploy net) is run as if its
+outputs fed a loss of weight 1, so every layer below them runs backward. A net whose data is not on
+this machine runs on stand-in inputs of the shapes its prototxt or --input-shape gives.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from superneurons.commands._options import add_device_options, make_backend, parse_size
+from superneurons.commands._options import (add_device_options, add_input_options, net_state, parse_size,
+                                             pick_backend, read_model, split_stages)
 from superneurons.errors import UserError
-from superneurons.graph.batch import set_batch
-from superneurons.graph.build import build_graph
-from superneurons.io.prototxt import read_net
+from superneurons.graph.build import Graph, build_graph
+from superneurons.graph.state import is_included
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
@@ -24,15 +29,20 @@ EXAMPLES = """examples:
   superneurons time --model models/lenet/lenet_train_test.prototxt --iterations 20
   superneurons time --model models/lenet/lenet_train_test.prototxt --memory recompute --iterations 10
   superneurons time --model resnet50_dummy.prototxt --gpu 0 --memory recompute --gpu-memory 12G --json
+  superneurons time -model deploy.prototxt -gpu 0 -iterations 10 --input-shape data=64,3,224,224
 """
 
 
 def register(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("time", help="time each layer's forward and backward pass, with memory per step",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="net prototxt (its TRAIN phase is timed, as in Caffe)")
+    p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--iterations", type=int, default=50, help="timed iterations after one warm-up (default 50)")
-    p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")
+    p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN",
+                   help="which phase's layers to time (default TRAIN, as Caffe); backward runs in both")
+    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
+    add_input_options(p)
     p.add_argument("--json", action="store_true", help="print the measurements as JSON instead of a table")
     p.add_argument("--weights", help="initialise from a .caffemodel")
     add_device_options(p)
@@ -43,11 +53,20 @@ def register(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     if args.iterations <= 0:
         raise UserError(f"--iterations must be positive, got {args.iterations}")
-    net_param = read_net(args.model)
-    if args.batch:
-        set_batch(net_param, args.batch)
-    graph = build_graph(net_param, pb.TRAIN, source=args.model)
-    backend = make_backend(args)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    net_param = read_model(args, say)
+
+    def build() -> Graph:
+        return build_graph(net_param, pb.Phase.Value(args.phase), args.level, tuple(split_stages(args.stage)),
+                           source=args.model)
+
+    graph = build()
+    if not graph.loss_blobs:
+        outputs = seed_outputs_as_loss(net_param, graph, net_state(args, net_param))
+        say(f"{args.model}: no loss in the net: timing backward as if {', '.join(outputs)} fed a loss of weight 1 "
+            "(caffe time runs every layer's backward)")
+        graph = build()
+    backend = pick_backend(args.gpu)
     net = Net(graph, backend, train=True, seed=1, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
     if args.weights:
         from superneurons.io.caffemodel import load_weights
@@ -59,6 +78,25 @@ def run(args) -> int:
     else:
         print(format_table(profile, args.iterations))
     return 0
+
+
+def seed_outputs_as_loss(net_param: pb.NetParameter, graph: Graph, state: pb.NetState) -> list[str]:
+    """Give each output blob of `graph` loss_weight 1 on the last layer of `state`'s net that writes it, so
+    the net has a loss and every layer upstream of an output needs backward; returns the outputs."""
+    outputs = list(graph.outputs)
+    last_writer = {}
+    for i, layer in enumerate(net_param.layer):
+        if not is_included(layer, state):
+            continue
+        for j, top in enumerate(layer.top):
+            if top in outputs:
+                last_writer[top] = (i, j)
+    for top, (i, j) in last_writer.items():
+        layer = net_param.layer[i]
+        if not len(layer.loss_weight):
+            layer.loss_weight.extend([0.0] * len(layer.top))
+        layer.loss_weight[j] = 1.0
+    return outputs
 
 
 def to_json(profile, name: str, args) -> dict:

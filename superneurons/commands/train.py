@@ -1,23 +1,25 @@
-"""`superneurons train`: Caffe's `caffe train` (same flags), plus --memory, --gpu-memory, --log, --log-json and
---no-progress."""
+"""`superneurons train`: Caffe's `caffe train` (same flags, in Caffe's spelling too: `-solver S -gpu 0`), plus
+--memory, --gpu-memory, --log, --log-json, --tensorboard and --no-progress."""
 from __future__ import annotations
 
 import argparse
 
-from superneurons.backend import get_backend
-from superneurons.commands._options import MEMORY_HELP, add_device_options, parse_size
+from superneurons.commands._options import (MEMORY_HELP, add_device_options, parse_size, pick_backend,
+                                             split_stages)
 from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
-from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import TrainLog
 from superneurons.runtime.progress import TrainProgress
+from superneurons.solver.signals import DEFAULT_SIGHUP, DEFAULT_SIGINT, EFFECTS, SignalEffects
 
 EXAMPLES = """examples:
   superneurons train --solver models/lenet/lenet_solver.prototxt
   superneurons train --solver S.prototxt --weights pretrained.caffemodel      # fine-tune
   superneurons train --solver S.prototxt --snapshot lenet_iter_5000.solverstate   # resume
   superneurons train --solver S.prototxt --gpu 0 --log train.log --log-json train.jsonl
+  superneurons train --solver S.prototxt --tensorboard runs/lenet     # then: tensorboard --logdir runs
   superneurons train --solver S.prototxt --gpu 0 --memory auto --gpu-memory 12G   # train within 12 GiB
+  superneurons train -solver S.prototxt -gpu -1 -sighup_effect stop   # Caffe's spelling; -1: the CPU
   superneurons train --solver S.prototxt --gpu 0,1,2,3          # data parallel: one process per GPU
   superneurons train --solver S.prototxt --gpu all --gpu-memory 12G   # every GPU, 12 GiB budget on each
   mpiexec -n 8 superneurons train --solver S.prototxt --gpu all      # ranks across machines (MPI)
@@ -26,9 +28,12 @@ EXAMPLES = """examples:
 With several GPUs (or under mpiexec) batch_size is per GPU and gradients are averaged over the ranks before
 each update, as in Caffe; rank 0 logs, tests and snapshots (docs/PARALLEL.md).
 
-Ctrl-C finishes the current iteration, writes a snapshot and stops; resume from it with --snapshot.
+The log is Caffe's: glog lines on stderr (`I1124 03:15:49.123456 12345 solver.py:160] ...`), which
+Caffe's tools/extra/parse_log.py reads. Ctrl-C (SIGINT) finishes the current iteration, writes a
+snapshot and stops (resume with --snapshot); a second Ctrl-C stops at once. `kill -HUP` writes a
+snapshot and goes on. --sigint-effect / --sighup-effect change that (stop, snapshot or none).
 On a terminal a progress bar (iterations, iter/s, ETA, smoothed loss) runs below the log lines; it is
-left out when stdout is a file or pipe, when CI is set, or with --no-progress.
+left out when stderr is a file or pipe, when CI is set, or with --no-progress.
 """
 
 
@@ -38,27 +43,25 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--solver", required=True, help="solver prototxt")
     p.add_argument("--snapshot", help=".solverstate to resume training from")
     p.add_argument("--weights", help="comma-separated .caffemodel files to initialize from (fine-tuning)")
-    p.add_argument("--gpu", help="GPU ids to train on, e.g. 0 or 0,1,2,3 or all (overrides solver_mode; several "
-                                 "GPUs train data parallel, one process each)")
+    p.add_argument("--gpu", help="GPU ids to train on, e.g. 0 or 0,1,2,3 or all, or -1 for the CPU (overrides the "
+                                 "solver's solver_mode; several GPUs train data parallel, one process each)")
+    p.add_argument("--level", type=int, help="the train net's state level (overrides the solver's train_state)")
+    p.add_argument("--stage", action="append", help="a train net state stage (repeatable or comma-separated)")
+    p.add_argument("--sigint-effect", default=DEFAULT_SIGINT, choices=EFFECTS,
+                   help="what Ctrl-C does: stop (default: snapshot per snapshot_after_train and stop), snapshot "
+                        "(and go on) or none")
+    p.add_argument("--sighup-effect", default=DEFAULT_SIGHUP, choices=EFFECTS,
+                   help="what SIGHUP does: snapshot (default, and go on), stop or none")
     add_device_options(p, gpu=False, memory_default=None,
                        memory_help=f"{MEMORY_HELP} (default: the solver's memory_param.mode, else auto)")
     p.add_argument("--log", help="also append the log lines to this file")
     p.add_argument("--log-json", dest="log_json", help="append one JSON object per display/test result to this file")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the displayed and test values as TensorBoard scalars into DIR (needs tensorboardX)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar (shown only when stdout is a terminal and CI is unset)")
+                   help="no progress bar (shown only when stderr is a terminal and CI is unset)")
     p.set_defaults(func=run)
     return p
-
-
-def pick_backend(gpu: str | None, solver_mode: int | None = None, device_id: int = 0):
-    """--gpu N wins; else the solver's solver_mode (when it says GPU); else the CPU."""
-    if gpu is not None and gpu.strip() not in ("", "-1"):
-        from superneurons.parallel.devices import parse_gpus
-
-        return get_backend("cuda", parse_gpus(gpu)[0])
-    if solver_mode == pb.SolverParameter.GPU:
-        return get_backend("cuda", device_id)
-    return get_backend("cpu")
 
 
 def run(args) -> int:
@@ -67,6 +70,11 @@ def run(args) -> int:
     if args.snapshot and args.weights:
         raise UserError("give --snapshot to resume training or --weights to fine-tune, not both")
     param = read_solver(args.solver)
+    if args.level is not None:  # Caffe's `caffe train -level/-stage` set the solver's train_state
+        param.train_state.level = args.level
+    if args.stage:
+        param.train_state.ClearField("stage")
+        param.train_state.stage.extend(split_stages(args.stage))
     job = launch.plan(args.gpu)
     if job.spawn:  # several GPUs, started from one command: one process per GPU under mpiexec
         return launch.spawn(args, job.gpus)
@@ -74,14 +82,14 @@ def run(args) -> int:
         from superneurons.parallel.rank import train_rank
 
         return train_rank(args, param, job.gpus)
-    mode = param.solver_mode if param.HasField("solver_mode") else None
-    backend = pick_backend(args.gpu, mode, param.device_id)
-    return train(args, param, lambda log: _solver(args, param, backend, log))
+    return train(args, param, lambda log: _solver(args, param, log))
 
 
-def _solver(args, param, backend, log):
+def _solver(args, param, log):
     from superneurons.solver import Solver  # builds nets: keep `--help` fast
 
+    mode = param.solver_mode if param.HasField("solver_mode") else None
+    backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
     return Solver(param, args.solver, backend=backend, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
                   log=log)
 
@@ -95,8 +103,15 @@ def train(args, param, make_solver, root: bool = True) -> int:
 
     with contextlib.ExitStack() as stack:
         sink = None if root else stack.enter_context(open(os.devnull, "w"))
-        log = stack.enter_context(TrainLog(args.log, args.log_json) if root else TrainLog(stream=sink))
+        sinks = []
+        if root and getattr(args, "tensorboard", None):
+            from superneurons.runtime.tensorboard import TensorBoardScalars
+
+            sinks.append(TensorBoardScalars(args.tensorboard))
+        log = stack.enter_context(TrainLog(args.log, args.log_json, sinks=sinks) if root else TrainLog(stream=sink))
         solver = make_solver(log)
+        solver.signals = SignalEffects(getattr(args, "sigint_effect", DEFAULT_SIGINT),
+                                       getattr(args, "sighup_effect", DEFAULT_SIGHUP), say=log.warning)
         progress = TrainProgress(param.max_iter, log.stream,
                                  enabled=None if args.progress and root else False)
         progress.attach(solver, log)

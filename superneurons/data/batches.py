@@ -1,9 +1,14 @@
-"""Batches as a pure function of their index: the basis of reproducible, resumable data input.
+"""Batches as a pure function of their index: the basis of reproducible, resumable, parallel data input.
 
-Batch k of a layer holds records `skip + k*N ... skip + k*N + N-1` (mod the record count) and is
-transformed with a random generator seeded from (run seed, phase, layer index, k). Nothing depends
-on what ran before, so a run resumed at batch k sees the same data as an uninterrupted one, and the
-prefetch thread's timing cannot change anything.
+Batch k of a layer holds the records at stream positions `skip + (k*B + i)*N + r` for i in 0..B-1,
+where B is the batch size and r of N is the data-parallel rank (N = 1, r = 0 for one process: positions
+`skip + k*B ... skip + k*B + B-1`, as Caffe reads). A position maps to a record number modulo the
+record count (Data), or through the pass's permutation (ImageData with shuffle). The batch is
+transformed with a random generator seeded from (run seed, phase, layer index, k).
+
+Nothing depends on what ran before, or on which thread or process made the batch, so a run resumed
+at batch k sees the same data as an uninterrupted one, and 1, 2 or 16 decode workers give the same
+bytes. The union over the N ranks of their batch k is the records of the one-rank batch k of size N*B.
 """
 from __future__ import annotations
 
@@ -34,18 +39,49 @@ class Seeds:
         return np.random.default_rng(np.random.SeedSequence(list(self.entropy) + [purpose], spawn_key=(index,)))
 
 
-class RecordSource(Protocol):
-    """Where a prefetching data layer reads from: numbered records of (C, H, W) pixels and a label."""
+class RecordReader(Protocol):
+    """Reads records by stream position; opened in the thread or process that uses it."""
 
-    count: int
-    where: str
-
-    def records_from(self, start: int, seeds: Seeds) -> Iterator[tuple[int, np.ndarray, int]]:
-        """(record number, pixels, label) from absolute position `start` on, wrapping forever."""
+    def read(self, position: int) -> tuple[int, np.ndarray, int]:
+        """(record number, (C, H, W) pixels, label) at `position`; cheapest when positions increase."""
         ...
 
     def close(self) -> None:
         ...
+
+
+class RecordSource(Protocol):
+    """Where a prefetching data layer reads from. Picklable: decode worker processes receive it and
+    call `open` themselves (a database handle must not cross a process boundary)."""
+
+    count: int
+    where: str
+    # Whether several processes may open it at once (LevelDB's lock admits one): else no decode workers.
+    multiprocess: bool
+
+    def open(self, seeds: "Seeds") -> RecordReader:
+        ...
+
+    def close(self) -> None:
+        """Release what the layer's own process holds open."""
+        ...
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Everything that decides batch k besides the records themselves. Picklable."""
+
+    batch_size: int
+    item_shape: tuple[int, ...]
+    seeds: Seeds
+    skip: int = 0
+    rank: int = 0
+    ranks: int = 1
+
+    def positions(self, k: int) -> range:
+        n, b = self.ranks, self.batch_size
+        first = self.skip + k * b * n + self.rank
+        return range(first, first + b * n, n)
 
 
 @dataclass
@@ -55,28 +91,37 @@ class Batch:
     label: np.ndarray  # (N,) float32
 
 
-def batches(source: RecordSource, transformer: DataTransformer, batch_size: int, item_shape: tuple[int, ...],
-            seeds: Seeds, skip: int, start: int) -> Iterator[Batch]:
-    """Batches `start, start+1, ...` of a layer (see the module docstring)."""
-    records = source.records_from(skip + start * batch_size, seeds)
+def fill_batch(reader: RecordReader, transformer: DataTransformer, plan: BatchPlan, k: int,
+               data: np.ndarray, label: np.ndarray, where: str) -> None:
+    """Write batch k into `data` (B, *item_shape) float32 and `label` (B,) float32."""
+    rng = plan.seeds.rng(BATCH, k) if transformer.uses_rng else None
+    for i, position in enumerate(plan.positions(k)):
+        number, pixels, label[i] = reader.read(position)
+        shape = transformer.out_shape(pixels.shape)
+        if shape != tuple(plan.item_shape):
+            raise UserError(f"{where}: record {number} gives a {_fmt(shape)} input, the first record "
+                            f"a {_fmt(plan.item_shape)} one; every record of a batch needs the same shape "
+                            f"(resize when converting, or set crop_size)")
+        transformer(pixels, rng, data[i])
+
+
+def new_batch(plan: BatchPlan, k: int) -> Batch:
+    return Batch(k, np.empty((plan.batch_size,) + tuple(plan.item_shape), dtype=np.float32),
+                 np.empty((plan.batch_size,), dtype=np.float32))
+
+
+def batches(source: RecordSource, transformer: DataTransformer, plan: BatchPlan, start: int) -> Iterator[Batch]:
+    """Batches `start, start+1, ...` of a layer, made in the calling thread (see the module docstring)."""
+    reader = source.open(plan.seeds)
     try:
         k = start
         while True:
-            rng = seeds.rng(BATCH, k) if transformer.uses_rng else None
-            data = np.empty((batch_size,) + tuple(item_shape), dtype=np.float32)
-            label = np.empty((batch_size,), dtype=np.float32)
-            for i in range(batch_size):
-                number, pixels, label[i] = next(records)
-                shape = transformer.out_shape(pixels.shape)
-                if shape != tuple(item_shape):
-                    raise UserError(f"{source.where}: record {number} gives a {_fmt(shape)} input, the first record "
-                                    f"a {_fmt(item_shape)} one; every record of a batch needs the same shape "
-                                    f"(resize when converting, or set crop_size)")
-                transformer(pixels, rng, data[i])
-            yield Batch(k, data, label)
+            batch = new_batch(plan, k)
+            fill_batch(reader, transformer, plan, k, batch.data, batch.label, source.where)
+            yield batch
             k += 1
     finally:
-        records.close()
+        reader.close()
 
 
 def _fmt(shape) -> str:

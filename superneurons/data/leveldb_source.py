@@ -10,7 +10,7 @@ threads read concurrently. Another process holding the database is reported as s
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from superneurons.data.record_db import (LEVELDB, SharedHandles, build_folder_atomically, check_database_folder,
                                          chunks)
@@ -57,6 +57,8 @@ def _open_handle(key: str, path: str, where: str) -> Any:
 class LevelDbReader:
     """A LevelDB database opened for reading: its record count and a wrapping stream of values."""
 
+    backend = LEVELDB
+
     def __init__(self, path: str, where: str):
         check_database_folder(path, LEVELDB, where)
         self.path = path
@@ -99,10 +101,36 @@ class LevelDbReader:
                     continue
                 yield value
 
+    def cursor(self) -> "LevelDbCursor":
+        """Records by number, for one thread; close it before the reader."""
+        return LevelDbCursor(self._iterator)
+
     def close(self) -> None:
         if self._open:
             self._open = False
             _handles.release(self._key)
+
+
+class LevelDbCursor:
+    """(key, value) of record number n, in key order. LevelDB iterators only step: the cursor steps forward
+    from where it is, or starts a new pass when n lies behind it (as `lmdb_source.LmdbCursor`)."""
+
+    def __init__(self, entries: Callable[[], Iterator[tuple[bytes, bytes]]]):
+        self._entries = entries
+        self._it: Iterator[tuple[bytes, bytes]] | None = None
+        self._at = -1
+        self._item: tuple[bytes, bytes] = (b"", b"")
+
+    def record(self, number: int) -> tuple[bytes, bytes]:
+        if self._it is None or number < self._at:
+            self._it, self._at = self._entries(), -1
+        while self._at < number:
+            self._item = next(self._it)
+            self._at += 1
+        return self._item
+
+    def close(self) -> None:
+        self._it = None
 
 
 def write_leveldb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:

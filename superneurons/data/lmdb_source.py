@@ -83,6 +83,8 @@ def _open_environment(key: str) -> lmdb.Environment:
 class LmdbReader:
     """A read-only LMDB database: its record count, its first record, and a wrapping stream of values."""
 
+    backend = LMDB
+
     def __init__(self, path: str, where: str):
         check_database_folder(path, LMDB, where)
         check_lmdb_file(path, where)
@@ -134,10 +136,42 @@ class LmdbReader:
     def _damaged(self, e: lmdb.Error) -> UserError:
         return UserError(f"{self.where}: LMDB database {self.path!r} is damaged ({type(e).__name__}: {e})")
 
+    def cursor(self) -> "LmdbCursor":
+        """Records by number, for one thread; close it before the reader."""
+        return LmdbCursor(self)
+
     def close(self) -> None:
         if self._open:
             self._open = False
             _environments.release(self._key)
+
+
+class LmdbCursor:
+    """(key, value) of record number n, in key order, over one read transaction.
+
+    LMDB has no positional access: the cursor steps forward from where it is, or from the first
+    record when n lies behind it. Readers that ask for increasing numbers (a decode worker taking
+    every W-th batch) therefore walk the database once per pass, stepping over what others read;
+    a step does not touch the value.
+    """
+
+    def __init__(self, reader: LmdbReader):
+        self._txn = reader.env.begin(buffers=False)
+        self._cursor = self._txn.cursor()
+        self._at = -1
+
+    def record(self, number: int) -> tuple[bytes, bytes]:
+        if number < self._at or self._at < 0:
+            self._cursor.first()
+            self._at = 0
+        while self._at < number:
+            self._cursor.next()
+            self._at += 1
+        return self._cursor.key(), self._cursor.value()
+
+    def close(self) -> None:
+        self._cursor.close()
+        self._txn.abort()
 
 
 def write_lmdb(path: str, records: Iterable[tuple[bytes, bytes]]) -> int:

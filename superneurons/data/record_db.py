@@ -1,7 +1,8 @@
 """Databases of serialized records (Caffe's `Datum`), kept in LMDB or LevelDB: one surface for both stores.
 
 A reader (`LmdbReader`, `LevelDbReader`) offers `count`, `values_from(start)` (values in key order
-from record `start` on, wrapping at the end as Caffe's cursor does) and `close()`. `open_reader`
+from record `start` on, wrapping at the end as Caffe's cursor does), `cursor()` (records by number, for the
+data layers' position-addressed batches) and `close()`. `open_reader`
 picks the store by name, or, when none is named, by what the folder holds (LMDB: `data.mdb`,
 LevelDB: `CURRENT`), so an old prototxt that leaves `backend` unset (Caffe's default is LEVELDB)
 reads either. `write_database` builds a new database whole or not at all.
@@ -22,11 +23,26 @@ _MARKER = {LMDB: "data.mdb", LEVELDB: "CURRENT"}  # the file that says which sto
 _SPELLED = {LMDB: "LMDB", LEVELDB: "LEVELDB"}
 
 
+class RecordCursor(Protocol):
+    """Records by number for one thread (`RecordReader.cursor`); close it before its reader."""
+
+    def record(self, number: int) -> tuple[bytes, bytes]:
+        """(key, value) of record `number` (0 <= number < count), in key order."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
 class RecordReader(Protocol):
     """A read-only database of records, opened by `open_reader`."""
 
     path: str
+    backend: str  # LMDB or LEVELDB
     count: int
+
+    def cursor(self) -> RecordCursor:
+        ...
 
     def values_from(self, start: int) -> Iterator[bytes]:
         """Values from record number `start` (mod count) on, in key order, forever, wrapping at the end."""

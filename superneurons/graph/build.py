@@ -76,17 +76,14 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     params = list(filtered.layer)
     if not params:
         raise UserError(f"{where}: the net has no layers in phase {pb.Phase.Name(phase)}")
-    names = set()
-    for p in params:
-        if p.name in names:
-            raise UserError(f"{where}: two layers are named {p.name!r}")
-        names.add(p.name)
+    names = unique_layer_names([p.name for p in params])
     route = build_route([list(p.bottom) for p in params], [list(p.top) for p in params])
     nodes: list[Node] = []
     for i in route:
         p = params[i]
         cls = layer_class(p.type, f"{where}: layer {p.name!r}")
         layer = cls(p, phase)
+        layer.name = names[i]  # the key the runtime uses; `layer.param.name` stays the prototxt's
         layer.layer_index = i
         nodes.append(Node(layer, list(p.bottom), list(p.top)))
     _mark_data_copies(nodes)
@@ -103,6 +100,23 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
             if t not in consumed and t not in outputs:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias)
+
+
+def unique_layer_names(names: list[str]) -> list[str]:
+    """Caffe accepts repeated layer names (its mnist_autoencoder has two layers named 'loss'); the runtime
+    keys tensors, plans and snapshots by layer name, so a repeat becomes `name#2`, `name#3`, ... in
+    prototxt order. The first keeps its name, which is what Caffe's weight loading matches (first layer of
+    that name); saved models carry the prototxt's names."""
+    taken = set(names)
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        unique, k = name, 2
+        while unique in seen or (unique != name and unique in taken):  # a layer really named `x#2` keeps it
+            unique, k = f"{name}#{k}", k + 1
+        seen.add(unique)
+        out.append(unique)
+    return out
 
 
 def _mark_data_copies(nodes: list[Node]) -> None:

@@ -26,19 +26,22 @@ def meets_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
     return True
 
 
+def is_included(layer: pb.LayerParameter, state: pb.NetState) -> bool:
+    """Whether `layer` is part of the net in `state` (its include rules, else its exclude rules)."""
+    if len(layer.include) and len(layer.exclude):
+        raise UserError(f"layer {layer.name!r}: specify either include or exclude rules, not both")
+    if len(layer.include):
+        return any(meets_rule(state, r) for r in layer.include)
+    return not any(meets_rule(state, r) for r in layer.exclude)
+
+
 def filter_net(net: pb.NetParameter, state: pb.NetState) -> pb.NetParameter:
     """A copy of `net` holding only the layers included in `state`."""
     out = pb.NetParameter()
     out.CopyFrom(net)
     del out.layer[:]
     for layer in net.layer:
-        if len(layer.include) and len(layer.exclude):
-            raise UserError(f"layer {layer.name!r}: specify either include or exclude rules, not both")
-        if len(layer.include):
-            included = any(meets_rule(state, r) for r in layer.include)
-        else:
-            included = not any(meets_rule(state, r) for r in layer.exclude)
-        if included:
+        if is_included(layer, state):
             out.layer.add().CopyFrom(layer)
     out.state.CopyFrom(state)
     return out

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.io.prototxt import read_binary, write_binary
+from superneurons.io.prototxt import open_temp_beside, read_binary, write_binary
 from superneurons.io.upgrade import upgrade_net
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -122,9 +121,7 @@ def require_h5py():
 def write_hdf5_atomic(path: str, fill_file: Callable[[Any], None]) -> None:
     """Create an HDF5 file whole or not at all: written under a temporary name, then renamed."""
     h5py = require_h5py()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".h5", dir=folder)
+    fd, tmp = open_temp_beside(path, suffix=".h5")
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:
@@ -137,9 +134,13 @@ def write_hdf5_atomic(path: str, fill_file: Callable[[Any], None]) -> None:
 
 
 def _proto_to_hdf5(model: pb.NetParameter, f: Any) -> None:
-    """Caffe's Net::ToHDF5 layout: /data/<layer>/<param index> float datasets, one group per layer."""
+    """Caffe's Net::ToHDF5 layout: /data/<layer>/<param index> float datasets, one group per layer. HDF5 holds
+    one group per name: of layers sharing a name (Caffe allows it) the first is written, the one loading
+    matches by name anyway."""
     data = f.create_group("data")
     for lp in model.layer:
+        if lp.name in data:
+            continue
         group = data.create_group(lp.name)
         for k, blob in enumerate(lp.blobs):
             group.create_dataset(str(k), data=blob_to_array(blob, lp.name))

@@ -77,11 +77,62 @@ def read_binary(path: str, msg: M) -> M:
     return msg
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` whole or not at all: a temporary file in the same folder, fsync, rename."""
+TEMP_MARK = ".tmp-"  # `.NAME.tmp-PID-XXXXXXXX`: the temporary file that becomes NAME, written by process PID
+
+
+def open_temp_beside(path: str, suffix: str = "") -> tuple[int, str]:
+    """A new temporary file in `path`'s folder, named after `path` and this process so that it cannot be taken
+    for data and a later run can tell it was left by a dead process (`remove_stale_temps`). It gets the
+    permissions a plain `open` would give (0666 less the umask), not mkstemp's 0600."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}{TEMP_MARK}{os.getpid()}-", suffix=suffix,
+                               dir=folder)
+    umask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return fd, tmp
+
+
+def remove_stale_temps(folder: str, name_prefix: str) -> list[str]:
+    """Delete the temporary files in `folder` for targets whose names start with `name_prefix` that were left
+    by processes no longer running (a run killed mid-write); returns their paths. Files of running
+    processes are kept: another run may be writing them."""
+    removed = []
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith("." + name_prefix) or TEMP_MARK not in name:
+            continue
+        pid = name.rsplit(TEMP_MARK, 1)[1].split("-", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: a temporary file in the same folder, fsync, rename."""
+    fd, tmp = open_temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -1,8 +1,10 @@
-"""Data: Caffe's database input layer, reading serialized Datum records from an LMDB folder.
+"""Data: Caffe's database input layer, reading serialized Datum records from an LMDB or LevelDB folder.
 
 `PrefetchingDataLayer` is the machinery shared with ImageData: shapes from the first record in
-`setup` (so `superneurons summary` works without running anything), a DataTransformer, and a
-prefetch thread started at the first forward, when the run's seed is known.
+`setup` (so `superneurons summary` works without running anything), a DataTransformer, and the
+batch makers started at the first forward, when the run's seed is known: decode worker processes
+(`data.workers`, `decode_workers` of them, by default one per CPU core) or, with 0 or 1, one
+prefetch thread in the process. Both make the same bytes.
 
 Reproducibility and resuming: batch k is a pure function of k (see `superneurons.data.batches`).
 The layer's whole position is the number of batches it has served, which `state()` returns and
@@ -11,16 +13,18 @@ uninterrupted one.
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
 import numpy as np
 
-from superneurons.data.batches import SKIP, Batch, RecordSource, Seeds, batches
-from superneurons.data.datum import datum_to_array, parse_datum
-from superneurons.data.record_db import LEVELDB, LMDB, RecordReader, open_reader
+from superneurons.data.batches import SKIP, Batch, BatchPlan, RecordSource, Seeds, batches
 from superneurons.data.prefetch import Prefetcher
+from superneurons.data.record_db import LEVELDB, LMDB
+from superneurons.data.records import DatumRecords
 from superneurons.data.transformer import DataTransformer, effective_transform_param
+from superneurons.data.workers import SharedMemoryShort, WorkerPool, choose_workers
 from superneurons.layers.base import Layer, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -28,12 +32,12 @@ DEFAULT_PREFETCH = 4
 
 
 class _Pipeline:
-    """The layer's source and prefetch thread; closed by the layer or when the layer is collected."""
+    """The layer's source and batch makers; closed by the layer or when the layer is collected."""
 
     def __init__(self, source: RecordSource):
         self.source = source
-        self.prefetcher: Prefetcher[Batch] | None = None
-        self.seeds: Seeds | None = None  # what the running prefetcher was started with
+        self.prefetcher: Prefetcher[Batch] | WorkerPool | None = None
+        self.plan: BatchPlan | None = None  # what the running prefetcher was started with
 
     def stop(self) -> None:
         if self.prefetcher is not None:
@@ -61,8 +65,17 @@ class PrefetchingDataLayer(Layer):
     batch_size: int
     rand_skip: int = 0
     prefetch_depth: int = DEFAULT_PREFETCH
+    workers_param: Any = None  # the data_param/image_data_param whose decode_workers applies
+    shared_memory_short = False  # /dev/shm could not hold the workers' slots: batches come from the thread
 
     # ---- the machinery ---------------------------------------------------------------------
+    @property
+    def workers(self) -> int:
+        """Decode worker processes the layer uses (see `data.workers.choose_workers`); 0 or 1: a thread."""
+        if self.workers_param is None or self.shared_memory_short or not self._pipe.source.multiprocess:
+            return 0
+        return choose_workers(self.workers_param, self.ctx.ranks if self.ctx is not None else 1)
+
     @property
     def where(self) -> str:
         return f"layer {self.name!r} ({self.type_name})"
@@ -76,9 +89,9 @@ class PrefetchingDataLayer(Layer):
             raise self.fail(f"batch_size must be at least 1, got {self.batch_size}")
         param = effective_transform_param(self.param, legacy)
         self.transformer = DataTransformer(param, self.phase == pb.TRAIN, self.where)
-        first = source.records_from(0, Seeds((0, 0, 0)))
+        first = source.open(Seeds((0, 0, 0)))
         try:
-            _, pixels, _ = next(first)
+            _, pixels, _ = first.read(0)
         finally:
             first.close()
         self.item_shape = self.transformer.out_shape(pixels.shape)
@@ -93,9 +106,9 @@ class PrefetchingDataLayer(Layer):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.
         if not (self.ctx.recomputing and self._last is not None):
             self._last = self._take()
-        self.ops.upload(top[0], self._last.data)
+        self.ops.upload_async(top[0], self._last.data)
         if len(top) > 1:
-            self.ops.upload(top[1], self._last.label)
+            self.ops.upload_async(top[1], self._last.label)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
@@ -103,18 +116,33 @@ class PrefetchingDataLayer(Layer):
     def _take(self) -> Batch:
         pipe = self._pipe
         seeds = Seeds.for_layer(self.ctx.seed, self.phase, self.layer_index)
-        if pipe.seeds != seeds:  # the run's seed was set (or changed on resume) after the thread started
+        # Caffe skips a random number of records in [0, rand_skip) so parallel solvers see different data.
+        skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
+        plan = BatchPlan(self.batch_size, self.item_shape, seeds, skip, self.ctx.rank, self.ctx.ranks)
+        if pipe.plan != plan:  # the run's seed was set (or changed on resume) after the makers started
             pipe.stop()
         if pipe.prefetcher is None:
-            pipe.seeds = seeds
-            # Caffe skips a random number of records in [0, rand_skip) so parallel solvers see different data.
-            skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
-            items = batches(pipe.source, self.transformer, self.batch_size, self.item_shape, seeds, skip, self._next)
-            pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
+            pipe.plan = plan
+            workers = self.workers
+            if workers > 1:
+                try:
+                    pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
+                                                 self.prefetch_depth, self.where)
+                except SharedMemoryShort as e:
+                    print(f"warning: {e}", file=sys.stderr, flush=True)
+                    self.shared_memory_short = True
+            if pipe.prefetcher is None:
+                items = batches(pipe.source, self.transformer, plan, self._next)
+                pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
         batch = pipe.prefetcher.next()
         assert batch.index == self._next, (batch.index, self._next)
         self._next += 1
         return batch
+
+    @property
+    def batch_maker(self) -> Prefetcher[Batch] | WorkerPool | None:
+        """What makes the batches now (started by the first forward), for monitoring and tests."""
+        return self._pipe.prefetcher
 
     # ---- position, for snapshots -----------------------------------------------------------
     def state(self) -> dict[str, int]:
@@ -131,31 +159,10 @@ class PrefetchingDataLayer(Layer):
         self._last = None
 
     def close(self) -> None:
-        """Stop the prefetch thread and close the source (also done when the layer is collected)."""
+        """Stop the batch makers and close the source (also done when the layer is collected)."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
-
-
-class LmdbRecords:
-    """The records of a database (LMDB or LevelDB) of serialized Datums, decoded to arrays."""
-
-    def __init__(self, reader: RecordReader, where: str, force_color: bool, force_gray: bool):
-        self.reader = reader
-        self.count = self.reader.count
-        self.where = where
-        self.force_color = force_color
-        self.force_gray = force_gray
-
-    def records_from(self, start: int, seeds: Seeds):
-        for n, value in enumerate(self.reader.values_from(start), start):
-            number = n % self.count
-            datum = parse_datum(value, f"{self.where}: record {number}")
-            pixels = datum_to_array(datum, f"{self.where}: record {number}", self.force_color, self.force_gray)
-            yield number, pixels, datum.label
-
-    def close(self) -> None:
-        self.reader.close()
 
 
 @register("Data")
@@ -167,11 +174,11 @@ class Data(PrefetchingDataLayer):
         self.batch_size = int(p.batch_size)
         self.rand_skip = int(p.rand_skip)
         self.prefetch_depth = max(1, int(p.prefetch))
+        self.workers_param = p
         tp = self.param.transform_param
         force_color = tp.force_color or p.force_encoded_color
         # Caffe's default backend is LEVELDB, yet most prototxts that leave it out meant LMDB: unset reads
         # whichever store the folder holds.
         backend = ({pb.DataParameter.LMDB: LMDB, pb.DataParameter.LEVELDB: LEVELDB}[p.backend]
                    if p.HasField("backend") else None)
-        reader = open_reader(p.source, backend, self.where)
-        return LmdbRecords(reader, self.where, force_color, tp.force_gray), p
+        return DatumRecords(p.source, backend, self.where, force_color, tp.force_gray), p

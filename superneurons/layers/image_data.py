@@ -1,6 +1,6 @@
 """ImageData: images named in a list file (`path label` per line), read with Pillow.
 
-Same machinery as Data (prefetch thread, DataTransformer, resumable position). With `shuffle`
+Same machinery as Data (decode workers or a prefetch thread, DataTransformer, resumable position). With `shuffle`
 each pass over the list uses its own permutation, seeded from the run seed and the pass number,
 so the order is reproducible and a resumed run continues mid-pass exactly.
 """
@@ -8,37 +8,10 @@ from __future__ import annotations
 
 import os
 
-from superneurons.data.batches import SHUFFLE, Seeds
-from superneurons.data.datum import load_image
 from superneurons.data.image_list import read_image_list
+from superneurons.data.records import ImageListRecords
 from superneurons.layers.base import register
 from superneurons.layers.data import PrefetchingDataLayer
-
-
-class ImageListRecords:
-    def __init__(self, entries: list[tuple[str, int]], root: str, where: str, shuffle: bool, is_color: bool,
-                 height: int, width: int):
-        self.entries = entries
-        self.count = len(entries)
-        self.root = root
-        self.where = where
-        self.shuffle = shuffle
-        self.is_color = is_color
-        self.height = height
-        self.width = width
-
-    def records_from(self, start: int, seeds: Seeds):
-        n = start
-        while True:
-            epoch, pos = divmod(n, self.count)
-            order = seeds.rng(SHUFFLE, epoch).permutation(self.count) if self.shuffle else range(self.count)
-            for number in order[pos:]:
-                name, label = self.entries[number]
-                yield number, load_image(self.root + name, self.is_color, self.height, self.width), label
-            n = (epoch + 1) * self.count
-
-    def close(self) -> None:
-        pass
 
 
 @register("ImageData")
@@ -51,6 +24,7 @@ class ImageData(PrefetchingDataLayer):
             raise self.fail(f"set both new_height and new_width or neither (got {p.new_height}, {p.new_width})")
         self.batch_size = int(p.batch_size)
         self.rand_skip = int(p.rand_skip)
+        self.workers_param = p
         entries = read_image_list(p.source, self.where)
         # Caffe prefixes names with root_folder as a plain string; keep that, but accept a folder without '/'.
         root = p.root_folder

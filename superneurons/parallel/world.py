@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from superneurons.errors import UserError
@@ -32,6 +33,9 @@ def _mpi() -> Any:
         raise UserError(f"data parallelism needs mpi4py and an MPI runtime ({e}); install them with "
                         "`pip install mpi4py mpich`") from None
     return MPI
+
+
+ABORT_GRACE_S = 0.3  # seconds between a failing rank's last words and MPI_Abort
 
 
 class World:
@@ -72,5 +76,8 @@ class World:
         """End every rank of the job now (this call does not return)."""
         sys.stdout.flush()
         sys.stderr.flush()
+        # The launcher forwards our output asynchronously and an abort kills its forwarders: without a
+        # moment's grace a failing rank's one line could be lost (seen on a loaded 2-core machine).
+        time.sleep(ABORT_GRACE_S)
         self.comm.Abort(code)
         os._exit(code)  # MPICH's MPI_Abort may return once the launcher has the request; end here anyway

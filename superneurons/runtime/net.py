@@ -47,7 +47,7 @@ class RunContext:
     seed: int = 0
     iteration: int = 0
     recomputing: bool = False  # True while the recompute manager replays a forward step
-    rank: int = 0  # data parallelism: this process's rank and the number of ranks (data layers read their share)
+    rank: int = 0  # data parallelism: this process is rank `rank` of `ranks` (data layers shard by it)
     ranks: int = 1
 
 

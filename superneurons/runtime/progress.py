@@ -1,6 +1,6 @@
 """The live progress bar of `superneurons train`: iterations done of max_iter, iter/s, ETA, smoothed loss.
 
-It shows only where a person watches: when the stream (stdout) is a terminal and the `CI`
+It shows only where a person watches: when the log's stream (stderr, as glog's) is a terminal and the `CI`
 environment variable is unset; `--no-progress` turns it off everywhere. A log file, a pipe or a CI
 job therefore gets exactly the Caffe log lines, with no carriage returns or bar characters.
 
@@ -35,7 +35,7 @@ class TrainProgress:
 
     def __init__(self, total: int, stream: TextIO | None = None, enabled: bool | None = None,
                  environ: Mapping[str, str] | None = None, mininterval: float = 0.2):
-        self.stream = stream if stream is not None else sys.stdout
+        self.stream = stream if stream is not None else sys.stderr
         self.total = int(total)
         self.enabled = progress_wanted(self.stream, environ) if enabled is None else bool(enabled)
         self.mininterval = mininterval
@@ -50,10 +50,14 @@ class TrainProgress:
     def update(self, iteration: int, smoothed_loss: float) -> None:
         if not self.enabled or self.done:
             return
-        if self.bar is None:  # opened at the first completed iteration, so a resumed run starts where it is
-            self._open(initial=max(0, iteration - 1))
-        self.bar.set_postfix(loss=f"{smoothed_loss:.4g}", refresh=False)
-        self.bar.update(iteration - self.bar.n)
+        try:
+            if self.bar is None:  # opened at the first completed iteration, so a resumed run starts where it is
+                self._open(initial=max(0, iteration - 1))
+            self.bar.set_postfix(loss=f"{smoothed_loss:.4g}", refresh=False)
+            self.bar.update(iteration - self.bar.n)
+        except (OSError, ValueError):  # the terminal is gone (hung up, closed): training goes on without a bar
+            self.bar, self.enabled = None, False
+            return
         if iteration >= self.total:  # the loop is over: later lines (final test, "Optimization Done.") go below
             self.close()
 
@@ -87,8 +91,11 @@ class TrainProgress:
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+            bar, self.bar = self.bar, None
+            try:
+                bar.close()
+            except (OSError, ValueError):  # a terminal that is gone
+                pass
         self.done = True
 
     def __enter__(self) -> "TrainProgress":

@@ -44,3 +44,14 @@ def evaluate(net: Any, passes: int, first_pass: int = 0,
     if sums is None or passes == 0:
         return [], 0.0
     return [Score(name, float(s / passes), w) for (name, w), s in zip(names, sums)], loss / passes
+
+
+def score_blobs(scores: list[Score]) -> list[tuple[str, list[float], float]]:
+    """evaluate's per-element scores grouped back into (blob name, values, loss weight), in order."""
+    blobs: list[tuple[str, list[float], float]] = []
+    for s in scores:
+        if blobs and blobs[-1][0] == s.name:
+            blobs[-1][1].append(s.value)
+        else:
+            blobs.append((s.name, [s.value], s.loss_weight))
+    return blobs

@@ -2,7 +2,9 @@
 
 Write order makes a crash at any point harmless: the model first, then the sidecar, then the
 solverstate, each written whole-or-nothing (temporary file + rename). A .solverstate therefore
-always points at a complete model. `snapshot_format: HDF5` writes Caffe's .caffemodel.h5 /
+always points at a complete model, and a solverstate that cannot be written takes its model and
+sidecar with it. Temporary files are hidden and named after their target and writer's process
+(`.x_iter_4.caffemodel.tmp-PID-...`); those of a killed run are removed when training next starts. `snapshot_format: HDF5` writes Caffe's .caffemodel.h5 /
 .solverstate.h5 layout instead (needs h5py).
 
 The .solverstate is Caffe's SolverState (iter, learned_net, history, current_step) so Caffe can
@@ -23,7 +25,7 @@ import numpy as np
 from superneurons.errors import UserError
 from superneurons.io.caffemodel import (HDF5_ERRORS, array_to_blob, blob_shape, blob_to_array, is_hdf5,
                                         load_weights, require_h5py, save_weights, write_hdf5_atomic)
-from superneurons.io.prototxt import read_binary, write_atomic, write_binary
+from superneurons.io.prototxt import read_binary, remove_stale_temps, write_atomic, write_binary
 from superneurons.proto import superneurons_pb2 as pb
 
 if TYPE_CHECKING:
@@ -92,9 +94,21 @@ def write_snapshot(solver: "Solver") -> tuple[str, str]:
             write_hdf5_atomic(state_path, lambda f: _state_to_hdf5(state, f))
         else:
             write_binary(state_path, state)
-    except OSError as e:
-        raise UserError(f"{state_path}: cannot write the solver state ({e.strerror or e})") from None
+    except BaseException as e:  # (Ctrl-C included) no model without its state: a half snapshot is no snapshot
+        for path in (model_path, state_path + EXTRA_SUFFIX):
+            if os.path.exists(path):
+                os.unlink(path)
+        if isinstance(e, OSError):
+            raise UserError(f"{state_path}: cannot write the solver state ({e.strerror or e})") from None
+        raise
     return model_path, state_path
+
+
+def remove_leftovers(solver: "Solver") -> list[str]:
+    """Temporary snapshot files that a killed run left beside the snapshots (io.prototxt.open_temp_beside
+    names them after their target and their writer's process id): removed when training starts."""
+    folder, base = os.path.split(solver.prefix)
+    return remove_stale_temps(folder, base + "_iter_")
 
 
 def _find_learned_net(learned: str, state_path: str) -> str:

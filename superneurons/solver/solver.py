@@ -13,8 +13,6 @@ masks), and with iter_size 1 it equals the iteration.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 from typing import Any, Callable
 
@@ -23,14 +21,16 @@ from superneurons.graph.build import build_graph
 from superneurons.io.caffemodel import load_weights_files
 from superneurons.layers.base import count
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons.runtime.logging import TrainLog, num, output_line
+from superneurons.runtime.logging import DisplayGate, TrainLog, capped_outputs, num, output_line
 from superneurons.runtime.net import Net
 from superneurons.settings import memory_policy
-from superneurons.solver.evaluate import evaluate, output_values
+from superneurons.solver.evaluate import evaluate, output_values, score_blobs
 from superneurons.solver.fused_update import grouped_update
 from superneurons.solver.lr_policy import LrPolicy
 from superneurons.solver.nets import NetSource, test_net_sources, train_net_source
-from superneurons.solver.snapshot import resolve_prefix, restore_snapshot, write_snapshot
+from superneurons.solver.signals import SignalEffects
+from superneurons.solver.snapshot import (remove_leftovers, resolve_prefix, restore_snapshot, snapshot_paths,
+                                          write_snapshot)
 from superneurons.solver.updates import get_rule
 
 # Called after every iteration with (solver, iteration just completed, its loss): the progress-bar hook.
@@ -43,16 +43,20 @@ def clock_seed() -> int:
 
 class Solver:
     def __init__(self, param: pb.SolverParameter, solver_path: str = "", *, backend: Any = None,
-                 memory: str | None = None, pool_bytes: int | None = None, log: TrainLog | None = None):
+                 memory: str | None = None, pool_bytes: int | None = None, log: TrainLog | None = None,
+                 signals: SignalEffects | None = None):
         """`memory`: the mode (None: the solver's `memory_param.mode`, whose default is auto).
         `pool_bytes`: the training net's pool size in bytes, what `--gpu-memory` gives (None:
-        `memory_param.pool_bytes` when set, else the Net's default). Test nets size their own pools."""
+        `memory_param.pool_bytes` when set, else the Net's default). Test nets size their own pools.
+        `signals`: what SIGINT/SIGHUP do during `solve` (default Caffe's: SIGINT stops, SIGHUP snapshots)."""
         self.param = param
         self.pool_bytes = pool_bytes
         self.where = solver_path or "<solver>"
         self.rule = get_rule(param, self.where)
         self.lr_policy = LrPolicy(param, self.where)
         self.log = log if log is not None else TrainLog()
+        self.signals = signals if signals is not None else SignalEffects(say=self.log.warning)
+        self.display_gate = DisplayGate()
         self.backend = backend if backend is not None else get_backend("cpu")
         self.ops = self.backend.ops
         self.seed = int(param.random_seed) if param.random_seed >= 0 else clock_seed()
@@ -113,22 +117,27 @@ class Solver:
         self.log.info(f"Solving {self.net.name}")
         self.log.info(f"Learning Rate Policy: {self.lr_policy.name}")
         self.log.info(memory_line(self.net))
+        for path in remove_leftovers(self):
+            self.log.info(f"Removed {path}, a temporary snapshot file left by an interrupted run")
         if resume:
             self.restore(resume)
         if p.random_seed < 0:
             self.log.info(f"Random seed: {self.seed} (from the clock; set random_seed to repeat this run)")
         start_iter = self.iter
-        release = self._catch_sigint()
+        release = self.signals.install()
         try:
             self.step(p.max_iter - self.iter)
         finally:
             release()
-        if self._stop_requested:
-            _, state_path = self.snapshot()
-            self.log.info(f"Optimization stopped early at iteration {self.iter}; resume with --snapshot {state_path}")
-            return
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        snapshotted = bool(p.snapshot) and self.iter % p.snapshot == 0
+        if p.snapshot_after_train and not snapshotted:
             self.snapshot()
+            snapshotted = True
+        if self._stop_requested:  # Caffe's words, then where to resume from
+            state_path = snapshot_paths(self.prefix, self.iter, p.snapshot_format == pb.SolverParameter.HDF5)[1]
+            self.log.info("Optimization stopped early." + (f" Resume with --snapshot {state_path}" if snapshotted
+                                                           else " (no snapshot: snapshot_after_train is off)"))
+            return
         if p.display and self.iter % p.display == 0:
             self.net.ctx.iteration = self.iter * self.iter_size
             loss = self.net.forward()
@@ -151,7 +160,7 @@ class Solver:
             net.clear_param_diffs(already_zero=self._grouped is not None and self._grouped.clear_grads())
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
-            display = bool(p.display) and self.iter % p.display == 0
+            display = bool(p.display) and self.iter % p.display == 0 and self._display_allowed()
             loss = 0.0
             for k in range(self.iter_size):
                 net.ctx.iteration = self.iter * self.iter_size + k
@@ -167,17 +176,33 @@ class Solver:
             self.iter += 1
             for callback in self.callbacks:
                 callback(self, self.iter, loss)
-            if p.snapshot and self.iter % p.snapshot == 0 and not self._stop_requested:
+            action = self.signals.take()  # Caffe's order: the interval snapshot or a requested one, then stop
+            if (p.snapshot and self.iter % p.snapshot == 0) or action == "snapshot":
                 self.snapshot()
+            if action == "stop":
+                self.request_stop()
+
+    def _display_allowed(self) -> bool:
+        """False for displays beyond what DisplayGate lets through; says so once."""
+        if self.display_gate.allow():
+            return True
+        if not self.display_gate.thinned:
+            self.display_gate.thinned = True
+            self.log.info(f"Iteration {self.iter}: displays come faster than {self.display_gate.per_second:g} a "
+                          f"second (display: {self.param.display}); showing at most that many from here on, "
+                          "training is unaffected")
+        return False
 
     def _display(self, lapse: float, per_s: float) -> None:
         self.log.info(f"Iteration {self.iter} ({num(per_s)} iter/s, {num(lapse)}s/{self.param.display} iters), "
                       f"loss = {num(self.smoothed_loss)}")
-        values = [(name, float(v), weight) for name, vs, weight in output_values(self.net) for v in vs]
-        for index, (name, value, weight) in enumerate(values):
+        values, notes = capped_outputs(output_values(self.net))
+        for index, name, value, weight in values:
             self.log.info(output_line("Train", index, name, value, weight))
-        self.log.record(event="train", iter=self.iter, loss=self.smoothed_loss, iter_per_s=per_s,
-                        outputs=_named([(name, value) for name, value, _ in values]))
+        for note in notes:
+            self.log.info(note)
+        self.log.record(event="train", iter=self.iter, loss=self.smoothed_loss, lr=self.lr_policy.rate(self.iter),
+                        iter_per_s=per_s, outputs=_named([(name, value) for _, name, value, _ in values]))
 
     def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
         """Caffe's running mean over the last `average_loss` iterations."""
@@ -291,31 +316,21 @@ class Solver:
         self.test_passes[i] += passes
         if self.param.test_compute_loss:
             self.log.info(f"Test loss: {num(loss)}")
-        for k, s in enumerate(scores):
-            self.log.info(output_line("Test", k, s.name, s.value, s.loss_weight))
-        self.log.record(event="test", iter=self.iter, net=i, outputs=_named([(s.name, s.value) for s in scores]),
+        shown, notes = capped_outputs(score_blobs(scores))
+        for k, name, value, weight in shown:
+            self.log.info(output_line("Test", k, name, value, weight))
+        for note in notes:
+            self.log.info(note)
+        self.log.record(event="test", iter=self.iter, net=i, outputs=_named([(n, v) for _, n, v, _ in shown]),
                         **({"loss": loss} if self.param.test_compute_loss else {}))
 
     def snapshot(self) -> tuple[str, str]:
         return write_snapshot(self)
 
     def request_stop(self) -> None:
-        """Finish the current iteration, snapshot and return from `solve` (what Ctrl-C does)."""
+        """Finish the current iteration and return from `solve` (what Ctrl-C does), with the final
+        snapshot when snapshot_after_train is on."""
         self._stop_requested = True
-
-    def _catch_sigint(self) -> Callable[[], None]:
-        """Make Ctrl-C request a stop (Caffe's default sigint_effect); returns what puts the old handler back."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None  # only the main thread may set signal handlers
-
-        def on_sigint(signum, frame):
-            if self._stop_requested:  # a second Ctrl-C: stop now, without a snapshot
-                raise KeyboardInterrupt
-            self.log.info("Interrupted: finishing this iteration, then writing a snapshot (Ctrl-C again to abort)")
-            self.request_stop()
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        return lambda: signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _named(values: list[tuple[str, float]]) -> dict[str, float]:

@@ -56,7 +56,7 @@ class NetSpec:
     solver: str
     torchvision: str | None  # torchvision.models constructor, or None: PyTorch builds it from the prototxt
     speed_batch: int  # a batch both systems train at full device memory (Fig. 14)
-    # PyTorch under a 12 GiB cap as measured on an H200 (/work/shared/GPU.md): where the probes start.
+    # PyTorch under a 12 GiB cap as measured on an H200 (docs/BENCHMARKS.md): where the probes start.
     torch_plain_widest: int | None = None
     torch_checkpoint_widest: int | None = None
 

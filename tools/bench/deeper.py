@@ -10,7 +10,7 @@ with N and the host's pinned memory (--host-limit, default 60% of this machine's
 the host store for evicted activations plus every parameter, gradient and history blob. A worker trains
 2 iterations there and steps down by --step on failure.
 PyTorch: the same prototxt turned into a torch module (tools/bench/torch_nets.py), capped with
-set_per_process_memory_fraction, probed from the H200 figures of /work/shared/GPU.md (N = 176 plain,
+set_per_process_memory_fraction, probed from the H200 figures of docs/BENCHMARKS.md (N = 176 plain,
 544 checkpointed, i.e. 662 / 1766 layers). --quick: ours and PyTorch checkpointed only.
 
 Writes deeper.json.

@@ -7,7 +7,7 @@ at which the cheapest mode `--memory auto` can pick fits the budget (pool, which
 gradients and solver history or streams them from the host, + cuDNN workspace) while the pinned host
 memory it takes (the host store for evicted activations) stays within 100 GiB; a worker then trains 2 iterations there and steps down ~3 % at a time until one succeeds.
 PyTorch: torch.cuda.set_per_process_memory_fraction(budget / device memory), probing from the H200
-figures of /work/shared/GPU.md up or down in whole --step batches (catching OutOfMemoryError,
+figures of docs/BENCHMARKS.md up or down in whole --step batches (catching OutOfMemoryError,
 empty_cache between probes), plain for every net and with per-block checkpointing for the ResNets.
 --batches gives our starting batches instead of the planner's.
 

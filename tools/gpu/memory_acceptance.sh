@@ -10,7 +10,7 @@
 # Usage (repository root): bash tools/gpu/memory_acceptance.sh        logs go to $OUT (or ./gpu_logs)
 set -u
 OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # numpy<2.5 first on the path (see /work/shared/GPU.md)
+if ls .whl/*.whl >/dev/null 2>&1; then  # numpy<2.5 first on the path (numba-cuda 0.30 needs it)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD
 else

@@ -42,13 +42,13 @@ class CudaBackend:
             numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
         except ImportError as e:
             raise UserError(f"the GPU backend needs numba-cuda ({e}); install it with "
-                            f"`pip install 'superneurons[gpu]'`, or drop --gpu to train on the CPU") from None
+                            "`pip install 'superneurons[cu12]'` (or [cu13] for a CUDA 13 driver)") from None
         from superneurons.backend.cuda import device as dev, libs
         from superneurons.backend.cuda.probe import device_count
 
         count = device_count()
         if count == 0 or not cuda.is_available():
-            raise UserError("no usable NVIDIA GPU (driver or device missing); drop --gpu to train on the CPU")
+            raise UserError("no usable NVIDIA GPU (driver or device missing)")
         if not 0 <= device < count:
             raise UserError(f"--gpu {device}: this machine has {count} GPU(s), numbered 0..{count - 1}")
         libs.load("cudnn")

@@ -34,8 +34,8 @@ def load(name: str) -> ctypes.CDLL:
             return ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             errors.append(str(e))
-    raise UserError(f"cannot load lib{name}: it is needed for the GPU backend; install it with "
-                    f"`pip install 'superneurons[gpu]'` (nvidia-{name}-cu12) or from NVIDIA "
+    raise UserError(f"cannot load lib{name}: it is needed for the GPU backend; install it with `pip install "
+                    "'superneurons[cu12]'` (a CUDA 12 driver) or 'superneurons[cu13]' (CUDA 13), or from NVIDIA "
                     f"({'; '.join(errors[:2])})")
 
 

@@ -88,8 +88,10 @@ def _ctype_values(kernel, args):
             out.append(ctypes.c_bool(bool(val)))
         else:
             return None, None
-    handle = int(overload._codelibrary.get_cufunc().handle)
-    return handle, out
+    handle = overload._codelibrary.get_cufunc().handle
+    # cuda-bindings' CUfunction converts with int(); numba's ctypes binding gives a c_void_p, which int()
+    # would read as bytes
+    return (handle.value if isinstance(handle, ctypes.c_void_p) else int(handle)), out
 
 
 class _Launcher:
