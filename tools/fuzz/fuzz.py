@@ -33,12 +33,13 @@ BAD = ("traceback", "signal", "hang")
 
 
 def fuzz(kinds: list[str], cases: int, seed: int, first: int = 0, timeout: float = 60.0, work: Path | None = None,
-         keep: Path | None = None, max_memory: int = 2 << 30, nice: int = 0, log=print, verbose: bool = False) -> dict:
+         keep: Path | None = None, max_memory: int = 2 << 30, nice: int = 0, log=print, verbose: bool = False,
+         data_workers: int | None = None) -> dict:
     """Run `cases` cases of each kind; returns {kind: {"counts": {...}, "findings": [...]}}."""
     own_work = work is None
     work = Path(tempfile.mkdtemp(prefix="sn-fuzz-")) if work is None else work
     report: dict = {}
-    worker = Worker(REPO, max_memory, nice)
+    worker = Worker(REPO, max_memory, nice, data_workers)
     try:
         corpus = build(work, REPO)
         for kind in kinds:
@@ -86,12 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=0, help="niceness of the worker process")
     parser.add_argument("--work", type=Path, help="work folder (default: a temporary one, removed after)")
     parser.add_argument("--keep", type=Path, help="copy the files of failing cases (or of a single case) here")
+    parser.add_argument("--data-workers", type=int, help="decode processes per data layer, as the CLI's flag "
+                        "(default: the program's own choice; 1 decodes in-process, much faster per case)")
     parser.add_argument("--verbose", action="store_true", help="print every case's outcome")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     kinds = list(KINDS) if not args.kind or "all" in args.kind else args.kind
     report = fuzz(kinds, args.cases, args.seed, args.first, args.timeout, args.work, args.keep, args.max_memory,
-                  args.nice, verbose=args.verbose)
+                  args.nice, verbose=args.verbose, data_workers=args.data_workers)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 1 if any(report[k]["counts"][o] for k in report for o in BAD) else 0

@@ -42,10 +42,11 @@ def classify(answer: dict) -> tuple[str, str]:
 
 
 class Worker:
-    def __init__(self, repo: Path, max_memory: int, nice: int = 0):
+    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
         self.repo = repo
         self.max_memory = max_memory
         self.nice = nice
+        self.data_workers = data_workers
         self.proc: subprocess.Popen | None = None
         self.served = 0
 
@@ -53,6 +54,8 @@ class Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.repo), os.environ.get("PYTHONPATH", "")]),
                    PYTHONHASHSEED="0")
         cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), "--max-memory", str(self.max_memory)]
+        if self.data_workers is not None:
+            cmd += ["--data-workers", str(self.data_workers)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
         ready = self._read(120.0)

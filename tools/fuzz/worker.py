@@ -39,6 +39,7 @@ def run_case(argv: list[str], cwd: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-memory", type=int, default=2 << 30, help="bytes (RLIMIT_DATA)")
+    parser.add_argument("--data-workers", type=int, help="as the CLI's --data-workers, for every case")
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_DATA, (args.max_memory, args.max_memory))
     # The protocol owns the real stdout; stray writes to fd 1/2 (C libraries) go nowhere.
@@ -47,6 +48,11 @@ def main() -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     import superneurons.cli  # noqa: F401 - import before the first case so its time is not the case's
+
+    if args.data_workers is not None:
+        from superneurons.data.workers import request_workers
+
+        request_workers(args.data_workers)
 
     channel.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
