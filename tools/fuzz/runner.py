@@ -56,7 +56,9 @@ class Worker:
         cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), "--max-memory", str(self.max_memory)]
         if self.data_workers is not None:
             cmd += ["--data-workers", str(self.data_workers)]
+        # Its own session: stopping it also stops what it started (decode processes, their forkserver).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True,
                                      preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
         ready = self._read(120.0)
         if not isinstance(ready, dict) or not ready.get("ready"):
@@ -74,8 +76,10 @@ class Worker:
 
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and whatever it left running
+            except ProcessLookupError:
+                pass
             self.proc.wait()
             self.proc = None
 
@@ -97,6 +101,6 @@ class Worker:
             self.stop()
             return Result("hang", f"no answer in {timeout:g} s", took)
         code = self.proc.wait()
-        self.proc = None
+        self.stop()
         name = signal.Signals(-code).name if code < 0 else f"exit {code}"
         return Result("signal", name, took)
