@@ -350,6 +350,7 @@ def test_input_benchmark_runs_small_on_the_cpu(tmp_path):
     assert result["database"]["images"] == 20
     runs = {r["workers"]: r for r in result["data_layer"]}
     assert runs[1]["maker"] == "Prefetcher" and runs[2]["maker"] == "WorkerPool"
+    assert runs[1]["pinned"] is None and runs[2]["pinned"] is True  # workers' slots go straight to the device
     assert all(r["img_per_s"] > 0 for r in runs.values())
 
 

@@ -421,7 +421,8 @@ def test_one_rank_through_the_data_parallel_path_is_the_plain_run_bit_for_bit(tm
     assert r.returncode == 0, r.stderr
     r = _cli(1, "--solver", dp)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "plain/m_iter_20.caffemodel").read_bytes() == (tmp_path / "dp/m_iter_20.caffemodel").read_bytes()
+    model = f"m_iter_{gpu_test.ITERATIONS}.caffemodel"
+    assert (tmp_path / "plain" / model).read_bytes() == (tmp_path / "dp" / model).read_bytes()
 
 
 # ---- tools/bench/scaling.py -----------------------------------------------------------------------------------

@@ -3,8 +3,15 @@
 Worker w of W makes batches k = w, w+W, w+2W, ... (each a pure function of k, see `data.batches`),
 so the bytes are those of the in-process path whatever W is. Batch k goes to slot k mod S of one
 `multiprocessing.shared_memory` block of S slots; the consumer takes batches in order, and the
-slot of batch k is given to batch k+S when the consumer asks for batch k+1. Resident memory is
+slot of batch k is given to batch k+S once the consumer has handed batch k back (it asked for
+batch k+1) and the device copies reading the slot (`reading`) have completed. Resident memory is
 therefore S batches (S = max(prefetch depth, W) + 1: every worker busy, one batch in use).
+
+Straight to the device: given a `pin` function (the backend's `ops.pin_host`), the pool page-locks
+its ring once, so the layer copies each batch to the device directly from its slot, with no
+staging memcpy on the host. Copy events are polled, never waited for, when the pool hands slots
+back; the consumer blocks on one only when the batch it asks for needs that slot, i.e. when the
+device is S batches behind.
 
 Why processes: JPEG decoding in Pillow releases the GIL, but parsing the Datum, the random crop and
 NumPy's small per-image steps do not; on 2 cores two threads gave 1.08x one thread, two processes
@@ -32,8 +39,9 @@ import signal
 import sys
 import traceback
 import types
+from collections import deque
 from multiprocessing import connection, shared_memory
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -44,6 +52,9 @@ from superneurons.errors import UserError
 _POLL_S = 0.2  # how often a consumer waiting for a batch checks that its worker still lives
 _JOIN_S = 2.0  # how long close() waits for a terminated worker before killing it
 _PR_SET_PDEATHSIG = 1
+# Workers yield the CPU to the consumer's thread, which drives the device: a batch is needed only
+# S-1 iterations after its slot is handed out, so a worker can wait, a queued kernel launch cannot.
+_WORKER_NICENESS = 5
 
 _context: Any = None
 
@@ -100,6 +111,20 @@ def _check_shared_memory(nbytes: int, where: str) -> None:
                                 f"/dev/shm, e.g. docker --shm-size, or lower prefetch or --data-workers)")
 
 
+class CopyEvent(Protocol):
+    """Completion of a device copy reading a slot (`backend.base.CopyEvent`)."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class HostPin(Protocol):
+    """Memory page-locked for direct device copies (`ops.pin_host`), until `release()`."""
+
+    def release(self) -> None: ...
+
+
 class SlotRing:
     """S slots of (data, label) for batches of one plan, in one shared-memory block."""
 
@@ -114,21 +139,36 @@ class SlotRing:
         else:
             self.shm = shared_memory.SharedMemory(name=name)
         self.name = self.shm.name
+        # np.frombuffer holds the buffer export (np.ndarray(buffer=...) does not), so the mapping cannot
+        # be closed under an array that views it: a Batch kept past close() stays readable.
+        self._memory: np.ndarray | None = np.frombuffer(self.shm.buf, np.uint8, slots * self.slot_bytes)
         self._views: list[tuple[np.ndarray, np.ndarray]] | None = [
-            (np.ndarray(self.data_shape, np.float32, self.shm.buf, s * self.slot_bytes),
-             np.ndarray((plan.batch_size,), np.float32, self.shm.buf, s * self.slot_bytes + self.data_bytes))
+            (self._memory[s * self.slot_bytes:s * self.slot_bytes + self.data_bytes].view(np.float32)
+             .reshape(self.data_shape),
+             self._memory[s * self.slot_bytes + self.data_bytes:(s + 1) * self.slot_bytes].view(np.float32))
             for s in range(slots)]
 
     def slot(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         assert self._views is not None
         return self._views[s]
 
+    def memory(self) -> np.ndarray:
+        """All S slots as one uint8 array (what gets page-locked)."""
+        assert self._memory is not None
+        return self._memory
+
     def close(self) -> None:
-        self._views = None
-        try:
-            self.shm.close()
-        except BufferError:  # a Batch handed out still views it; the mapping goes when that array does
-            pass
+        self._views = self._memory = None
+        _lingering.append(self.shm)
+        for shm in list(_lingering):
+            try:
+                shm.close()
+                _lingering.remove(shm)
+            except BufferError:  # a Batch handed out still views it: closed by a later close(), or at exit
+                pass
+
+
+_lingering: list[shared_memory.SharedMemory] = []  # closed rings whose mapping an array still views
 
 
 @contextlib.contextmanager
@@ -158,6 +198,10 @@ def _worker_main(conn, ring_name: str, slots: int, source: RecordSource, transfo
                  plan: BatchPlan, where: str) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(_WORKER_NICENESS)
+    except OSError:
+        pass
     ring = SlotRing(plan, slots, ring_name)
     reader = None
     try:
@@ -188,11 +232,13 @@ def _worker_main(conn, ring_name: str, slots: int, source: RecordSource, transfo
 class WorkerPool:
     """Batches start, start+1, ... of `plan`, made by `workers` processes; `next()` serves them in order.
 
-    A served batch views its slot and stays valid until the following `next()` or `close()`.
+    A served batch views its slot and stays valid until the following `next()` or `close()`, and
+    after that until the copies `reading` was told of have completed.
+    `pin`: page-lock the ring for direct device copies (`pinned`; `pin_failure` says why not).
     """
 
     def __init__(self, source: RecordSource, transformer: DataTransformer, plan: BatchPlan, start: int,
-                 workers: int, depth: int, where: str):
+                 workers: int, depth: int, where: str, pin: Callable[[np.ndarray], HostPin] | None = None):
         if workers < 2:
             raise ValueError(f"a WorkerPool needs at least 2 workers, got {workers}")
         self.where = where
@@ -200,12 +246,23 @@ class WorkerPool:
         self.slots = max(depth, workers) + 1
         self._next = start  # the batch next() serves
         self._held: int | None = None  # the batch served last, whose slot the consumer may still read
+        self._held_reads: list[CopyEvent] = []  # device copies reading the held batch's slot
+        # Batches handed back, in order, with the copies still reading their slots: each slot goes to
+        # the batch S later once they have completed.
+        self._returned: deque[tuple[int, list[CopyEvent]]] = deque()
         self._failure: Exception | None = None
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         self._ring: SlotRing | None = SlotRing(plan, self.slots, where=where)
+        self._pin: HostPin | None = None
+        self.pin_failure: str | None = None
         ctx = _mp_context()
         try:
+            if pin is not None:
+                try:
+                    self._pin = pin(self._ring.memory())
+                except MemoryError as e:
+                    self.pin_failure = str(e)
             for w in range(workers):
                 ours, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=_worker_main, name=f"decode-{w}", daemon=True,
@@ -229,19 +286,52 @@ class WorkerPool:
     def shared_memory_name(self) -> str | None:
         return None if self._ring is None else self._ring.name
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the slots are page-locked: the consumer may copy batches to the device straight from them."""
+        return self._pin is not None
+
     def _issue(self, k: int) -> None:
         try:
             self._conns[k % self.workers].send((k, k % self.slots))
         except (BrokenPipeError, OSError):
             pass  # the worker is gone; next() reports how when it waits for this batch
 
+    def reading(self, event: CopyEvent) -> None:
+        """A device copy reads the batch served last until `event` completes: its slot is not given to
+        another batch before then, however soon the consumer asks for the next one."""
+        if self._held is None:
+            raise ValueError(f"{self.where}: no batch is being served, nothing can be read")
+        self._held_reads.append(event)
+
+    def _hand_back(self) -> None:
+        """The consumer is done with the held batch; its slot goes to batch held+S when its copies end."""
+        if self._held is not None:
+            self._returned.append((self._held, self._held_reads))
+            self._held, self._held_reads = None, []
+
+    def _reuse_slots(self, need: int) -> None:
+        """Give the slots of handed-back batches whose copies have completed to the batches S later, in
+        order (so every worker gets its batches in order). Copies are only polled, except for batches
+        up to `need`, whose slots the batch asked for now was assigned to: those are waited for."""
+        while self._returned:
+            k, reads = self._returned[0]
+            if k <= need:
+                for event in reads:
+                    event.synchronize()
+            else:
+                reads[:] = [event for event in reads if not event.query()]
+                if reads:
+                    break  # a copy stream completes in order: later batches' copies are not done either
+            self._returned.popleft()
+            self._issue(k + self.slots)
+
     def next(self) -> Batch:
         if self._failure is not None:
             raise self._failure
-        if self._held is not None:  # the consumer is done with it: its slot takes the batch S later
-            self._issue(self._held + self.slots)
-            self._held = None
+        self._hand_back()
         k = self._next
+        self._reuse_slots(need=k - self.slots)
         w = k % self.workers
         kind, got, message = self._receive(w, k)
         if kind != "ok":
@@ -272,6 +362,17 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop and join the workers, unlink the shared memory. Safe to call twice."""
+        # The device may still be copying from the slots: wait for it before unlocking and unmapping them.
+        self._hand_back()
+        pending = [event for _, reads in self._returned for event in reads]
+        self._returned.clear()
+        for event in pending:
+            with contextlib.suppress(Exception):  # at interpreter exit the device context may be gone
+                event.synchronize()
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            with contextlib.suppress(Exception):
+                pin.release()
         # Workers hold nothing worth flushing (a read-only database, slots nobody will take), and may
         # have several batches queued: end them now rather than let them finish.
         for proc in self._procs:

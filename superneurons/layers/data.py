@@ -4,7 +4,8 @@
 `setup` (so `superneurons summary` works without running anything), a DataTransformer, and the
 batch makers started at the first forward, when the run's seed is known: decode worker processes
 (`data.workers`, `decode_workers` of them, by default one per CPU core) or, with 0 or 1, one
-prefetch thread in the process. Both make the same bytes.
+prefetch thread in the process. Both make the same bytes. Batches from workers go to the device straight
+from their page-locked shared-memory slot (`ops.upload_pinned`), which the pool reuses only after the copy.
 
 Reproducibility and resuming: batch k is a pure function of k (see `superneurons.data.batches`).
 The layer's whole position is the number of batches it has served, which `state()` returns and
@@ -106,9 +107,15 @@ class PrefetchingDataLayer(Layer):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.
         if not (self.ctx.recomputing and self._last is not None):
             self._last = self._take()
-        self.ops.upload_async(top[0], self._last.data)
-        if len(top) > 1:
-            self.ops.upload_async(top[1], self._last.label)
+        hosts = (self._last.data, self._last.label)[:len(top)]
+        maker = self._pipe.prefetcher
+        if isinstance(maker, WorkerPool) and maker.pinned:
+            # Straight from the workers' page-locked slot; the pool reuses the slot once the copy is done.
+            for dst, host in zip(top, hosts):
+                maker.reading(self.ops.upload_pinned(dst, host))
+        else:
+            for dst, host in zip(top, hosts):
+                self.ops.upload_async(dst, host)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
@@ -120,17 +127,24 @@ class PrefetchingDataLayer(Layer):
         skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
         plan = BatchPlan(self.batch_size, self.item_shape, seeds, skip, self.ctx.rank, self.ctx.ranks)
         if pipe.plan != plan:  # the run's seed was set (or changed on resume) after the makers started
+            self._last = None  # it views the makers' memory
             pipe.stop()
         if pipe.prefetcher is None:
             pipe.plan = plan
             workers = self.workers
             if workers > 1:
                 try:
-                    pipe.prefetcher = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
-                                                 self.prefetch_depth, self.where)
+                    pool = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
+                                      self.prefetch_depth, self.where, pin=self.ops.pin_host)
                 except SharedMemoryShort as e:
                     print(f"warning: {e}", file=sys.stderr, flush=True)
                     self.shared_memory_short = True
+                else:
+                    pipe.prefetcher = pool
+                    if pool.pin_failure:
+                        print(f"warning: {self.where}: cannot page-lock the decode workers' slots "
+                              f"({pool.pin_failure}); each batch is staged through a host copy instead",
+                              file=sys.stderr, flush=True)
             if pipe.prefetcher is None:
                 items = batches(pipe.source, self.transformer, plan, self._next)
                 pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
@@ -154,12 +168,13 @@ class PrefetchingDataLayer(Layer):
         k = state.get("batch") if isinstance(state, dict) else None
         if not isinstance(k, (int, np.integer)) or k < 0:
             raise self.fail(f"cannot restore the data position from {state!r}; expected {{'batch': n}} with n >= 0")
+        self._last = None  # before the makers stop: it views their memory
         self._pipe.stop()
         self._next = int(k)
-        self._last = None
 
     def close(self) -> None:
         """Stop the batch makers and close the source (also done when the layer is collected)."""
+        self._last = None  # it views the makers' memory, which closing unmaps
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()

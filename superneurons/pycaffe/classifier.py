@@ -16,6 +16,24 @@ from superneurons.pycaffe import io
 from superneurons.pycaffe.net import TEST, Net
 
 
+def _transformer(net: Net, mean: np.ndarray | None, input_scale: float | None, raw_scale: float | None,
+                 channel_swap: Sequence[int] | None) -> io.Transformer:
+    """The Transformer of pycaffe's Classifier and Detector for the net's first input: H x W x K images in,
+    K x H x W out, with whichever of the four settings were given."""
+    in_ = net.inputs[0]
+    transformer = io.Transformer({in_: net.blobs[in_].shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer
+
+
 class Classifier(Net):
     def __init__(self, model_file: str, pretrained_file: str, image_dims: Sequence[int] | None = None,
                  mean: np.ndarray | None = None, input_scale: float | None = None, raw_scale: float | None = None,
@@ -24,16 +42,7 @@ class Classifier(Net):
         if not self.inputs:
             raise UserError(f"{model_file}: Classifier needs a deploy net with an Input layer")
         in_ = self.inputs[0]
-        self.transformer = io.Transformer({in_: self.blobs[in_].shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = _transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].shape[2:])
         self.image_dims = np.array(image_dims if image_dims is not None and len(image_dims) else self.crop_dims)
 
@@ -75,16 +84,7 @@ class Detector(Net):
         if not self.inputs:
             raise UserError(f"{model_file}: Detector needs a deploy net with an Input layer")
         in_ = self.inputs[0]
-        self.transformer = io.Transformer({in_: self.blobs[in_].shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = _transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def configure_crop(self, context_pad: int | None) -> None:

@@ -102,7 +102,9 @@ def data_layer_text(db: str, batch: int, crop: int, workers: int) -> str:
 
 
 def rss_kib(pids: list[int]) -> dict:
-    """Private (RssAnon) and shared-memory (RssShmem) resident KiB summed over `pids`."""
+    """Private (RssAnon) resident KiB summed over `pids`, and their shared memory counted once: the
+    proportional share (Pss_Shmem of smaps_rollup) summed, since every worker maps the same slot ring and
+    RssShmem would count its pages once per process."""
     out = {"anon": 0, "shmem": 0}
     for pid in pids:
         try:
@@ -110,7 +112,9 @@ def rss_kib(pids: list[int]) -> dict:
                 for line in f:
                     if line.startswith("RssAnon:"):
                         out["anon"] += int(line.split()[1])
-                    elif line.startswith("RssShmem:"):
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss_Shmem:"):
                         out["shmem"] += int(line.split()[1])
         except OSError:
             pass
@@ -147,10 +151,12 @@ def layer_alone(db: str, batch: int, crop: int, workers: int, warmup: int, itera
         pool = maker if isinstance(maker, WorkerPool) else None
         rss = rss_kib([os.getpid()] + (pool.pids if pool else []))
         ring = pool.slots * (batch * (int(np.prod(shapes[0][1:])) + 1) * 4) if pool else None
+        pinned = pool.pinned if pool else None  # batches copied to the device straight from the slots
     finally:
         layer.close()
     return {"workers": workers, "img_per_s": batch * iterations / elapsed, "ms_per_batch": 1e3 * elapsed / iterations,
             "maker": type(maker).__name__, "slots": pool.slots if pool else None,
+            "pinned": pinned,
             "ring_mib": ring / 2**20 if ring else None,
             "rss_anon_mib": rss["anon"] / 1024, "rss_shmem_mib": rss["shmem"] / 1024}
 
@@ -290,10 +296,14 @@ def resnet(source: str, db: str, batch: int, crop: int, workers: int, warmup: in
     solver.step(iterations)
     backend.synchronize()
     elapsed = time.perf_counter() - t0
+    pinned = None
     for node in solver.net.graph.nodes:
+        maker = getattr(node.layer, "batch_maker", None)
+        if maker is not None:
+            pinned = getattr(maker, "pinned", False)
         if node.layer.is_data and hasattr(node.layer, "close"):
             node.layer.close()
-    return {"source": source, "workers": workers if source == "lmdb" else None,
+    return {"source": source, "workers": workers if source == "lmdb" else None, "pinned": pinned,
             "img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
 
