@@ -8,6 +8,12 @@ every other exception is a bug in SuperNeurons and keeps its traceback.
 class UserError(Exception):
     """A problem in the user's files or flags: bad prototxt, unknown layer type, shape mismatch, missing file."""
 
+    def __str__(self) -> str:
+        # Always one line: a message may quote what a library read from a damaged file (LevelDB's status
+        # names the bytes of its CURRENT file), and newlines or control characters would break the line.
+        text = super().__str__()
+        return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 class ShapeError(UserError):
     """Two layers disagree about a blob's shape."""

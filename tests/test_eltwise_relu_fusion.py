@@ -168,9 +168,10 @@ def test_pass_leaves_joins_it_cannot_fuse():
     assert _fused_pairs(_join(op="MAX")) == {}
     assert _fused_pairs(_join(relu_top="r")) == {}  # the ReLU not in place
     assert _fused_pairs(_join(slope=-0.5)) == {}  # its mask is not "output > 0"
-    # The sum read by another layer before the ReLU (the pass would hand it relu(sum)).
+    # The sum read by another layer before the ReLU (the pass would hand it relu(sum)). The ReLU cannot then
+    # work in place on the sum (Caffe refuses that net: "produced by multiple sources").
     other = _layer("peek", "Pooling", ["s"], ["peek"], "pooling_param { pool: MAX kernel_size: 2 }")
-    assert _fused_pairs(_join(between=other)) == {}
+    assert _fused_pairs(_join(between=other, relu_top="r")) == {}
     # The ReLU told not to propagate: it runs no backward while the Eltwise does.
     assert _fused_pairs(_join(relu_extra="propagate_down: false")) == {}
 

@@ -224,9 +224,10 @@ def test_pass_leaves_chains_it_cannot_fuse():
     assert _fused(_graph(base + _bn_chain("a", "c", scale_top="s"))) == {}
     assert _fused(_graph(base + _bn_chain("a", "c", slope=-0.5))) == {"bn_a": ("sc_a", None)}
     assert _fused(_graph(base + _bn_chain("a", "c", slope=0.25))) == {"bn_a": ("sc_a", 0.25)}
-    # The BatchNorm's output read by another layer too (a Split goes in between): no fusion.
+    # The BatchNorm's output read by another layer too (a Split goes in between): no fusion. The Scale
+    # cannot then work in place on it (Caffe refuses that net: "produced by multiple sources").
     two_readers = (base + _layer("bn", "BatchNorm", ["c"], ["n"]) + _layer("other", "ReLU", ["n"], ["o"])
-                   + _layer("sc", "Scale", ["n"], ["n"], "scale_param { bias_term: true }"))
+                   + _layer("sc", "Scale", ["n"], ["s"], "scale_param { bias_term: true }"))
     assert _fused(_graph(two_readers)) == {}
     # Read after the Scale (its output, not the BatchNorm's): fused, the reader sees the fused result.
     after = (base + _layer("bn", "BatchNorm", ["c"], ["n"])

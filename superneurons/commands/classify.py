@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from superneurons.errors import UserError
+from superneurons.io.prototxt import decode_text
 
 EXAMPLES = """examples:
   superneurons classify --model deploy.prototxt --weights bvlc_alexnet.caffemodel \\
@@ -150,8 +151,8 @@ def make_mean(args, channels: int, height: int, width: int) -> np.ndarray | None
 
 def read_labels(path: str, classes: int) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as f:
-            labels = [line.rstrip("\n") for line in f]
+        with open(path, "rb") as f:
+            labels = decode_text(f.read(), path, "a labels file (one name a line)").splitlines()
     except OSError as e:
         raise UserError(f"{path}: cannot read the labels ({e.strerror or e})") from None
     while labels and not labels[-1].strip():

@@ -13,6 +13,11 @@ from PIL import Image
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 
+# What Pillow raises for image bytes it cannot decode: OSError/SyntaxError for truncated or unknown data,
+# EOFError/ValueError from some plugins on malformed headers, DecompressionBombError for a header claiming
+# more pixels than Image.MAX_IMAGE_PIXELS (a damaged size field would otherwise try to allocate them).
+_UNDECODABLE = (OSError, SyntaxError, EOFError, ValueError, Image.DecompressionBombError)
+
 # Pillow modes that OpenCV's "keep the file's colour type" decode would give one channel for.
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
@@ -31,12 +36,14 @@ def datum_to_array(datum: pb.Datum, where: str, force_color: bool = False, force
     if datum.encoded:
         return decode_image(datum.data, where, force_color, force_gray)
     c, h, w = datum.channels, datum.height, datum.width
+    if min(c, h, w) < 1:  # the fields are signed on the wire; a damaged record can say anything
+        raise UserError(f"{where}: Datum has channels {c}, height {h}, width {w}; each must be at least 1")
     n = c * h * w
     if datum.data:
         if len(datum.data) != n:
             raise UserError(f"{where}: Datum says {c}x{h}x{w} = {n} values but holds {len(datum.data)} bytes")
         return np.frombuffer(datum.data, dtype=np.uint8).reshape(c, h, w)
-    if len(datum.float_data) != n or n == 0:
+    if len(datum.float_data) != n:
         raise UserError(f"{where}: Datum says {c}x{h}x{w} = {n} values but holds {len(datum.float_data)} floats")
     return np.asarray(datum.float_data, dtype=np.float32).reshape(c, h, w)
 
@@ -82,7 +89,7 @@ def decode_image(data: bytes, where: str, force_color: bool = False, force_gray:
     try:
         with Image.open(io.BytesIO(data)) as img:
             return pil_to_array(img, force_color, force_gray)
-    except (OSError, SyntaxError) as e:  # Pillow's errors for truncated/unknown image data
+    except _UNDECODABLE as e:
         raise UserError(f"{where}: cannot decode the encoded image ({e})") from None
 
 
@@ -94,6 +101,10 @@ def encode_image(array: np.ndarray, fmt: str = "PNG") -> bytes:
 
 def load_image(path: str, is_color: bool = True, height: int = 0, width: int = 0) -> np.ndarray:
     """Read an image file as (C, H, W) uint8, resized (bilinear) when height and width are given."""
+    most = Image.MAX_IMAGE_PIXELS or 1 << 31  # the decoder's own limit applies to the resize target too
+    if height > 0 and width > 0 and height * width > most:
+        raise UserError(f"{path}: resizing to {height}x{width} asks for {height * width} pixels, more than "
+                        f"the {most} an image may have")
     try:
         with Image.open(path) as img:
             img = img.convert("RGB" if is_color else "L")
@@ -102,5 +113,5 @@ def load_image(path: str, is_color: bool = True, height: int = 0, width: int = 0
             return pil_to_array(img, force_color=is_color, force_gray=not is_color)
     except FileNotFoundError:
         raise UserError(f"{path}: no such image file") from None
-    except (OSError, SyntaxError) as e:
+    except _UNDECODABLE as e:
         raise UserError(f"{path}: cannot read the image ({e})") from None

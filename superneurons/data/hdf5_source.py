@@ -19,7 +19,7 @@ import numpy as np
 
 from superneurons.data.batches import SHUFFLE, Seeds
 from superneurons.errors import UserError
-from superneurons.io.caffemodel import require_h5py
+from superneurons.io.caffemodel import HDF5_ERRORS, require_h5py
 
 _CACHED_FILES = 2  # a batch spans at most two files when files hold at least a batch of rows each
 
@@ -78,8 +78,8 @@ def _inspect(path: str, names: list[str], where: str) -> tuple[int, dict[str, tu
                     raise UserError(f"{where}: {path}: dataset {name!r} is a scalar; it needs a first "
                                     f"dimension of samples")
                 shapes[name] = tuple(int(d) for d in obj.shape)
-    except OSError as e:
-        raise UserError(f"{where}: {path}: not a readable HDF5 file ({e})") from None
+    except HDF5_ERRORS as e:  # a damaged file: OSError on open, RuntimeError from a corrupt symbol table
+        raise UserError(f"{where}: {path}: not a readable HDF5 file ({type(e).__name__}: {e})") from None
     rows = {name: shape[0] for name, shape in shapes.items()}
     if len(set(rows.values())) > 1:
         listed = ", ".join(f"{name!r} {n}" for name, n in rows.items())
@@ -166,8 +166,8 @@ class Hdf5Rows:
         try:
             with h5py.File(path, "r") as f:
                 data = {name: np.asarray(f[name][...], dtype=np.float32) for name in self.names}
-        except (OSError, KeyError) as e:
-            raise UserError(f"{self.where}: {path}: cannot read the datasets ({e})") from None
+        except HDF5_ERRORS as e:
+            raise UserError(f"{self.where}: {path}: cannot read the datasets ({type(e).__name__}: {e})") from None
         for name, array in data.items():  # the file may have changed since setup looked at it
             if array.shape != (self.files[index].rows,) + self.row_shapes[name]:
                 raise UserError(f"{self.where}: {path}: dataset {name!r} changed shape to {array.shape} while "

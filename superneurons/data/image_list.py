@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 from superneurons.errors import UserError
+from superneurons.io.prototxt import decode_text
 
 
 def read_image_list(path: str, where: str) -> list[tuple[str, int]]:
     """Lines `relative/path.jpg 3`; the label is after the last space (names may contain spaces)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:
+            lines = decode_text(f.read(), path, "an image list (`path label` lines)").splitlines()
     except FileNotFoundError:
         raise UserError(f"{where}: image list {path!r} does not exist") from None
+    except OSError as e:  # a folder, unreadable
+        raise UserError(f"{where}: cannot read image list {path!r} ({e.strerror or e})") from None
     entries = []
     for lineno, line in enumerate(lines, 1):
         line = line.strip()

@@ -10,6 +10,7 @@ writes to its database.
 from __future__ import annotations
 
 import os
+import struct
 from typing import Iterable, Iterator
 
 import lmdb
@@ -24,6 +25,57 @@ _INITIAL_MAP = 64 << 20  # bytes; doubled whenever a chunk does not fit
 _environments = SharedHandles(lambda env: env.close())
 
 
+# LMDB's file layout (lmdb.h / mdb.c, 64-bit builds): pages 0 and 1 are meta pages, each a 16-byte page
+# header then MDB_meta: magic u32, version u32, address u64, mapsize u64, two 48-byte MDB_db records (the
+# free list's, whose first u32 holds the page size, then the main tree's, entries at +32 and root at +40),
+# last_pg u64, txnid u64. The meta page with the larger txnid is the current one.
+_META = struct.Struct("<IIQQI44x32xQQQQ")  # magic, version, address, mapsize, psize, entries, root, last_pg, txnid
+_PAGE_HEADER = 16
+_MAGIC = 0xBEEFC0DE
+_DATA_VERSION = 1
+
+
+def check_lmdb_file(path: str, where: str) -> None:
+    """Refuse a data.mdb that LMDB would map past its end (a truncated copy or download).
+
+    LMDB memory-maps the file and trusts its meta page; reading a page beyond the file's end kills the
+    process with SIGBUS inside the library, so the meta page's last page number is checked against the
+    file's size before LMDB opens it.
+    """
+    mdb = os.path.join(path, "data.mdb")
+    try:
+        with open(mdb, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(_PAGE_HEADER + _META.size)
+            metas = []
+            if len(head) == _PAGE_HEADER + _META.size:
+                first = _META.unpack_from(head, _PAGE_HEADER)
+                metas.append(first)
+                psize = first[4]
+                if first[0] == _MAGIC and 512 <= psize <= 1 << 16 and psize & (psize - 1) == 0:
+                    f.seek(psize)
+                    second = f.read(_PAGE_HEADER + _META.size)
+                    if len(second) == len(head):
+                        metas.append(_META.unpack_from(second, _PAGE_HEADER))
+    except OSError as e:
+        raise UserError(f"{where}: cannot read {mdb!r} ({e.strerror or e})") from None
+    valid = [m for m in metas if m[0] == _MAGIC and m[1] == _DATA_VERSION]
+    if len(valid) < 2 or size < 2 * valid[0][4]:
+        raise UserError(f"{where}: {mdb!r} is not a complete LMDB file ({size} bytes; no two valid meta pages, "
+                        f"magic 0x{_MAGIC:08X}, version {_DATA_VERSION})")
+    psize = valid[0][4]
+    current = max(valid, key=lambda m: m[8])
+    need = (current[7] + 1) * psize
+    if size < need:
+        raise UserError(f"{where}: {mdb!r} is truncated: {size} bytes, but its meta page says the database has "
+                        f"{current[7] + 1} pages of {psize} bytes ({need} bytes); copy or write it again")
+    root = current[6]
+    if current[5] and root > current[7]:
+        raise UserError(f"{where}: {mdb!r} is damaged: its root page {root} lies beyond its last page "
+                        f"{current[7]}")
+
+
+
 def _open_environment(key: str) -> lmdb.Environment:
     return lmdb.open(key, readonly=True, lock=False, readahead=False, max_readers=512)
 
@@ -35,6 +87,7 @@ class LmdbReader:
 
     def __init__(self, path: str, where: str):
         check_database_folder(path, LMDB, where)
+        check_lmdb_file(path, where)
         self.path = path
         self.where = where
         self._key = os.path.realpath(path)
@@ -43,16 +96,23 @@ class LmdbReader:
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
         self._open = True
-        self.count = int(self.env.stat()["entries"])
+        try:
+            self.count = int(self.env.stat()["entries"])
+        except lmdb.Error as e:
+            self.close()
+            raise self._damaged(e) from None
         if self.count == 0:
             self.close()
             raise UserError(f"{where}: LMDB database {path!r} has no records")
 
     def first(self) -> tuple[bytes, bytes]:
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            return cursor.key(), cursor.value()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cursor = txn.cursor()
+                cursor.first()
+                return cursor.key(), cursor.value()
+        except lmdb.Error as e:
+            raise self._damaged(e) from None
 
     def values_from(self, start: int) -> Iterator[bytes]:
         """Values from record number `start` (mod count) on, forever, wrapping at the end.
@@ -60,15 +120,21 @@ class LmdbReader:
         LMDB has no positional access, so reaching `start` walks the cursor once; that is paid only
         when a run begins or resumes.
         """
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            for _ in range(start % self.count):
-                cursor.next()
-            while True:
-                yield cursor.value()
-                if not cursor.next():
-                    cursor.first()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cursor = txn.cursor()
+                cursor.first()
+                for _ in range(start % self.count):
+                    cursor.next()
+                while True:
+                    yield cursor.value()
+                    if not cursor.next():
+                        cursor.first()
+        except lmdb.Error as e:  # a damaged page: MDB_CORRUPTED, MDB_PAGE_NOTFOUND
+            raise self._damaged(e) from None
+
+    def _damaged(self, e: lmdb.Error) -> UserError:
+        return UserError(f"{self.where}: LMDB database {self.path!r} is damaged ({type(e).__name__}: {e})")
 
     def cursor(self) -> "LmdbCursor":
         """Records by number, for one thread; close it before the reader."""
@@ -141,8 +207,9 @@ def count_records(path: str) -> int:
         return -1
     key = os.path.realpath(path)
     try:
+        check_lmdb_file(path, path)
         env = _environments.acquire(key, lambda: _open_environment(key))
-    except lmdb.Error:
+    except (lmdb.Error, UserError):
         return -1
     try:
         return int(env.stat()["entries"])

@@ -41,6 +41,7 @@ def insert_splits(net: pb.NetParameter, where: str = "") -> pb.NetParameter:
             blob = layers[li].top[tj]
             for k, use in enumerate(uses):
                 renamed[use] = split_blob_name(blob, layers[li].name, tj, k)
+    _check_single_producer(layers, renamed, prefix)
     for i, layer in enumerate(layers):
         new = out.layer.add()
         new.CopyFrom(layer)
@@ -60,3 +61,23 @@ def insert_splits(net: pb.NetParameter, where: str = "") -> pb.NetParameter:
                     split.loss_weight.append(layer.loss_weight[j])
                     split.loss_weight.extend([0.0] * (len(uses) - 1))
     return out
+
+
+def _check_single_producer(layers: list[pb.LayerParameter], renamed: dict[tuple[int, int], str],
+                           prefix: str) -> None:
+    """Every blob has one producer or is rewritten in place (top j named as bottom j), as Caffe's Net requires.
+
+    Caffe checks this on the net with splits inserted (AppendTop): an in-place layer on a blob that another
+    layer also reads gets its bottom renamed to a split output, so its top becomes a second blob of the
+    same name, and Caffe stops with "Top blob 'x' produced by multiple sources". So does this, saying why.
+    """
+    produced: dict[str, str] = {}
+    for i, layer in enumerate(layers):
+        for j, blob in enumerate(layer.top):
+            in_place = j < len(layer.bottom) and layer.bottom[j] == blob
+            if blob in produced and not (in_place and (i, j) not in renamed):
+                why = (f"; it works in place on {blob!r}, which another layer also reads, and would overwrite that "
+                       f"layer's input: give its top a new name") if in_place else ""
+                raise UserError(f"{prefix}layer {layer.name!r}: top blob {blob!r} is produced by multiple sources "
+                                f"(first by layer {produced[blob]!r}){why}")
+            produced.setdefault(blob, layer.name)

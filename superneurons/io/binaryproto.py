@@ -4,21 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from superneurons.errors import UserError
+from superneurons.io.caffemodel import blob_to_array
 from superneurons.io.prototxt import read_binary, write_binary
 from superneurons.proto import superneurons_pb2 as pb
-
-
-def blob_to_array(blob: pb.BlobProto, where: str = "<blob>") -> np.ndarray:
-    """A BlobProto's data with its shape: `shape` when set, else the legacy num/channels/height/width."""
-    if blob.HasField("shape"):
-        shape = tuple(int(d) for d in blob.shape.dim)
-    else:
-        shape = (blob.num, blob.channels, blob.height, blob.width)
-    values = blob.double_data if len(blob.double_data) else blob.data
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if len(values) != n:
-        raise UserError(f"{where}: the blob's shape {shape} needs {n} values but it holds {len(values)}")
-    return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
 def array_to_blob(array: np.ndarray) -> pb.BlobProto:

@@ -9,6 +9,7 @@ layer training from scratch is visible rather than silent.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -53,12 +54,16 @@ def blob_shape(blob: pb.BlobProto) -> tuple[int, ...]:
 
 
 def blob_to_array(blob: pb.BlobProto, where: str = "") -> np.ndarray:
+    """The blob's values in its shape (float32); a negative dimension or a count that disagrees with the
+    shape is an error naming `where` (Python integers: a product beyond int64 cannot wrap into a match)."""
     double = len(blob.double_data) > 0
     values = blob.double_data if double else blob.data
     shape = blob_shape(blob)
-    n = int(np.prod(shape)) if shape else 1
+    if any(d < 0 for d in shape):
+        raise UserError(f"{where}: blob has a negative dimension in its shape {_fmt(shape)}")
+    n = math.prod(shape)
     if len(values) != n:
-        raise UserError(f"{where}: blob of shape {_fmt(shape)} holds {len(values)} values, expected {n}")
+        raise UserError(f"{where}: the blob's shape {_fmt(shape)} needs {n} values but it holds {len(values)}")
     return np.asarray(values, dtype=np.float64 if double else np.float32).astype(np.float32, copy=False).reshape(shape)
 
 
@@ -141,6 +146,12 @@ def _proto_to_hdf5(model: pb.NetParameter, f: Any) -> None:
             group.create_dataset(str(k), data=blob_to_array(blob, lp.name))
 
 
+# What h5py raises for a damaged file: OSError when the file will not open, RuntimeError from the HDF5
+# library on a corrupt object header or symbol table, KeyError/TypeError/ValueError when a dataset
+# sits where a group belongs (or the reverse) or holds what cannot be converted.
+HDF5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, IndexError, OverflowError)
+
+
 def _hdf5_to_proto(path: str) -> pb.NetParameter:
     h5py = require_h5py()
     model = pb.NetParameter()
@@ -154,8 +165,8 @@ def _hdf5_to_proto(path: str) -> pb.NetParameter:
                     if str(k) not in group:
                         raise UserError(f"{path}: layer {name!r} lacks param dataset {k}")
                     array_to_blob(np.asarray(group[str(k)], dtype=np.float32), lp.blobs.add())
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it as HDF5 ({e})") from None
+    except HDF5_ERRORS as e:
+        raise UserError(f"{path}: cannot read it as a Caffe HDF5 model ({type(e).__name__}: {e})") from None
     return model
 
 

@@ -26,16 +26,39 @@ def parse_text(text: str, msg: M, filename: str = "<string>") -> M:
     return msg
 
 
+def decode_text(data: bytes, path: str, what: str = "a prototxt file") -> str:
+    """`data` as UTF-8 text; a NUL byte or an invalid UTF-8 sequence is an error naming the byte offset and line.
+
+    Caffe's prototxt files are text; a binary file given where text belongs (a .caffemodel as --model,
+    a corrupted copy) must say where it stops being text rather than fail inside a decoder.
+    """
+    nul = data.find(b"\0")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = e.start if nul < 0 else min(e.start, nul)
+    else:
+        if nul < 0:
+            return text
+        bad = nul
+    line = data.count(b"\n", 0, bad) + 1
+    col = bad - (data.rfind(b"\n", 0, bad) + 1) + 1
+    kind = "a NUL byte" if bad == nul else f"byte 0x{data[bad]:02x}, not UTF-8 text"
+    raise UserError(f"{path}:{line}:{col}: {kind} at byte offset {bad}; expected {what}")
+
+
 def read_text(path: str, msg: M) -> M:
     """Read a prototxt file into `msg`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a prototxt file") from None
-    return parse_text(text, msg, path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    return parse_text(decode_text(data, path), msg, path)
 
 
 def read_binary(path: str, msg: M) -> M:
@@ -148,7 +171,7 @@ def read_solver(path: str) -> pb.SolverParameter:
 def layer_line(path: str, layer_name: str) -> int | None:
     """The 1-based line of `name: "layer_name"` in a prototxt, for error messages; None if not found."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for i, line in enumerate(f, 1):
                 stripped = line.strip()
                 if stripped.startswith("name") and (f'"{layer_name}"' in stripped or f"'{layer_name}'" in stripped):

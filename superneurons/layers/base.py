@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from superneurons.errors import UserError
+from superneurons.layers.fillers import filler_problem
 from superneurons.proto import superneurons_pb2 as pb
 
 Shape = tuple[int, ...]
@@ -204,6 +205,9 @@ class Layer:
 
     # ---- helpers for subclasses ---------------------------------------------------------------
     def add_param(self, shape: Shape, filler: pb.FillerParameter | None, learnable: bool = True) -> ParamDecl:
+        problem = filler_problem(filler, tuple(shape)) if filler is not None else None
+        if problem:
+            raise self.fail(f"parameter {len(self.params)}: {problem}")
         decl = ParamDecl(tuple(int(d) for d in shape), filler if filler is not None else pb.FillerParameter(),
                          learnable=learnable)
         self.params.append(decl)

@@ -69,6 +69,19 @@ def fill(f: pb.FillerParameter, shape: tuple[int, ...], rng: np.random.Generator
 KNOWN = ("constant", "uniform", "gaussian", "xavier", "msra", "positive_unitball", "bilinear")
 
 
+def filler_problem(f: pb.FillerParameter, shape: tuple[int, ...]) -> str | None:
+    """What is wrong with filling `shape` as `f` says, or None; layers ask when they declare a parameter,
+    so a mistake is reported when the net is built, naming the layer, not when training starts."""
+    kind = f.type or "constant"
+    if kind not in KNOWN:
+        return f"unknown filler type {kind!r}; known: {', '.join(KNOWN)}"
+    if kind == "gaussian" and not f.std >= 0:
+        return f"gaussian filler needs std >= 0, got {f.std:g}"
+    if kind == "bilinear" and (len(shape) != 4 or shape[2] != shape[3]):
+        return f"bilinear filler needs a 4-D square kernel, got shape {shape}"
+    return None
+
+
 class RandomSpec(NamedTuple):
     """Arguments of ops.random_fill, plus whether each row (axis 0) is then scaled to sum 1 (positive_unitball)."""
 
@@ -83,8 +96,9 @@ def random_spec(f: pb.FillerParameter, shape: tuple[int, ...]) -> RandomSpec | N
     """The random_fill arguments of a random filler, with the distributions of `fill`; None for the
     deterministic ones (constant, bilinear). Raises UserError for an unknown type."""
     kind = f.type or "constant"
-    if kind not in KNOWN:
-        raise UserError(f"unknown filler type {kind!r}; known: {', '.join(KNOWN)}")
+    problem = filler_problem(f, shape)
+    if problem:
+        raise UserError(problem)
     if kind == "uniform":
         return RandomSpec("uniform", float(f.min), float(f.max), 1.0)
     if kind == "gaussian":

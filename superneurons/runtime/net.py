@@ -24,6 +24,7 @@ from superneurons.memory.interface import MemoryManager, StepHooks
 from superneurons.memory.params import layers_computed_by, param_root
 from superneurons.memory.pool import make_pool, round_up
 from superneurons.memory.tensors import declare_tensors
+from superneurons.runtime.limits import check_fits
 from superneurons.settings import memory_policy
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
@@ -159,6 +160,8 @@ class Net:
             own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
         self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
+        # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
+        check_fits(self.tensors, pool_bytes, backend, graph)
         self.pool = make_pool(pool_bytes, backend, self.policy.allocator)
         self.memory: MemoryManager = make_manager(custom or mode, self, types)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types

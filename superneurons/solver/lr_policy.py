@@ -25,6 +25,7 @@ class LrPolicy:
         self.param = param
         self.name = param.lr_policy or "fixed"
         self.current_step = 0
+        self.where = where
         if self.name not in POLICIES:
             raise UserError(f"{where}: unknown lr_policy {self.name!r}; known: {', '.join(POLICIES)}")
         if self.name == "step" and param.stepsize <= 0:
@@ -37,9 +38,32 @@ class LrPolicy:
                 raise UserError(f"{where}: lr_policy \"multistep\" needs at least one stepvalue")
             if any(b <= a for a, b in zip(steps, steps[1:])):
                 raise UserError(f"{where}: stepvalue must increase, got {steps}")
+        if self.name == "inv" and param.gamma < 0 and 1.0 + param.gamma * param.max_iter <= 0:
+            # (1 + gamma * it) ^ -power has no real value once its base reaches 0.
+            raise UserError(f"{where}: lr_policy \"inv\" with gamma {param.gamma:g} makes 1 + gamma * iter <= 0 "
+                            f"before max_iter {param.max_iter}; gamma must be >= 0 or above {-1.0 / param.max_iter:g}")
 
     def rate(self, it: int) -> float:
-        """The learning rate at iteration `it` (advances multistep's counter, as Caffe does)."""
+        """The learning rate at iteration `it` (advances multistep's counter, as Caffe does).
+
+        A rate that is not a finite real number (an overflow, a negative base under a fractional power,
+        a resumed iteration outside the policy's range) is an error naming the policy and its fields,
+        rather than a NaN, a complex number or a ZeroDivisionError.
+        """
+        if it < 0:
+            raise UserError(f"{self.where}: iteration {it} is negative; the learning rate is defined from 0 on")
+        try:
+            lr = self._formula(it)
+        except (OverflowError, ZeroDivisionError):
+            lr = None
+        if not isinstance(lr, float) or not math.isfinite(lr):
+            p = self.param
+            raise UserError(f"{self.where}: lr_policy \"{self.name}\" gives no finite learning rate at iteration "
+                            f"{it} (base_lr {p.base_lr:g}, gamma {p.gamma:g}, power {p.power:g}, stepsize "
+                            f"{p.stepsize}, max_iter {p.max_iter})")
+        return lr
+
+    def _formula(self, it: int) -> float | complex:
         p = self.param
         base, gamma, power = float(p.base_lr), float(p.gamma), float(p.power)
         name = self.name
@@ -59,5 +83,6 @@ class LrPolicy:
             return base * gamma ** self.current_step
         if name == "poly":
             return base * (1.0 - it / p.max_iter) ** power
-        # sigmoid
-        return base / (1.0 + math.exp(-gamma * (it - p.stepsize)))
+        # sigmoid: exp overflowing means the rate has decayed to 0, as Caffe's 1 / (1 + inf) gives
+        z = -gamma * (it - p.stepsize)
+        return base / (1.0 + math.exp(z)) if z < 700 else 0.0

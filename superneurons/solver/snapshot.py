@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.io.caffemodel import (array_to_blob, blob_shape, blob_to_array, is_hdf5, load_weights,
-                                        require_h5py, save_weights, write_hdf5_atomic)
+from superneurons.io.caffemodel import (HDF5_ERRORS, array_to_blob, blob_shape, blob_to_array, is_hdf5,
+                                        load_weights, require_h5py, save_weights, write_hdf5_atomic)
 from superneurons.io.prototxt import read_binary, remove_stale_temps, write_atomic, write_binary
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -125,9 +125,13 @@ def _find_learned_net(learned: str, state_path: str) -> str:
 def restore_snapshot(solver: "Solver", state_path: str) -> None:
     """Load weights, history, iteration and the sidecar's extra state into `solver`."""
     state = _read_hdf5_state(state_path) if is_hdf5(state_path) else read_binary(state_path, pb.SolverState())
+    for field in ("iter", "current_step"):
+        if getattr(state, field) < 0:
+            raise UserError(f"{state_path}: field {field} is {getattr(state, field)}; it must be >= 0")
     solver.iter = int(state.iter)
     if state.HasField("learned_net"):
-        load_weights(solver.net, _find_learned_net(state.learned_net, state_path))
+        load_weights(solver.net, _find_learned_net(_text_field(state.learned_net, "learned_net", state_path),
+                                                   state_path))
     solver.lr_policy.current_step = int(state.current_step)
     hists = solver.history_blobs()
     if len(state.history) != len(hists):
@@ -141,10 +145,21 @@ def restore_snapshot(solver: "Solver", state_path: str) -> None:
     _restore_extra(solver, state_path + EXTRA_SUFFIX)
 
 
+def _text_field(value: str | bytes, field: str, path: str) -> str:
+    """Caffe's proto2 strings are bytes on the wire: one that is not UTF-8 arrives here as bytes."""
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: field {field} is not UTF-8 text (byte 0x{value[e.start]:02x} at offset "
+                        f"{e.start} of the path)") from None
+
+
 def _state_to_hdf5(state: pb.SolverState, f: Any) -> None:
     """Caffe's SnapshotSolverStateToHDF5 layout: iter, learned_net, current_step, /history/<k>."""
     f.create_dataset("iter", data=np.array([state.iter], dtype=np.int32))
-    f.create_dataset("learned_net", data=np.bytes_(state.learned_net))
+    f.create_dataset("learned_net", data=np.bytes_(state.learned_net.encode("utf-8")))  # a path: any Unicode
     f.create_dataset("current_step", data=np.array([state.current_step], dtype=np.int32))
     history = f.create_group("history")
     for k, blob in enumerate(state.history):
@@ -158,7 +173,8 @@ def _read_hdf5_state(path: str) -> pb.SolverState:
         with h5py.File(path, "r") as f:
             state.iter = int(np.asarray(f["iter"]).ravel()[0])
             learned = np.asarray(f["learned_net"]).item()
-            state.learned_net = learned.decode() if isinstance(learned, bytes) else str(learned)
+            state.learned_net = _text_field(learned, "learned_net", path) if isinstance(learned, bytes) \
+                else str(learned)
             if "current_step" in f:
                 state.current_step = int(np.asarray(f["current_step"]).ravel()[0])
             history = f["history"]
@@ -166,7 +182,7 @@ def _read_hdf5_state(path: str) -> pb.SolverState:
                 array_to_blob(np.asarray(history[str(k)], dtype=np.float32), state.history.add())
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, KeyError) as e:
+    except HDF5_ERRORS as e:
         raise UserError(f"{path}: not a Caffe HDF5 solver state ({e})") from None
     return state
 
@@ -177,22 +193,49 @@ def _restore_extra(solver: "Solver", path: str) -> None:
             solver.log.info(f"No {os.path.basename(path)} beside the solver state: data layers start from the "
                             "beginning (the run will not repeat an uninterrupted one exactly)")
         return
-    try:
-        with open(path, encoding="utf-8") as f:
-            extra = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: unreadable snapshot sidecar ({e})") from None
+    extra = read_extra(path)
     ranks, now = extra.get("ranks", 1), solver.net.ctx.ranks
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise UserError(f"{path}: 'ranks' is {ranks!r}, expected a positive whole number")
     if ranks != now:
         raise UserError(f"{path}: this snapshot was taken with {ranks} rank(s) (GPUs or processes) and this run "
                         f"has {now}; resume it with {ranks}, or start from its weights with --weights")
-    solver.set_seed(int(extra.get("seed", solver.seed)))
+    solver.set_seed(extra.get("seed", solver.seed))
     passes = extra.get("test_passes", [])
     for i in range(min(len(passes), len(solver.test_passes))):
-        solver.test_passes[i] = int(passes[i])
+        solver.test_passes[i] = passes[i]
     saved = extra.get("layers", {})
     for key, layer in _stateful_layers(solver):
         if key in saved:
-            layer.restore(saved[key])
+            try:
+                layer.restore(saved[key])  # each layer checks its own state and names itself when it is wrong
+            except UserError as e:
+                raise UserError(f"{path}: {e}") from None
+
+
+def _is_count(value: Any, limit: int = 1 << 63) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < limit
+
+
+def read_extra(path: str) -> dict[str, Any]:
+    """The sidecar's JSON, checked field by field: a damaged or hand-edited file is one line naming the field."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            extra = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UserError(f"{path}: unreadable snapshot sidecar ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(extra, dict):
+        raise UserError(f"{path}: the snapshot sidecar must be a JSON object, got {type(extra).__name__}")
+    version = extra.get("version", EXTRA_VERSION)
+    if version != EXTRA_VERSION:
+        raise UserError(f"{path}: field version is {version!r}; this SuperNeurons reads version {EXTRA_VERSION}")
+    ranks = extra.get("ranks", 1)
+    if not _is_count(ranks) or ranks < 1:
+        raise UserError(f"{path}: field ranks is {ranks!r}; expected a positive whole number")
+    if "seed" in extra and not _is_count(extra["seed"]):
+        raise UserError(f"{path}: field seed is {extra['seed']!r}; expected an integer in [0, 2^63)")
+    passes = extra.get("test_passes", [])
+    if not isinstance(passes, list) or not all(_is_count(p) for p in passes):
+        raise UserError(f"{path}: field test_passes is {str(passes)[:80]}; expected a list of integers >= 0")
+    layers = extra.get("layers", {})
+    if not isinstance(layers, dict):
+        raise UserError(f"{path}: field layers is {str(layers)[:80]}; expected an object of layer states")
+    return extra

@@ -1,0 +1,106 @@
+"""Runs cases in a worker process and classifies what happened.
+
+Outcomes: `ok` (exit 0), `error` (exit 1 or 2 with the CLI's one-line `superneurons CMD: error: ...`),
+`traceback` (an exception escaped the CLI, or the error was not one line), `signal` (the process died,
+e.g. SIGBUS/SIGSEGV/SIGKILL), `hang` (no answer within the time limit).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+OUTCOMES = ("ok", "error", "traceback", "signal", "hang")
+RESTART_EVERY = 300  # cases per worker: bounds what a long run leaks (threads, open databases)
+
+
+@dataclass
+class Result:
+    outcome: str
+    detail: str  # the error line, the traceback's last lines, the signal's name
+    seconds: float
+
+
+def classify(answer: dict) -> tuple[str, str]:
+    if answer.get("exc"):
+        return "traceback", answer["exc"]
+    rc = answer["rc"]
+    if rc == 0:
+        return "ok", ""
+    lines = [l for l in answer["err"].splitlines() if l.strip()]
+    if rc in (1, 2) and lines and "Traceback" not in answer["err"]:
+        last = lines[-1]
+        if rc == 2 or (last.startswith("superneurons ") and ": error: " in last):
+            return "error", last
+    return "traceback", f"exit {rc}, stderr: {answer['err'][-1500:]}"
+
+
+class Worker:
+    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
+        self.repo = repo
+        self.max_memory = max_memory
+        self.nice = nice
+        self.data_workers = data_workers
+        self.proc: subprocess.Popen | None = None
+        self.served = 0
+
+    def _start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.repo), os.environ.get("PYTHONPATH", "")]),
+                   PYTHONHASHSEED="0")
+        cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), "--max-memory", str(self.max_memory)]
+        if self.data_workers is not None:
+            cmd += ["--data-workers", str(self.data_workers)]
+        # Its own session: stopping it also stops what it started (decode processes, their forkserver).
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True,
+                                     preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
+        ready = self._read(120.0)
+        if not isinstance(ready, dict) or not ready.get("ready"):
+            raise RuntimeError("the fuzz worker did not start (run `python tools/fuzz/worker.py` to see why)")
+        self.served = 0
+
+    def _read(self, timeout: float) -> dict | str:
+        """The worker's answer, or "timeout" (no answer in time), or "eof" (the worker is gone)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return "timeout"
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else "eof"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and whatever it left running
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc = None
+
+    def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
+        if self.proc is None or self.proc.poll() is not None or self.served >= RESTART_EVERY:
+            self.stop()
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        start = time.monotonic()
+        self.proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd)}) + "\n")
+        self.proc.stdin.flush()
+        self.served += 1
+        answer = self._read(timeout)
+        took = time.monotonic() - start
+        if isinstance(answer, dict):
+            outcome, detail = classify(answer)
+            return Result(outcome, detail, took)
+        if answer == "timeout":  # alive and silent: a hang
+            self.stop()
+            return Result("hang", f"no answer in {timeout:g} s", took)
+        code = self.proc.wait()
+        self.stop()
+        name = signal.Signals(-code).name if code < 0 else f"exit {code}"
+        return Result("signal", name, took)
