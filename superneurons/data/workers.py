@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import multiprocessing as mp
 import os
 import shutil
@@ -139,9 +140,16 @@ class SlotRing:
         else:
             self.shm = shared_memory.SharedMemory(name=name)
         self.name = self.shm.name
-        # np.frombuffer holds the buffer export (np.ndarray(buffer=...) does not), so the mapping cannot
-        # be closed under an array that views it: a Batch kept past close() stays readable.
-        self._memory: np.ndarray | None = np.frombuffer(self.shm.buf, np.uint8, slots * self.slot_bytes)
+        # Our own mapping of the segment, which goes when the last array viewing it does: a Batch kept past
+        # close() stays readable, and nothing ever has to close a mapping arrays still export (the
+        # SharedMemory's own would complain at exit). Its own mapping is closed at once, never viewed.
+        fd = os.open(f"/dev/shm/{self.name}", os.O_RDWR)
+        try:
+            self._map: mmap.mmap | None = mmap.mmap(fd, slots * self.slot_bytes)
+        finally:
+            os.close(fd)
+        self.shm.close()
+        self._memory: np.ndarray | None = np.frombuffer(self._map, np.uint8, slots * self.slot_bytes)
         self._views: list[tuple[np.ndarray, np.ndarray]] | None = [
             (self._memory[s * self.slot_bytes:s * self.slot_bytes + self.data_bytes].view(np.float32)
              .reshape(self.data_shape),
@@ -158,17 +166,8 @@ class SlotRing:
         return self._memory
 
     def close(self) -> None:
-        self._views = self._memory = None
-        _lingering.append(self.shm)
-        for shm in list(_lingering):
-            try:
-                shm.close()
-                _lingering.remove(shm)
-            except BufferError:  # a Batch handed out still views it: closed by a later close(), or at exit
-                pass
-
-
-_lingering: list[shared_memory.SharedMemory] = []  # closed rings whose mapping an array still views
+        """Drop the ring's views; the mapping goes with the last array still viewing it."""
+        self._views = self._memory = self._map = None
 
 
 @contextlib.contextmanager
