@@ -49,20 +49,40 @@ def droppable(program: Program, live: Liveness, kept: set[str]) -> set[str]:
     changed = True
     while changed:
         changed = False
+        need = _needed_until(program, live, cand)
         for x in sorted(cand):
-            if not _replayable(program, live, x, cand, kept, steps, readers.get(x, ())):
+            if not _replayable(program, live, x, cand, kept, steps, readers.get(x, ()), need[x]):
                 cand.discard(x)
                 changed = True
     return cand
 
 
+def _needed_until(program: Program, live: Liveness, cand: set[str]) -> dict[str, int]:
+    """The last step at which each candidate may have to be rebuilt: its own last use, or the last use of a
+    candidate whose replay reads it (softmax(pool(conv)): rebuilding the softmax for its backward replays
+    the pooling too, so the convolution's output must still be there then, not only at the pooling's last
+    use)."""
+    steps = program.steps
+    need = {x: live.backward_last.get(x, live.forward_last.get(x, 0)) for x in cand}
+    order = sorted(cand, key=lambda x: program.writers[x][0], reverse=True)  # dependents before their inputs
+    changed = True
+    while changed:
+        changed = False
+        for z in order:
+            for w in program.writers[z]:
+                for y in steps[w].uses:
+                    if y in cand and y not in steps[w].writes and need[y] < need[z]:
+                        need[y] = need[z]
+                        changed = True
+    return need
+
+
 def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: set[str], steps,
-                readers: Iterable[int]) -> bool:
+                readers: Iterable[int], need_until: int) -> bool:
     writers = program.writers[x]
     if any(steps[w].node.layer.is_data for w in writers):
         return False
     last_writer = writers[-1]
-    need_until = live.backward_last.get(x, live.forward_last.get(x, 0))
     if any(r < last_writer for r in readers):
         return False  # someone read an intermediate (pre in-place) value: a replay cannot reproduce it
     for w in writers:
