@@ -94,8 +94,12 @@ class OffloadManager(LivenessManager):
 
     def _enter(self, s: int) -> None:
         self.reclaim()
+        # Locked before the step's own actions run: an allocation among them (a gradient, a replay's
+        # tensors) must not evict a tensor the step computes on that an earlier action allocated.
+        for k in self.locks[s]:
+            self.cache.lock(k)
         peak = self._run_actions(self.before[s])
-        self._lock(self.locks[s], self.checks[s])  # may fetch evicted tensors back
+        self._check(self.locks[s], self.checks[s])  # may fetch evicted tensors back
         self.trace.append(max(peak, self.net.pool.used_bytes) - self.param_bytes)
 
     def _leave(self, s: int) -> None:
@@ -115,6 +119,11 @@ class OffloadManager(LivenessManager):
     def _lock(self, keys: list[str], checks: list[str]) -> None:
         for k in keys:
             self.cache.lock(k)
+        self._check(keys, checks)
+
+    def _check(self, keys: list[str], checks: list[str]) -> None:
+        """Count the cache's hits and misses on `checks`, bring back the evicted ones, and make compute wait
+        for prefetches of `keys` still in flight."""
         for k in checks:
             if not self.cache.check(k) and k in self.host_keys:
                 self._fetch(k)
