@@ -20,8 +20,9 @@ when memory suffices.
 
 Replays are exact because they re-run the same writers in the same order on the same inputs:
 a dropped tensor is rebuilt by *all* its writers (producer, then in-place layers), and a tensor
-only qualifies when every reader saw its final value and everything its writers read is either
-droppable too or kept alive past the tensor's last backward use.
+only qualifies when every reader saw its final value, every input its writers read already had its
+final value then (nothing rewrites it in place later), and everything its writers read is either
+droppable too or kept alive past the last step that may have to rebuild it.
 """
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: 
         return False  # someone read an intermediate (pre in-place) value: a replay cannot reproduce it
     for w in writers:
         for y in steps[w].uses:
+            if y not in steps[w].writes and program.writers.get(y, [w])[-1] > w:
+                # A later layer rewrites the input in place (a TanH on a Flatten view of it): a replay in
+                # backward would read that value, not the one this writer read.
+                return False
             kind = program.tensors[y].kind
             if y in steps[w].writes:
                 if y not in cand:
