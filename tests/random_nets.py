@@ -326,13 +326,18 @@ def random_net(seed: int, min_layers: int = 4, max_layers: int = 14) -> RandomNe
 
 # -- the check ----------------------------------------------------------------------------------------
 
-def _memory_param(cache: bool = True) -> pb.MemoryParameter:
-    return pb.MemoryParameter(tensor_cache=cache)
+def _memory_param(cache: bool = True, stream: bool | None = None) -> pb.MemoryParameter:
+    p = pb.MemoryParameter(tensor_cache=cache)
+    if stream is not None:
+        p.param_offload = stream
+    return p
 
 
-def build(net: RandomNet, mode: str, pool_bytes: int | None = None, cache: bool = True) -> Net:
+def build(net: RandomNet, mode: str, pool_bytes: int | None = None, cache: bool = True,
+          stream: bool | None = None) -> Net:
+    """`net` under `mode`; odd seeds keep one solver history set (momentum) in the pool, as the Solver does."""
     return Net(net.graph(), BACKEND, train=True, seed=7, pool_bytes=pool_bytes, memory=mode,
-               memory_param=_memory_param(cache))
+               memory_param=_memory_param(cache, stream), solver_history=net.seed % 2)
 
 
 def train(runtime: Net, iters: int = 2) -> tuple[list[bytes], list[float], list[list[int]]]:
@@ -370,7 +375,7 @@ def _first_difference(got: list[int], want: list[int], program) -> str:
 def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2) -> list[str]:
     """What broke the plan's promise on `net` (empty: nothing)."""
     problems: list[str] = []
-    plan = make_plan(net.graph(), plan_backward=False)
+    plan = make_plan(net.graph(), plan_backward=False, solver_history=net.seed % 2)
     program = plan.program
     ref = build(net, "baseline")
     params = ref.memory.param_bytes if hasattr(ref.memory, "param_bytes") else None
@@ -387,9 +392,10 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2) ->
         elif weights != ref_weights:
             problems.append(f"{mode} {what}: weights differ from baseline's")
 
-    def attempt(mode: str, what: str, budget: int | None, cache: bool = True, may_refuse: bool = False):
+    def attempt(mode: str, what: str, budget: int | None, cache: bool = True, may_refuse: bool = False,
+                stream: bool | None = None):
         try:
-            runtime = build(net, mode, budget, cache)
+            runtime = build(net, mode, budget, cache, stream)
         except UserError as e:
             if not may_refuse:
                 problems.append(f"{mode} {what}: refused: {e}")
@@ -435,6 +441,14 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2) ->
         # One block less: refused when the Net is built, or trains; never fails mid-run.
         attempt(mode, f"in a pool one block under the plan ({budget - BLOCK} bytes)", budget - BLOCK,
                 may_refuse=True)
+        if mode in ("liveness", "offload", "recompute") and plan.param_bytes:
+            # Parameters streamed from the host: the plan's streamed peak is enough, a block less is refused
+            # or trains.
+            streamed = plan.streamed_peak(mode)
+            attempt(mode, f"with streamed parameters in a pool of the streamed peak ({streamed} bytes)", streamed,
+                    stream=True)
+            attempt(mode, f"with streamed parameters in a pool one block under ({streamed - BLOCK} bytes)",
+                    streamed - BLOCK, stream=True, may_refuse=True)
     return problems
 
 

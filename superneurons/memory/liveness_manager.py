@@ -122,9 +122,9 @@ class LivenessManager(MemoryManager):
         if not trace:
             return
         if self.param_store.offloaded:
-            window = self._param_window()
-            s = max(range(len(trace)), key=lambda i: trace[i] + window[i])
-            need, params = trace[s] + window[s], f"{window[s]} bytes of its parameters streamed in"
+            steps = self.plan.streamed_steps(self.name)
+            s = max(range(len(trace)), key=lambda i: steps[i])
+            need, params = steps[s], f"{steps[s] - trace[s]} bytes of streamed parameters (its own or a replay's)"
         else:
             s = max(range(len(trace)), key=lambda i: trace[i])
             need, params = trace[s] + all_params, f"{all_params} bytes of parameters"
