@@ -284,12 +284,16 @@ class LivenessManager(MemoryManager):
         steps = self.program.steps
         if s < len(steps):
             st = steps[s]
-            params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
-            if params is None:
-                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in PARAM_KINDS)
-            plan_peak = max(self.plan.traces[self.name].bytes) + params
+            if self.param_store is not None and self.param_store.offloaded:
+                plan_peak, how = max(self.plan.streamed_steps(self.name)), "with the parameters streamed"
+            else:
+                params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
+                if params is None:
+                    params = sum(round_up(t.nbytes) for t in self.net.tensors
+                                 if t.base is None and t.kind in PARAM_KINDS)
+                plan_peak, how = max(self.plan.traces[self.name].bytes) + params, "with parameters"
             return (f", at {st.phase} step {s + 1} (layer {st.node.name!r}); this mode's plan needs "
-                    f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "
+                    f"{plan_peak} bytes ({format_bytes(plan_peak)}) {how}, the pool has "
                     f"{self.net.pool.capacity}: give a larger pool/--gpu-memory or a leaner --memory mode")
         return ""
 
