@@ -210,6 +210,18 @@ class Liveness:
         return Schedule(before, after, carry)
 
 
+def seeds_first(program: Program, sched: Schedule) -> None:
+    """Put the loss gradients first among the first backward step's actions: `Net.backward` seeds them
+    (`seed_loss_diffs`) before any hook of that step runs, so they are on the device while the step's
+    prefetches and replays run, and a schedule must say so for its bytes to be the pool's."""
+    if len(program.steps) <= program.n_forward or not program.seeds:
+        return
+    acts = sched.before[program.n_forward]
+    seeds = set(program.seeds)
+    first = [a for a in acts if a[0] == ALLOC and a[1] in seeds]
+    sched.before[program.n_forward] = first + [a for a in acts if a not in first]
+
+
 @dataclass
 class Trace:
     """Device bytes and live-tensor count per step, as a schedule leaves them."""

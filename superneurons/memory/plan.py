@@ -14,7 +14,7 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.layers.base import count
 from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program, Schedule, Trace,
-                                         simulate)
+                                         seeds_first, simulate)
 from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, backward_reads, checkpoint_tensors,
                                         plan_offload)
 from superneurons.memory.params import layers_computed_by
@@ -135,18 +135,6 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
     return window, forward, update
 
 
-def _seeds_first(program: Program, sched: Schedule) -> None:
-    """The loss gradients are allocated first of all the first backward step's actions: `Net.backward`
-    seeds them (`seed_loss_diffs`) before any hook of that step runs, so they are on the device while
-    the step's prefetches and replays run, and the plan must count them there too."""
-    if len(program.steps) <= program.n_forward or not program.seeds:
-        return
-    acts = sched.before[program.n_forward]
-    seeds = set(program.seeds)
-    first = [a for a in acts if a[0] == ALLOC and a[1] in seeds]
-    sched.before[program.n_forward] = first + [a for a in acts if a not in first]
-
-
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
               modes: Iterable[str] = PLAN_MODES, solver_history: int = 0,
               plan_backward: bool | None = None, layout: TensorLayout | None = None) -> MemoryPlan:
@@ -179,7 +167,7 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
             sched = RecomputePlanner(program, live, types, l_peak).plan()
         else:
             raise UserError(f"memory mode {mode!r} has no plan; choose from {', '.join(PLAN_MODES)}")
-        _seeds_first(program, sched)
+        seeds_first(program, sched)
         schedules[mode] = sched
     window, forward_window, update = _param_steps(program, train, solver_history)
     traces = {m: simulate(program, s, forward_window) for m, s in schedules.items()}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable
 
-from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, simulate
+from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, seeds_first, simulate
 from superneurons.memory.offload import (apply_offload, backward_reads, checkpoint_steps, checkpoint_tensors,
                                         delay_prefetches, first_needed, plan_offload)
 
@@ -247,6 +247,7 @@ class RecomputePlanner:
         apply_offload(sched, moves)
         due = first_needed(live, reads_at)
         delay_prefetches(p, sched, moves, {k: due(k) for k in moves}, self.l_peak)
+        seeds_first(p, sched)  # before the strategies are weighed on its trace
         sched.info.update(extra_forward_steps=extra, offloaded=moves, dropped=sorted(self.drop),
                           offloadable=sorted(self.movable))
         return sched, spans
