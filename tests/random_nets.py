@@ -408,29 +408,32 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2) ->
         same(mode, what, weights, losses)
         return runtime, traces
 
+    def same_trace(mode: str, what: str, runtime: Net, traces, cache: bool = True) -> None:
+        """The pool's trace against the plan of the mode the Net runs (auto: the one it picked, with its
+        checkpoints): as planned without the cache, without the host moves with it and room to spare."""
+        ran = runtime.memory.name
+        if ran == "baseline":
+            return  # checked above: everything placed at setup
+        mine = plan if runtime.checkpoint_types == plan.checkpoint_types else make_plan(
+            net.graph(), plan_backward=False, solver_history=net.seed % 2, checkpoint_types=runtime.checkpoint_types)
+        want = simulate(program, _without_moves(mine.schedules[ran])).bytes if cache else mine.traces[ran].bytes
+        for it, got in enumerate(traces):
+            if got != want:
+                problems.append(f"{mode} {what} trace (iteration {it}): {_first_difference(got, want, program)}")
+                return
+
     for mode in modes:
         if mode == "baseline":
             continue
         # Room to spare: the cache keeps everything it may; the pool holds the plan without its host moves.
         runtime, traces = attempt(mode, "default pool", None)
-        if runtime is not None and mode != "auto":
-            want = simulate(program, _without_moves(plan.schedules[mode])).bytes
-            for it, got in enumerate(traces):
-                if got != want:
-                    problems.append(f"{mode} trace (iteration {it}): {_first_difference(got, want, program)}")
-                    break
+        if runtime is not None:
+            same_trace(mode, "default pool", runtime, traces)
         if mode in ("offload", "recompute"):
             # Without the cache every planned move is made: the pool holds exactly the plan.
             runtime, traces = attempt(mode, "without the tensor cache", None, cache=False)
             if runtime is not None:
-                want = plan.traces[mode].bytes
-                for it, got in enumerate(traces):
-                    if got != want:
-                        problems.append(f"{mode} no-cache trace (iteration {it}): "
-                                        f"{_first_difference(got, want, program)}")
-                        break
-        # auto weighs other checkpoint sets than the default one planned here: give it liveness's peak, which
-        # it must take with the parameters resident.
+                same_trace(mode, "without the tensor cache", runtime, traces, cache=False)
         planned = plan.peak("liveness" if mode == "auto" else mode)[0]
         budget = params + planned
         for cache in ((True, False) if mode in ("offload", "recompute") else (True,)):
@@ -438,6 +441,8 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2) ->
             runtime, traces = attempt(mode, label, budget, cache)
             if runtime is not None and runtime.params.offloaded:
                 problems.append(f"{mode} {label}: streams the parameters, though the plan fits beside them")
+            elif runtime is not None and (mode in ("liveness", "auto") or not cache):
+                same_trace(mode, label, runtime, traces, cache)  # nothing had to leave beyond the plan's moves
         # One block less: refused when the Net is built, or trains; never fails mid-run.
         attempt(mode, f"in a pool one block under the plan ({budget - BLOCK} bytes)", budget - BLOCK,
                 may_refuse=True)

@@ -44,7 +44,7 @@ def test_check_net_finds_a_broken_promise(monkeypatch):
     real = LivenessManager._free
     monkeypatch.setattr(LivenessManager, "_free", lambda self, k: None if k.endswith("@diff") else real(self, k))
     problems = check_net(FAN_JOIN_TWICE, modes=("baseline", "liveness"))
-    assert any(p.startswith("liveness trace") for p in problems), problems
+    assert any(p.startswith("liveness default pool trace") for p in problems), problems
 
 
 # -- regression nets: each graph shape that broke the promise, written out ------------------------------------

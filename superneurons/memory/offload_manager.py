@@ -179,6 +179,8 @@ class OffloadManager(LivenessManager):
                     continue
                 if self._make_param_room():  # parameter blocks copying home or prefetched ahead
                     continue
+                if not self.use_cache and self._defragment(nbytes):
+                    continue  # without the cache only the plan moves tensors: the bytes are free, in pieces
                 victim = next(self.cache.victims(), None)
                 if victim is None:
                     # Last resort, as compaction stops the device: the bytes are free but in pieces.
