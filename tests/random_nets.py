@@ -25,6 +25,7 @@ root, with the package importable); tests/test_random_nets.py runs a few in CI.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
 import time
@@ -335,28 +336,41 @@ def _memory_param(cache: bool = True, stream: bool | None = None) -> pb.MemoryPa
 
 
 def build(net: RandomNet, mode: str, pool_bytes: int | None = None, cache: bool = True,
-          stream: bool | None = None) -> Net:
-    """`net` under `mode`; odd seeds keep one solver history set (momentum) in the pool, as the Solver does."""
-    return Net(net.graph(), BACKEND, train=True, seed=7, pool_bytes=pool_bytes, memory=mode,
+          stream: bool | None = None, backend=None) -> Net:
+    """`net` under `mode` (on `backend`, default the CPU's); odd seeds keep one solver history set (momentum)
+    in the pool, as the Solver does."""
+    if backend is not None and backend is not BACKEND:
+        gc.collect()  # on a GPU the previous Net's arena must be gone first
+    return Net(net.graph(), backend or BACKEND, train=True, seed=7, pool_bytes=pool_bytes, memory=mode,
                memory_param=_memory_param(cache, stream), solver_history=net.seed % 2)
 
 
-def train(runtime: Net, iters: int = 2) -> tuple[list[bytes], list[float], list[list[int]]]:
+def train(runtime: Net, iters: int = 2) -> tuple[list[np.ndarray], list[float], list[list[int]]]:
     """Plain SGD on the solver's list for `iters` iterations from seeded inputs: (weights, losses, the
-    manager's per-step trace of every iteration)."""
+    manager's per-step trace of every iteration). Any backend: arrays go through `runtime.backend`, the
+    update through `ops.axpy`, streamed parameters brought in for it as the solver's update does."""
     rng = np.random.default_rng(1)
+    backend, store = runtime.backend, runtime.params
     losses, traces = [], []
     for it in range(iters):
         runtime.ctx.iteration = it
-        x = runtime.data["data"]
-        x.array[...] = rng.standard_normal(x.shape).astype(np.float32)
-        runtime.data["label"].array[...] = rng.integers(0, CLASSES, runtime.data["label"].shape).astype(np.float32)
+        x, label = runtime.data["data"], runtime.data["label"]
+        backend.from_host(x.array, rng.standard_normal(x.shape).astype(np.float32))
+        backend.from_host(label.array, rng.integers(0, CLASSES, label.shape).astype(np.float32))
         runtime.clear_param_diffs()
         losses.append(runtime.forward_backward())
         traces.append(list(getattr(runtime.memory, "trace", [])))
         for decl in runtime.learnable:
-            decl.data -= np.float32(0.01) * decl.diff
-    weights = [t.array.tobytes() for t in runtime.tensors if t.kind == "param"]
+            pair = [decl.data_tensor, decl.diff_tensor]
+            if store.offloaded:
+                store.acquire(pair)
+            runtime.ops.axpy(-0.01, decl.diff, decl.data)
+            if store.offloaded:
+                store.release(pair, changed=[decl.data_tensor])
+        if store.offloaded:
+            store.settle()
+    backend.synchronize()
+    weights = [backend.to_host(t.array) for t in runtime.tensors if t.kind == "param" and t.array is not None]
     return weights, losses, traces
 
 
@@ -374,10 +388,12 @@ def _first_difference(got: list[int], want: list[int], program) -> str:
 
 
 def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
-              tally: dict[tuple[str, str], int] | None = None) -> list[str]:
+              tally: dict[tuple[str, str], int] | None = None, backend=None, rtol: float = 0.0) -> list[str]:
     """What broke the plan's promise on `net` (empty: nothing). `tally`, if given, counts per (mode, outcome)
     the runs ("trained", "refused at setup" where a smaller pool may be, "failed") and the trace comparisons
-    ("traces compared", "traces differ")."""
+    ("traces compared", "traces differ"). `backend`: the CPU's by default; `rtol`: 0 asks for baseline's bits
+    (the CPU), else weights and losses within that relative difference (a GPU, where the convolution
+    algorithms follow the workspace a pool has free)."""
     problems: list[str] = []
     tally = {} if tally is None else tally
 
@@ -386,7 +402,7 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
 
     plan = make_plan(net.graph(), plan_backward=False, solver_history=net.seed % 2)
     program = plan.program
-    ref = build(net, "baseline")
+    ref = build(net, "baseline", backend=backend)
     params = ref.memory.param_bytes if hasattr(ref.memory, "param_bytes") else None
     ref_weights, ref_losses, _ = train(ref, iters)
     if params is None:
@@ -398,16 +414,23 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
         count("baseline", "traces differ")
         problems.append(f"baseline: pool holds {base} bytes of activations, plan {plan.traces['baseline'].bytes[0]}")
 
+    def close(a, b) -> bool:
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if not rtol:
+            return a.shape == b.shape and a.tobytes() == b.tobytes()  # bits: NaN equals NaN
+        scale = float(np.nanmax(np.abs(b), initial=1))
+        return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True))
+
     def same(mode: str, what: str, weights, losses) -> None:
-        if np.array(losses).tobytes() != np.array(ref_losses).tobytes():  # bits: NaN equals NaN
+        if not close(losses, ref_losses):
             problems.append(f"{mode} {what}: losses {losses} differ from baseline's {ref_losses}")
-        elif weights != ref_weights:
+        elif len(weights) != len(ref_weights) or not all(close(w, r) for w, r in zip(weights, ref_weights)):
             problems.append(f"{mode} {what}: weights differ from baseline's")
 
     def attempt(mode: str, what: str, budget: int | None, cache: bool = True, may_refuse: bool = False,
                 stream: bool | None = None):
         try:
-            runtime = build(net, mode, budget, cache, stream)
+            runtime = build(net, mode, budget, cache, stream, backend)
         except UserError as e:
             count(mode, "refused at setup" if may_refuse else "failed")
             if not may_refuse:
@@ -483,7 +506,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--show", action="store_true", help="print each failing net's prototxt")
+    ap.add_argument("--gpu", type=int, default=None, metavar="ID",
+                    help="run on this GPU (weights compared within a relative 1e-3, not by bits)")
     args = ap.parse_args(argv)
+    backend, rtol = None, 0.0
+    if args.gpu is not None:
+        from superneurons.backend.cuda import CudaBackend
+
+        backend, rtol = CudaBackend(args.gpu, tf32=False), 1e-3
     t0 = time.time()
     failed = 0
     features: dict[str, int] = {}
@@ -493,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in net.features:
             features[f] = features.get(f, 0) + 1
         try:
-            problems = check_net(net, tuple(args.modes), tally=tally)
+            problems = check_net(net, tuple(args.modes), tally=tally, backend=backend, rtol=rtol)
         except Exception as e:  # a crash is a finding too: report it with its seed
             problems = [f"crashed: {type(e).__name__}: {e}"]
         if problems:
