@@ -505,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nets", type=int, default=50, help="how many nets (seeds start..start+nets-1)")
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--max-layers", type=int, default=14, help="layers the generator adds at most (before losses)")
     ap.add_argument("--show", action="store_true", help="print each failing net's prototxt")
     ap.add_argument("--gpu", type=int, default=None, metavar="ID",
                     help="run on this GPU (weights compared within a relative 1e-3, not by bits)")
@@ -519,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     features: dict[str, int] = {}
     tally: dict[tuple[str, str], int] = {}
     for seed in range(args.start, args.start + args.nets):
-        net = random_net(seed)
+        net = random_net(seed, max_layers=max(4, args.max_layers))
         for f in net.features:
             features[f] = features.get(f, 0) + 1
         try:
