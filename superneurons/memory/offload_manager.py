@@ -29,6 +29,7 @@ class OffloadManager(LivenessManager):
         # tensor_cache off: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
         self.use_cache = self.net.policy.tensor_cache
         self.offloadable: set[str] = set()
+        self.between: list[str] = []  # inputs locked on the device from the end of one iteration to the next
         super().setup()
         live = self.plan.liveness
         # What the Tensor Cache may evict: the plan's choice (checkpoints; under recompute also what no
@@ -83,6 +84,9 @@ class OffloadManager(LivenessManager):
 
     # -- the hooks ---------------------------------------------------------------------------------
     def _start_iteration(self) -> None:
+        for k in self.between:
+            self.cache.unlock(k)
+        self.between = []
         # Only an interrupted iteration leaves anything in flight or on the host.
         self._settle_all()
         for k in sorted(self.program.resident & self.host_keys):
@@ -113,6 +117,10 @@ class OffloadManager(LivenessManager):
         if s == len(self.program.steps) - 1:
             for k in sorted(self.program.resident & self.host_keys):
                 self._fetch(k)  # the caller writes the next inputs into them
+            # ... so nothing between iterations (the update of streamed parameters) may evict them again.
+            self.between = sorted(self.program.resident & self.offloadable)
+            for k in self.between:
+                self.cache.lock(k)
             # Between iterations nothing is in flight: the caller writes inputs, the solver reads weights.
             self._settle_all()
 

@@ -60,7 +60,15 @@ class MemoryPlan:
         """peak_m with the parameters streamed: every step's activations plus its own parameters, or the
         update of the largest parameter beside what stays between iterations."""
         b = self.traces[mode].bytes
-        return max(max(self.streamed_steps(mode), default=0), self.update_bytes + (b[-1] if b else 0))
+        return max(max(self.streamed_steps(mode), default=0), self.update_bytes + self.between_bytes(mode))
+
+    def between_bytes(self, mode: str) -> int:
+        """What stays on the device between iterations (bounded by the last step's bytes): the inputs, which
+        the caller writes next, and the outputs and losses, which it reads."""
+        b = self.traces[mode].bytes
+        p = self.program
+        kept = sum(p.tensors[k].nbytes for k in p.resident | p.pinned)
+        return max(b[-1], kept) if b else 0
 
     def streamed_steps(self, mode: str) -> list[int]:
         """Per global step, the bytes `mode` needs with the parameters streamed: the step's activations
