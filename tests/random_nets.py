@@ -39,11 +39,14 @@ from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
-from superneurons.memory.plan import make_plan
+from superneurons.memory import BLOCK_CHECKPOINTS
+from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+from superneurons.memory.plan import MemoryPlan, make_plan
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
-MODES = ("baseline", "liveness", "offload", "recompute", "auto")
+# ":block": with the block-boundary checkpoints auto also weighs (Eltwise, Concat, Pooling), not Convolution.
+MODES = ("baseline", "liveness", "offload", "recompute", "offload:block", "recompute:block", "auto")
 CLASSES = 3  # SoftmaxWithLoss labels are drawn from 0..CLASSES-1
 BLOCK = 1024  # the pool's unit (memory/pool.py)
 BACKEND = CpuBackend()
@@ -335,14 +338,21 @@ def _memory_param(cache: bool = True, stream: bool | None = None) -> pb.MemoryPa
     return p
 
 
+def checkpoints_of(mode: str) -> tuple[str, tuple[str, ...] | None]:
+    """("offload", BLOCK_CHECKPOINTS) for "offload:block"; (mode, None: the Net's default) otherwise."""
+    name, _, which = mode.partition(":")
+    return name, (BLOCK_CHECKPOINTS if which == "block" else None)
+
+
 def build(net: RandomNet, mode: str, pool_bytes: int | None = None, cache: bool = True,
           stream: bool | None = None, backend=None) -> Net:
     """`net` under `mode` (on `backend`, default the CPU's); odd seeds keep one solver history set (momentum)
     in the pool, as the Solver does."""
     if backend is not None and backend is not BACKEND:
         gc.collect()  # on a GPU the previous Net's arena must be gone first
-    return Net(net.graph(), backend or BACKEND, train=True, seed=7, pool_bytes=pool_bytes, memory=mode,
-               memory_param=_memory_param(cache, stream), solver_history=net.seed % 2)
+    name, types = checkpoints_of(mode)
+    return Net(net.graph(), backend or BACKEND, train=True, seed=7, pool_bytes=pool_bytes, memory=name,
+               checkpoint_types=types, memory_param=_memory_param(cache, stream), solver_history=net.seed % 2)
 
 
 def train(runtime: Net, iters: int = 2) -> tuple[list[np.ndarray], list[float], list[list[int]]]:
@@ -400,7 +410,15 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
     def count(mode: str, outcome: str) -> None:
         tally[mode, outcome] = tally.get((mode, outcome), 0) + 1
 
-    plan = make_plan(net.graph(), plan_backward=False, solver_history=net.seed % 2)
+    plans: dict[tuple[str, ...], MemoryPlan] = {}
+
+    def plan_for(types: tuple[str, ...]) -> MemoryPlan:
+        if types not in plans:
+            plans[types] = make_plan(net.graph(), plan_backward=False, solver_history=net.seed % 2,
+                                     checkpoint_types=types)
+        return plans[types]
+
+    plan = plan_for(DEFAULT_CHECKPOINTS)
     program = plan.program
     ref = build(net, "baseline", backend=backend)
     params = ref.memory.param_bytes if hasattr(ref.memory, "param_bytes") else None
@@ -455,8 +473,7 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
             return  # checked above: everything placed at setup
         if not cache and settings.get("SUPERNEURONS_TRANSFER_LAG"):
             return  # a lagging copy out keeps its block while the pool has room: exact only when copies land at once
-        mine = plan if runtime.checkpoint_types == plan.checkpoint_types else make_plan(
-            net.graph(), plan_backward=False, solver_history=net.seed % 2, checkpoint_types=runtime.checkpoint_types)
+        mine = plan_for(tuple(runtime.checkpoint_types))
         want = simulate(program, _without_moves(mine.schedules[ran])).bytes if cache else mine.traces[ran].bytes
         count(mode, "traces compared")
         for it, got in enumerate(traces):
@@ -466,33 +483,35 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
                 return
 
     for mode in modes:
-        if mode == "baseline":
+        name, types = checkpoints_of(mode)
+        if name == "baseline":
             continue
+        mplan = plan_for(types or DEFAULT_CHECKPOINTS)
         # Room to spare: the cache keeps everything it may; the pool holds the plan without its host moves.
         runtime, traces = attempt(mode, "default pool", None)
         if runtime is not None:
             same_trace(mode, "default pool", runtime, traces)
-        if mode in ("offload", "recompute"):
+        if name in ("offload", "recompute"):
             # Without the cache every planned move is made: the pool holds exactly the plan.
             runtime, traces = attempt(mode, "without the tensor cache", None, cache=False)
             if runtime is not None:
                 same_trace(mode, "without the tensor cache", runtime, traces, cache=False)
-        planned = plan.peak("liveness" if mode == "auto" else mode)[0]
+        planned = mplan.peak("liveness" if name == "auto" else name)[0]
         budget = params + planned
-        for cache in ((True, False) if mode in ("offload", "recompute") else (True,)):
+        for cache in ((True, False) if name in ("offload", "recompute") else (True,)):
             label = f"in a pool of the planned peak + parameters ({budget} bytes{'' if cache else ', no cache'})"
             runtime, traces = attempt(mode, label, budget, cache)
             if runtime is not None and runtime.params.offloaded:
                 problems.append(f"{mode} {label}: streams the parameters, though the plan fits beside them")
-            elif runtime is not None and (mode in ("liveness", "auto") or not cache):
+            elif runtime is not None and (name in ("liveness", "auto") or not cache):
                 same_trace(mode, label, runtime, traces, cache)  # nothing had to leave beyond the plan's moves
         # One block less: refused when the Net is built, or trains; never fails mid-run.
         attempt(mode, f"in a pool one block under the plan ({budget - BLOCK} bytes)", budget - BLOCK,
                 may_refuse=True)
-        if mode in ("liveness", "offload", "recompute") and plan.param_bytes:
+        if name in ("liveness", "offload", "recompute") and plan.param_bytes:
             # Parameters streamed from the host: the plan's streamed peak is enough, a block less is refused
             # or trains.
-            streamed = plan.streamed_peak(mode)
+            streamed = mplan.streamed_peak(name)
             attempt(mode, f"with streamed parameters in a pool of the streamed peak ({streamed} bytes)", streamed,
                     stream=True)
             attempt(mode, f"with streamed parameters in a pool one block under ({streamed - BLOCK} bytes)",
@@ -539,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{failed} with problems, {time.time() - t0:.0f} s")
     outcomes = ("trained", "refused at setup", "failed", "traces compared", "traces differ")
     for mode in args.modes:
-        print(f"  {mode:9s} " + ", ".join(f"{o} {tally.get((mode, o), 0)}" for o in outcomes))
+        print(f"  {mode:15s} " + ", ".join(f"{o} {tally.get((mode, o), 0)}" for o in outcomes))
     print("features: " + ", ".join(f"{k} {v}" for k, v in sorted(features.items())))
     return 1 if failed else 0
 

@@ -150,7 +150,31 @@ STREAMED_BN_REPLAY = _net("streamed_bn_replay", (
     + _l("loss", "SoftmaxWithLoss", ["fb", "label"], ["loss"])
     + _l("loss2", "EuclideanLoss", ["bn", "c1"], ["loss2"], "propagate_down: true propagate_down: false")))
 
-REGRESSIONS = [FAN_JOIN_TWICE, SEEDS_DURING_REPLAY, CHAINED_REPLAY, IN_PLACE_ON_A_VIEW, STREAMED_BN_REPLAY]
+# Recompute with block checkpoints: Scale in place after BatchNorm keeps a copy of its input; rebuilding it
+# replays the BatchNorm, whose input (a Dropout of an Eltwise checkpoint) must still be rebuildable then.
+IN_PLACE_REPLAY_CHAIN = _net("in_place_replay_chain", (
+    _l("twice", "Eltwise", ["data", "data"], ["e1"])
+    + _l("drop", "Dropout", ["e1"], ["d"], "dropout_param { dropout_ratio: 0.3 }")
+    + _l("pool", "Pooling", ["d"], ["p"], "pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }")
+    + _l("bn", "BatchNorm", ["d"], ["bn"]) + _l("scale", "Scale", ["bn"], ["bn"], "scale_param { bias_term: true }")
+    + _l("join", "Eltwise", ["bn", "e1"], ["j"], "eltwise_param { operation: SUM coeff: 1 coeff: -0.5 }")
+    + _l("relu", "ReLU", ["j"], ["r"]) + _l("again", "Eltwise", ["j", "j"], ["j2"])
+    + _l("loss", "EuclideanLoss", ["r", "p"], ["loss"]) + _l("loss2", "EuclideanLoss", ["j2", "j2"], ["loss2"])),
+    c=3, h=8)
+
+# A Split's gradient memory must be one that a consumer rewrites every pass: a Reshape writes nothing itself,
+# and the loss after it had propagate_down: false, so the sum accumulated over iterations in baseline.
+RESHAPE_NOT_REWRITTEN = _net("reshape_not_rewritten", (
+    _conv("conv1", "data", "c1", 2)
+    + _l("bn", "BatchNorm", ["c1"], ["bn"])
+    + _l("loss", "EuclideanLoss", ["bn", "data"], ["loss"], "propagate_down: true propagate_down: false")
+    + _conv("conv2", "data", "c2", 2)
+    + _l("flat2", "Reshape", ["c2"], ["f2"], "reshape_param { shape { dim: 0 dim: -1 } }")
+    + _l("flat1", "Reshape", ["c1"], ["f1"], "reshape_param { shape { dim: 0 dim: -1 } }")
+    + _l("loss2", "EuclideanLoss", ["f2", "f1"], ["loss2"], "propagate_down: true propagate_down: false")))
+
+REGRESSIONS = [FAN_JOIN_TWICE, SEEDS_DURING_REPLAY, CHAINED_REPLAY, IN_PLACE_ON_A_VIEW, STREAMED_BN_REPLAY,
+               IN_PLACE_REPLAY_CHAIN, RESHAPE_NOT_REWRITTEN]
 
 
 @pytest.mark.parametrize("net", REGRESSIONS, ids=lambda n: n.text.split('"')[1])

@@ -62,7 +62,7 @@ def _needed_until(program: Program, live: Liveness, cand: set[str]) -> dict[str,
     """The last step at which each candidate may have to be rebuilt: its own last use, or the last use of a
     candidate whose replay reads it (softmax(pool(conv)): rebuilding the softmax for its backward replays
     the pooling too, so the convolution's output must still be there then, not only at the pooling's last
-    use)."""
+    use). Likewise through in-place writers: rebuilding a Scale's input copy replays the BatchNorm before it."""
     steps = program.steps
     need = {x: live.backward_last.get(x, live.forward_last.get(x, 0)) for x in cand}
     order = sorted(cand, key=lambda x: program.writers[x][0], reverse=True)  # dependents before their inputs
@@ -71,8 +71,8 @@ def _needed_until(program: Program, live: Liveness, cand: set[str]) -> dict[str,
         changed = False
         for z in order:
             for w in program.writers[z]:
-                for y in steps[w].uses:
-                    if y in cand and y not in steps[w].writes and need[y] < need[z]:
+                for y in steps[w].uses:  # what the replay reads, and what it rebuilds with z (an in-place writer's
+                    if y in cand and need[y] < need[z]:  # input comes from replaying the writers before it)
                         need[y] = need[z]
                         changed = True
     return need
@@ -284,6 +284,11 @@ class RecomputePlanner:
                 if y in self.kept and y not in reads_at:
                     reads_at[y] = s
                 if y not in on:
+                    if y not in self.drop:
+                        # droppable() keeps every input a replay reads alive until then: an empty block here
+                        # would be read as if it held the tensor.
+                        raise RuntimeError(f"recompute plan: replaying {steps[w].node.name!r} at step {s} needs "
+                                           f"{y!r}, which is no longer on the device")
                     actions.append((ALLOC, y))
                     on.add(y)
                     mine.add(y)
