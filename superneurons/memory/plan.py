@@ -59,7 +59,6 @@ class MemoryPlan:
     def streamed_peak(self, mode: str) -> int:
         """peak_m with the parameters streamed: every step's activations plus its own parameters, or the
         update of the largest parameter beside what stays between iterations."""
-        b = self.traces[mode].bytes
         return max(max(self.streamed_steps(mode), default=0), self.update_bytes + self.between_bytes(mode))
 
     def between_bytes(self, mode: str) -> int:
