@@ -189,19 +189,22 @@ def test_mlp_pool_trace_equals_plan():
     assert net.memory.trace == make_plan(_graph(text), plan_backward=False).traces["liveness"].bytes
 
 
-def test_pool_exhaustion_mid_iteration_is_a_user_error(monkeypatch):
+def test_pool_below_the_plan_is_refused_before_the_first_iteration(monkeypatch):
+    # A plan is a promise: a pool the liveness plan does not fit (though max(l_i) would) is refused when the
+    # Net is built, naming the step and the bytes, instead of running out in the middle of an iteration.
     monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "0")  # else the parameters would leave to make room
     text = _mlp_with_loss()
     plan = make_plan(_graph(text), plan_backward=False)
     probe = Net(_graph(text), BACKEND, memory="liveness")
     first_fwd = plan.traces["liveness"].bytes[0]
     budget = probe.memory.param_bytes + (first_fwd + plan.peak("liveness")[0]) // 2
-    with pytest.raises(PoolExhausted) as e:
-        train(text, "liveness", pool_bytes=budget)
+    with pytest.raises(UserError) as e:
+        Net(_graph(text), BACKEND, memory="liveness", pool_bytes=budget)
     msg = str(e.value)
-    assert isinstance(e.value, UserError)
-    assert "memory pool exhausted" in msg and "under --memory liveness" in msg and "step" in msg
+    assert not isinstance(e.value, PoolExhausted)
+    assert "cannot train this net under --memory liveness: its plan peaks at" in msg
     assert str(probe.memory.param_bytes + plan.peak("liveness")[0]) in msg  # the bytes the plan needs
+    train(text, "liveness", pool_bytes=probe.memory.param_bytes + plan.peak("liveness")[0])  # and that is enough
 
 
 def test_auto_picks_cheapest_mode_that_fits():

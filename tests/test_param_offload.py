@@ -170,10 +170,11 @@ def test_replayed_steps_read_streamed_weights_from_the_device(monkeypatch):
     net_text, text = _dummy(RESNET), SOLVERS["sgd"] + ' memory_param { checkpoint_type: "Eltwise" }'
 
     base, ref_w, _ = _train(net_text, text, "baseline")
-    plan = make_plan(base.net.graph, plan_backward=False)
-    params = sum(t.nbytes for t in base.net.tensors if t.kind in ("param", "param_diff", "history"))
+    # The pool the recompute plan (Eltwise checkpoints) needs with the parameters streamed: they cannot stay.
+    plan = make_plan(base.net.graph, plan_backward=False, checkpoint_types=("Eltwise",),
+                     solver_history=len(base.net.history))
     solver = Solver(solver_param(text + " snapshot_after_train: false", net=net_text), "s.prototxt",
-                    memory="recompute", pool_bytes=plan.peak("recompute")[0] + params // 2, log=Quiet())
+                    memory="recompute", pool_bytes=plan.streamed_peak("recompute"), log=Quiet())
     store = solver.net.params
     assert store.offloaded
     seen = {"replays": 0, "homes": []}

@@ -68,12 +68,15 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
 
     def rewritten(blob: str, after: int) -> bool:
         """Some consumer after route index `after` overwrites `blob`'s gradient in every backward pass (an
-        in-place one only transforms what is there, so it does not count)."""
+        in-place one only transforms what is there, so it does not count; a Flatten or Reshape writes
+        nothing itself, its top's gradient being a view of its bottom's: it counts when that is rewritten)."""
         for c in consumers.get(blob, ()):
             node = nodes[c]
             if c <= after or not need_backward[node.name] or blob in node.tops:
                 continue
-            if any(pd and b == blob for b, pd in zip(node.bottoms, propagate_down[node.name])):
+            if not any(pd and b == blob for b, pd in zip(node.bottoms, propagate_down[node.name])):
+                continue
+            if not node.layer.shares_diff or any(rewritten(t, c) for t in node.tops):
                 return True
         return False
 

@@ -210,22 +210,37 @@ class Liveness:
         return Schedule(before, after, carry)
 
 
+def seeds_first(program: Program, sched: Schedule) -> None:
+    """Put the loss gradients first among the first backward step's actions: `Net.backward` seeds them
+    (`seed_loss_diffs`) before any hook of that step runs, so they are on the device while the step's
+    prefetches and replays run, and a schedule must say so for its bytes to be the pool's."""
+    if len(program.steps) <= program.n_forward or not program.seeds:
+        return
+    acts = sched.before[program.n_forward]
+    seeds = set(program.seeds)
+    first = [a for a in acts if a[0] == ALLOC and a[1] in seeds]
+    sched.before[program.n_forward] = first + [a for a in acts if a not in first]
+
+
 @dataclass
 class Trace:
     """Device bytes and live-tensor count per step, as a schedule leaves them."""
 
     bytes: list[int]  # peak during the step (transient replay tensors included)
     count: list[int]  # live roots while the step computes
+    replay: list[int] = field(default_factory=list)  # peak of the step's replays, each with `run_extra` of its layer
 
 
-def simulate(program: Program, schedule: Schedule) -> Trace:
-    """Run a schedule on paper: the bytes a pool executing it would hold at every step."""
+def simulate(program: Program, schedule: Schedule, run_extra: list[int] | None = None) -> Trace:
+    """Run a schedule on paper: the bytes a pool executing it would hold at every step. `run_extra`: bytes
+    a replay of forward step w needs beside the activations (its streamed parameters), per w."""
     sizes = {k: t.nbytes for k, t in program.tensors.items()}
     live = set(program.resident)
     cur = sum(sizes[k] for k in live)
-    out_b, out_c = [], []
+    out_b, out_c, out_r = [], [], []
     for s in range(len(program.steps)):
         peak = cur
+        replay = 0
         for op, arg in schedule.before[s]:
             if op in (ALLOC, PREFETCH):
                 if arg not in live:
@@ -235,10 +250,13 @@ def simulate(program: Program, schedule: Schedule) -> Trace:
             elif op in (FREE, OFFLOAD) and arg in live:
                 live.discard(arg)
                 cur -= sizes[arg]
+            elif op == RUN and run_extra is not None:
+                replay = max(replay, cur + run_extra[arg])
         out_b.append(max(peak, cur))
         out_c.append(len(live))
+        out_r.append(replay)
         for op, arg in schedule.after[s]:
             if op in (FREE, OFFLOAD) and arg in live:
                 live.discard(arg)
                 cur -= sizes[arg]
-    return Trace(out_b, out_c)
+    return Trace(out_b, out_c, out_r)

@@ -59,6 +59,7 @@ class LivenessManager(MemoryManager):
         all_params = sum(round_up(t.nbytes) for t in params)
         self.param_store = self._param_store(params, all_params)
         self._check_floor(all_params)
+        self._check_plan(all_params)
         # Resident: parameters, their gradients and history (unless streamed), and the inputs data
         # layers (or the caller) write.
         if not self.param_store.offloaded:
@@ -112,6 +113,28 @@ class LivenessManager(MemoryManager):
                 f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
                 f"under --memory {self.name}: layer {st.node.name!r} ({st.phase}) needs {need} bytes "
                 f"({format_bytes(need)}) at once, plus {params} = {total} bytes; give a larger pool/--gpu-memory")
+
+    def _check_plan(self, all_params: int) -> None:
+        """A plan is a promise: refuse here, before any step runs, a pool this mode's plan does not fit
+        (its peak beside the resident parameters, or with them streamed each step's activations plus its
+        parameters), rather than run out of memory in the middle of an iteration."""
+        trace = self.plan.traces[self.name].bytes
+        if not trace:
+            return
+        if self.param_store.offloaded:
+            steps = self.plan.streamed_steps(self.name)
+            s = max(range(len(trace)), key=lambda i: steps[i])
+            need, params = steps[s], f"{steps[s] - trace[s]} bytes of streamed parameters (its own or a replay's)"
+        else:
+            s = max(range(len(trace)), key=lambda i: trace[i])
+            need, params = trace[s] + all_params, f"{all_params} bytes of parameters"
+        if need > self.net.pool.capacity:
+            st = self.program.steps[s]
+            raise UserError(
+                f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
+                f"under --memory {self.name}: its plan peaks at {st.phase} step {s + 1} (layer {st.node.name!r}) with "
+                f"{trace[s]} bytes of activations plus {params} = {need} bytes ({format_bytes(need)}); give a larger "
+                f"pool/--gpu-memory or a leaner --memory mode")
 
     def _compile(self, schedule) -> None:
         do = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,
@@ -261,12 +284,16 @@ class LivenessManager(MemoryManager):
         steps = self.program.steps
         if s < len(steps):
             st = steps[s]
-            params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
-            if params is None:
-                params = sum(round_up(t.nbytes) for t in self.net.tensors if t.base is None and t.kind in PARAM_KINDS)
-            plan_peak = max(self.plan.traces[self.name].bytes) + params
+            if self.param_store is not None and self.param_store.offloaded:
+                plan_peak, how = max(self.plan.streamed_steps(self.name)), "with the parameters streamed"
+            else:
+                params = getattr(self, "param_bytes", None)  # unset while setup still places the parameters
+                if params is None:
+                    params = sum(round_up(t.nbytes) for t in self.net.tensors
+                                 if t.base is None and t.kind in PARAM_KINDS)
+                plan_peak, how = max(self.plan.traces[self.name].bytes) + params, "with parameters"
             return (f", at {st.phase} step {s + 1} (layer {st.node.name!r}); this mode's plan needs "
-                    f"{plan_peak} bytes ({format_bytes(plan_peak)}) with parameters, the pool has "
+                    f"{plan_peak} bytes ({format_bytes(plan_peak)}) {how}, the pool has "
                     f"{self.net.pool.capacity}: give a larger pool/--gpu-memory or a leaner --memory mode")
         return ""
 

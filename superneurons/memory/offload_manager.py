@@ -29,6 +29,7 @@ class OffloadManager(LivenessManager):
         # tensor_cache off: no Tensor Cache policy -- every planned checkpoint moves at its plan points.
         self.use_cache = self.net.policy.tensor_cache
         self.offloadable: set[str] = set()
+        self.between: list[str] = []  # inputs locked on the device from the end of one iteration to the next
         super().setup()
         live = self.plan.liveness
         # What the Tensor Cache may evict: the plan's choice (checkpoints; under recompute also what no
@@ -83,6 +84,9 @@ class OffloadManager(LivenessManager):
 
     # -- the hooks ---------------------------------------------------------------------------------
     def _start_iteration(self) -> None:
+        for k in self.between:
+            self.cache.unlock(k)
+        self.between = []
         # Only an interrupted iteration leaves anything in flight or on the host.
         self._settle_all()
         for k in sorted(self.program.resident & self.host_keys):
@@ -94,8 +98,12 @@ class OffloadManager(LivenessManager):
 
     def _enter(self, s: int) -> None:
         self.reclaim()
+        # Locked before the step's own actions run: an allocation among them (a gradient, a replay's
+        # tensors) must not evict a tensor the step computes on that an earlier action allocated.
+        for k in self.locks[s]:
+            self.cache.lock(k)
         peak = self._run_actions(self.before[s])
-        self._lock(self.locks[s], self.checks[s])  # may fetch evicted tensors back
+        self._check(self.locks[s], self.checks[s])  # may fetch evicted tensors back
         self.trace.append(max(peak, self.net.pool.used_bytes) - self.param_bytes)
 
     def _leave(self, s: int) -> None:
@@ -109,12 +117,21 @@ class OffloadManager(LivenessManager):
         if s == len(self.program.steps) - 1:
             for k in sorted(self.program.resident & self.host_keys):
                 self._fetch(k)  # the caller writes the next inputs into them
+            # ... so nothing between iterations (the update of streamed parameters) may evict them again.
+            self.between = sorted(self.program.resident & self.offloadable)
+            for k in self.between:
+                self.cache.lock(k)
             # Between iterations nothing is in flight: the caller writes inputs, the solver reads weights.
             self._settle_all()
 
     def _lock(self, keys: list[str], checks: list[str]) -> None:
         for k in keys:
             self.cache.lock(k)
+        self._check(keys, checks)
+
+    def _check(self, keys: list[str], checks: list[str]) -> None:
+        """Count the cache's hits and misses on `checks`, bring back the evicted ones, and make compute wait
+        for prefetches of `keys` still in flight."""
         for k in checks:
             if not self.cache.check(k) and k in self.host_keys:
                 self._fetch(k)
@@ -170,6 +187,8 @@ class OffloadManager(LivenessManager):
                     continue
                 if self._make_param_room():  # parameter blocks copying home or prefetched ahead
                     continue
+                if not self.use_cache and self._defragment(nbytes):
+                    continue  # without the cache only the plan moves tensors: the bytes are free, in pieces
                 victim = next(self.cache.victims(), None)
                 if victim is None:
                     # Last resort, as compaction stops the device: the bytes are free but in pieces.

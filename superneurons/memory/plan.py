@@ -14,7 +14,7 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.layers.base import count
 from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program, Schedule, Trace,
-                                         simulate)
+                                         seeds_first, simulate)
 from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, backward_reads, checkpoint_tensors,
                                         plan_offload)
 from superneurons.memory.params import layers_computed_by
@@ -40,6 +40,9 @@ class MemoryPlan:
     # parameter's data, gradient and history at a time).
     param_window: list[int] = field(default_factory=list)
     update_bytes: int = 0
+    # Per mode and global step, the most a replay of that step needs with its own layer's parameters
+    # streamed in (a recomputation brings in the weights of the forward step it replays).
+    replay_peaks: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def max_layer(self) -> tuple[int, int]:
@@ -56,10 +59,23 @@ class MemoryPlan:
     def streamed_peak(self, mode: str) -> int:
         """peak_m with the parameters streamed: every step's activations plus its own parameters, or the
         update of the largest parameter beside what stays between iterations."""
+        return max(max(self.streamed_steps(mode), default=0), self.update_bytes + self.between_bytes(mode))
+
+    def between_bytes(self, mode: str) -> int:
+        """What stays on the device between iterations (bounded by the last step's bytes): the inputs, which
+        the caller writes next, and the outputs and losses, which it reads."""
+        b = self.traces[mode].bytes
+        p = self.program
+        kept = sum(p.tensors[k].nbytes for k in p.resident | p.pinned)
+        return max(b[-1], kept) if b else 0
+
+    def streamed_steps(self, mode: str) -> list[int]:
+        """Per global step, the bytes `mode` needs with the parameters streamed: the step's activations
+        plus its own parameters, or a replay it runs with the replayed layer's parameters, if more."""
         b = self.traces[mode].bytes
         window = self.param_window or [0] * len(b)
-        steps = max((x + w for x, w in zip(b, window)), default=0)
-        return max(steps, self.update_bytes + (b[-1] if b else 0))
+        replays = self.replay_peaks.get(mode) or [0] * len(b)
+        return [max(x + w, r) for x, w, r in zip(b, window, replays)]
 
     def fits(self, mode: str, budget: int) -> bool:
         """Whether `mode`'s peak fits `budget` bytes beside the resident parameters."""
@@ -100,8 +116,9 @@ def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
     return total
 
 
-def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int], int]:
-    """(bytes of parameters each global step streams in, bytes one parameter's update needs)."""
+def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int], list[int], int]:
+    """(bytes of parameters each global step streams in, the same for each forward step by route index (what
+    a replay brings in), bytes one parameter's update needs)."""
     def size(decl) -> int:
         return round_up(count(decl.shape) * 4)
 
@@ -111,14 +128,18 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
             specs = layer.param.param
             for k, decl in enumerate(layer.params):
                 name = specs[k].name if k < len(specs) and specs[k].name else f"{layer.name}#{k}"
-                owned[name] = size(decl) * (2 if grads and decl.learnable else 1)
+                # Training declares a gradient for every parameter (tensors.declare_tensors), BatchNorm's
+                # statistics too, and backward brings each in with its parameter.
+                owned[name] = size(decl) * (2 if grads else 1)
         return sum(owned.values())
 
     computed_by = layers_computed_by(program.graph.nodes)
-    window = [node_bytes(computed_by[st.forward_index], train and st.phase == "backward") for st in program.steps]
+    forward = [node_bytes(layers, False) for layers in computed_by]
+    window = [forward[st.forward_index] if st.phase == "forward" else
+              node_bytes(computed_by[st.forward_index], train) for st in program.steps]
     update = max((size(d) * (2 + history) for n in program.graph.nodes for d in n.layer.params if d.learnable),
                  default=0) if train else 0
-    return window, update
+    return window, forward, update
 
 
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
@@ -153,11 +174,13 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
             sched = RecomputePlanner(program, live, types, l_peak).plan()
         else:
             raise UserError(f"memory mode {mode!r} has no plan; choose from {', '.join(PLAN_MODES)}")
+        seeds_first(program, sched)
         schedules[mode] = sched
-    traces = {m: simulate(program, s) for m, s in schedules.items()}
-    window, update = _param_steps(program, train, solver_history)
+    window, forward_window, update = _param_steps(program, train, solver_history)
+    traces = {m: simulate(program, s, forward_window) for m, s in schedules.items()}
     return MemoryPlan(program, live, schedules, traces, layer_bytes,
-                      param_bytes(graph, train, solver_history), types, param_window=window, update_bytes=update)
+                      param_bytes(graph, train, solver_history), types, param_window=window, update_bytes=update,
+                      replay_peaks={m: t.replay for m, t in traces.items()})
 
 
 def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:

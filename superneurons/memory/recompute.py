@@ -20,15 +20,16 @@ when memory suffices.
 
 Replays are exact because they re-run the same writers in the same order on the same inputs:
 a dropped tensor is rebuilt by *all* its writers (producer, then in-place layers), and a tensor
-only qualifies when every reader saw its final value and everything its writers read is either
-droppable too or kept alive past the tensor's last backward use.
+only qualifies when every reader saw its final value, every input its writers read already had its
+final value then (nothing rewrites it in place later), and everything its writers read is either
+droppable too or kept alive past the last step that may have to rebuild it.
 """
 from __future__ import annotations
 
 import bisect
 from typing import Iterable
 
-from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, simulate
+from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, seeds_first, simulate
 from superneurons.memory.offload import (apply_offload, backward_reads, checkpoint_steps, checkpoint_tensors,
                                         delay_prefetches, first_needed, plan_offload)
 
@@ -49,24 +50,48 @@ def droppable(program: Program, live: Liveness, kept: set[str]) -> set[str]:
     changed = True
     while changed:
         changed = False
+        need = _needed_until(program, live, cand)
         for x in sorted(cand):
-            if not _replayable(program, live, x, cand, kept, steps, readers.get(x, ())):
+            if not _replayable(program, live, x, cand, kept, steps, readers.get(x, ()), need[x]):
                 cand.discard(x)
                 changed = True
     return cand
 
 
+def _needed_until(program: Program, live: Liveness, cand: set[str]) -> dict[str, int]:
+    """The last step at which each candidate may have to be rebuilt: its own last use, or the last use of a
+    candidate whose replay reads it (softmax(pool(conv)): rebuilding the softmax for its backward replays
+    the pooling too, so the convolution's output must still be there then, not only at the pooling's last
+    use). Likewise through in-place writers: rebuilding a Scale's input copy replays the BatchNorm before it."""
+    steps = program.steps
+    need = {x: live.backward_last.get(x, live.forward_last.get(x, 0)) for x in cand}
+    order = sorted(cand, key=lambda x: program.writers[x][0], reverse=True)  # dependents before their inputs
+    changed = True
+    while changed:
+        changed = False
+        for z in order:
+            for w in program.writers[z]:
+                for y in steps[w].uses:  # what the replay reads, and what it rebuilds with z (an in-place writer's
+                    if y in cand and need[y] < need[z]:  # input comes from replaying the writers before it)
+                        need[y] = need[z]
+                        changed = True
+    return need
+
+
 def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: set[str], steps,
-                readers: Iterable[int]) -> bool:
+                readers: Iterable[int], need_until: int) -> bool:
     writers = program.writers[x]
     if any(steps[w].node.layer.is_data for w in writers):
         return False
     last_writer = writers[-1]
-    need_until = live.backward_last.get(x, live.forward_last.get(x, 0))
     if any(r < last_writer for r in readers):
         return False  # someone read an intermediate (pre in-place) value: a replay cannot reproduce it
     for w in writers:
         for y in steps[w].uses:
+            if y not in steps[w].writes and program.writers.get(y, [w])[-1] > w:
+                # A later layer rewrites the input in place (a TanH on a Flatten view of it): a replay in
+                # backward would read that value, not the one this writer read.
+                return False
             kind = program.tensors[y].kind
             if y in steps[w].writes:
                 if y not in cand:
@@ -222,6 +247,7 @@ class RecomputePlanner:
         apply_offload(sched, moves)
         due = first_needed(live, reads_at)
         delay_prefetches(p, sched, moves, {k: due(k) for k in moves}, self.l_peak)
+        seeds_first(p, sched)  # before the strategies are weighed on its trace
         sched.info.update(extra_forward_steps=extra, offloaded=moves, dropped=sorted(self.drop),
                           offloadable=sorted(self.movable))
         return sched, spans
@@ -258,6 +284,11 @@ class RecomputePlanner:
                 if y in self.kept and y not in reads_at:
                     reads_at[y] = s
                 if y not in on:
+                    if y not in self.drop:
+                        # droppable() keeps every input a replay reads alive until then: an empty block here
+                        # would be read as if it held the tensor.
+                        raise RuntimeError(f"recompute plan: replaying {steps[w].node.name!r} at step {s} needs "
+                                           f"{y!r}, which is no longer on the device")
                     actions.append((ALLOC, y))
                     on.add(y)
                     mine.add(y)
