@@ -338,6 +338,9 @@ def _memory_param(cache: bool = True, stream: bool | None = None) -> pb.MemoryPa
     return p
 
 
+GPU_SPARE_POOL = 1 << 30  # bytes: "room to spare" for a random net on a GPU
+
+
 def checkpoints_of(mode: str) -> tuple[str, tuple[str, ...] | None]:
     """("offload", BLOCK_CHECKPOINTS) for "offload:block"; (mode, None: the Net's default) otherwise."""
     name, _, which = mode.partition(":")
@@ -447,6 +450,10 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
 
     def attempt(mode: str, what: str, budget: int | None, cache: bool = True, may_refuse: bool = False,
                 stream: bool | None = None):
+        if budget is None and backend is not None and backend is not BACKEND:
+            # A default pool is the device's free memory: while the caller still holds the previous Net,
+            # the next could not get one. These nets are small: a fixed pool is room to spare.
+            budget = GPU_SPARE_POOL
         try:
             runtime = build(net, mode, budget, cache, stream, backend)
         except UserError as e:
