@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 
 from superneurons import settings
 
@@ -109,7 +110,7 @@ class _Launcher:
         key = tuple([(a.__class__, a) if a.__class__ in _SCALARS else id(a) for a in args])
         entry = self.blocks.get(key)
         if entry is not None:
-            handle, params, _keep = entry
+            handle, params, _values, _refs = entry
             if _cu(handle, self.grid, 1, 1, BLOCK, 1, 1, 0, None, params, None) == 0:
                 return None
             _disable()  # an unexpected driver error: numba's path reports it properly
@@ -122,7 +123,16 @@ class _Launcher:
             if len(self.blocks) >= _CACHE_LIMIT:
                 self.blocks.clear()
             params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-            self.blocks[key] = (handle, params, (values, args))
+            # Weak references to the arrays: holding them would keep their allocation (a whole pool arena)
+            # alive after its Net is gone. The entry goes when one of them does, before its id can come back
+            # as another array's; a dropped entry's references die with it and call nothing.
+            forget = self.blocks.pop
+            try:
+                refs = [weakref.ref(a, lambda _ref, key=key: forget(key, None))
+                        for a in args if a.__class__ not in _SCALARS]
+            except TypeError:  # an argument that cannot be referenced weakly: launch through numba each time
+                return None
+            self.blocks[key] = (handle, params, values, refs)
         return None
 
 
