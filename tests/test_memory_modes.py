@@ -8,18 +8,12 @@ from google.protobuf import text_format
 from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.graph.build import build_graph
-from superneurons.layers.base import known_types
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
 from superneurons.memory.plan import make_plan
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
 BACKEND = CpuBackend()
-
-
-def _need(*types):
-    missing = sorted(set(types) - set(known_types()))
-    return pytest.mark.skipif(bool(missing), reason=f"layer types not written yet: {missing}")
 
 
 def _layer(name, type_, bottoms, tops, extra=""):
@@ -148,18 +142,15 @@ def test_mlp_fan_join_all_modes_identical():
     _check_modes(_mlp_with_loss(), tight=False)
 
 
-@_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 def test_conv_fan_join_bn_dropout_all_modes_identical():
     _check_modes(CONV_FAN)
 
 
-@_need("Convolution", "Pooling", "Concat", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 def test_densenet_like_full_join_all_modes_identical():
     # Default pool only: its tiny tensors fragment a pool one block under liveness's peak (see MEMORY.md).
     _check_modes(DENSE, tight=False)
 
 
-@_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 @pytest.mark.parametrize("text", [CONV_FAN, DENSE], ids=["fan", "dense"])
 def test_pool_usage_per_step_equals_plan_under_liveness(text):
     net, _, _ = train(text, "liveness", iters=2)
@@ -168,7 +159,6 @@ def test_pool_usage_per_step_equals_plan_under_liveness(text):
     assert max(net.memory.trace) < plan.traces["baseline"].bytes[0]
 
 
-@_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 @pytest.mark.parametrize("text", [CONV_FAN, DENSE], ids=["fan", "dense"])
 def test_recompute_pool_trace_equals_plan(text):
     net, _, _ = train(text, "recompute", iters=2)
@@ -239,12 +229,10 @@ MINI_ALEX = (  # AlexNet's pattern in miniature: in-place ReLU after conv, LRN, 
 )
 
 
-@_need("Convolution", "Pooling", "LRN", "Dropout", "SoftmaxWithLoss")
 def test_mini_alexnet_all_modes_identical():
     _check_modes(MINI_ALEX)
 
 
-@_need("Convolution", "Pooling", "LRN", "Dropout", "SoftmaxWithLoss")
 def test_forward_only_test_net_in_every_mode():
     values = {}
     for mode in ("baseline", "liveness", "offload", "recompute"):
@@ -279,7 +267,6 @@ CHAIN = (
 )
 
 
-@_need("Convolution", "Pooling", "BatchNorm", "Scale", "Sigmoid", "SoftmaxWithLoss")
 def test_multi_layer_segments_replay_from_live_inputs():
     # Segments of several non-checkpoint layers (AVE pool -> in-place ReLU; in-place BN -> Scale -> ReLU -> pool
     # -> Sigmoid): a replay must start from tensors that are still (or again) on the device.
