@@ -45,6 +45,25 @@ def forward(layer, bottoms, top_shapes, dtype=np.float64):
     return tops
 
 
+def in_place(prototxt: str) -> str:
+    """A one-layer prototxt with its bottom and top both 'x'."""
+    return prototxt + " bottom: 'x' top: 'x'"
+
+
+def cpu_net(text: str, seed: int = 5):
+    """The TRAIN-phase Net of prototxt `text` on the CPU backend."""
+    from superneurons.graph.build import build_graph
+    from superneurons.runtime.net import Net
+
+    return Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN), CpuBackend(), seed=seed)
+
+
+def softmax_reference(x, axis):
+    """Softmax in the input's precision, shifted by the maximum for stability."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 def check_gradients(prototxt, bottoms, *, phase=pb.TRAIN, check_bottoms=None, eps=1e-6, rtol=1e-4, atol=1e-6,
                     seed=0, params=True):
     """Compare analytic bottom and param gradients of sum(top * R) with central differences."""

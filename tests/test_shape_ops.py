@@ -5,17 +5,9 @@ differences (harness.check_gradients), on fresh random inputs.
 """
 import numpy as np
 import pytest
-from google.protobuf import text_format
-from harness import check_gradients, forward, make_layer
+from harness import check_gradients, cpu_net, forward, make_layer
 
-from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import UserError
-from superneurons.graph.build import build_graph
-from superneurons.proto import superneurons_pb2 as pb
-from superneurons.runtime.net import Net
-
-def _net(text, seed=5):
-    return Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN), CpuBackend(), seed=seed)
 
 
 def _tops(n):
@@ -111,7 +103,7 @@ def test_reshape_shapes():
 
 
 def test_reshape_top_and_diff_are_views_in_a_net():
-    net = _net("""
+    net = cpu_net("""
     force_backward: true
     layer { name: 'in' type: 'Input' top: 'x' top: 'w'
             input_param { shape { dim: 2 dim: 3 dim: 4 } shape { dim: 2 dim: 4 dim: 3 } } }
@@ -151,7 +143,7 @@ def test_tile_reference_and_gradient(axis, tiles):
 # ---- Silence ----------------------------------------------------------------------------------
 
 def test_silence_has_no_tops_and_no_backward_in_a_net():
-    net = _net("""
+    net = cpu_net("""
     layer { name: 'in' type: 'Input' top: 'x' top: 'y' input_param { shape { dim: 2 dim: 3 } shape { dim: 2 } } }
     layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'h' inner_product_param { num_output: 3 } }
     layer { name: 'sil' type: 'Silence' bottom: 'h' bottom: 'y' }
