@@ -1,3 +1,4 @@
+"""The ReLU layer (layers/relu.py), with and without a negative slope, against NumPy and central differences."""
 import numpy as np
 from harness import check_gradients, forward, make_layer
 
@@ -10,17 +11,3 @@ def test_relu_matches_reference_and_gradient():
         (y,) = forward(layer, [x.copy()], shapes)
         np.testing.assert_allclose(y, np.where(x > 0, x, slope * x))
         check_gradients(f"type: 'ReLU' relu_param {{ negative_slope: {slope} }}", [x])
-
-
-def test_inner_product_reference_and_gradient():
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((4, 3, 2, 2))
-    for transpose in ("false", "true"):
-        proto = f"type: 'InnerProduct' inner_product_param {{ num_output: 5 transpose: {transpose} }}"
-        layer, shapes = make_layer(proto, [x.shape])
-        assert shapes == [(4, 5)]
-        (y,) = forward(layer, [x.copy()], shapes)
-        w, b = layer.params[0].data, layer.params[1].data
-        w_nk = w.T if transpose == "true" else w
-        np.testing.assert_allclose(y, x.reshape(4, 12) @ w_nk.T + b, rtol=1e-12)
-        check_gradients(proto, [x])
