@@ -113,21 +113,13 @@ def _numeric(f, x, eps):
 
 
 # ---- files shared by several test modules ------------------------------------------------------------
-import importlib.util as _ilu  # noqa: E402
+import importlib as _importlib  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
-
-REPO = _Path(__file__).resolve().parents[1]
 
 
 def load_tool(name: str):
-    """Import tools/NAME.py (the tools folder is scripts, not a package)."""
-    spec = _ilu.spec_from_file_location(f"_tools_{name}", REPO / "tools" / f"{name}.py")
-    module = _ilu.module_from_spec(spec)
-    import sys
-
-    sys.modules[spec.name] = module  # dataclasses in a tool look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """The module of tools/NAME.py (NAME like "data/make_digits_lmdb"), imported through the tools package."""
+    return _importlib.import_module("tools." + name.replace("/", "."))
 
 
 def lmdb_digest(path, records: int) -> str:

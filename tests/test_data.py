@@ -401,7 +401,7 @@ def test_image_data_reads_list_and_shuffles_reproducibly(tmp_path, closing):
 @pytest.fixture(scope="module")
 def digits_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("work") / "data" / "digits"
-    load_tool("make_digits_lmdb").main(["--out", str(out)])
+    load_tool("data/make_digits_lmdb").main(["--out", str(out)])
     return out
 
 
@@ -424,7 +424,7 @@ def test_make_digits_lmdb_writes_the_whole_dataset_once(digits_dir, capsys):
     assert sorted({lab for _, lab in all_records}) == list(range(10))
     assert max(max(data) for data, _ in all_records) > 200  # scaled from 0..16 to 0..255
     stamp = os.stat(digits_dir / "train_lmdb" / "data.mdb").st_mtime_ns
-    load_tool("make_digits_lmdb").main(["--out", str(digits_dir)])
+    load_tool("data/make_digits_lmdb").main(["--out", str(digits_dir)])
     assert "nothing to do" in capsys.readouterr().out
     assert os.stat(digits_dir / "train_lmdb" / "data.mdb").st_mtime_ns == stamp
 
