@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 data: $(DIGITS)
 
 $(DIGITS): | $(STAMP)
-	$(BIN)/python tools/make_digits_lmdb.py --out data/digits
+	$(BIN)/python tools/data/make_digits_lmdb.py --out data/digits
 
 train: install data
 	$(BIN)/superneurons train --solver models/lenet/lenet_solver.prototxt $(GPU_FLAG)

@@ -1,8 +1,20 @@
 """Fixtures shared by the test modules."""
 from __future__ import annotations
 
+import os
+import zlib
+
 import numpy as np
 import pytest
+
+# Reproduce a failing random test with `pytest --rng-seed N` or TEST_RNG_SEED=N (the seed its report printed).
+SEED_ENV = "TEST_RNG_SEED"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--rng-seed", type=int, default=None,
+                     help=f"seed every test's `rng` fixture with this value (default: a CRC of the test's node id; "
+                          f"also settable with {SEED_ENV})")
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +26,29 @@ def gpu():
     return CudaBackend(0, tf32=False)
 
 
+def rng_seed(config, nodeid: str) -> int:
+    """--rng-seed, else TEST_RNG_SEED, else a CRC-32 of the node id: the same on every run and machine, and
+    independent of PYTHONHASHSEED (which salts Python's hash())."""
+    chosen = config.getoption("--rng-seed")
+    if chosen is None and os.environ.get(SEED_ENV, "").strip():
+        chosen = int(os.environ[SEED_ENV])
+    return zlib.crc32(nodeid.encode()) if chosen is None else chosen
+
+
 @pytest.fixture
 def rng(request):
-    """A generator seeded from the test's name and the process's hash seed: fresh random data per test."""
-    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
+    """A NumPy generator with a per-test seed; a failing test's report shows the seed and how to rerun with it."""
+    seed = rng_seed(request.config, request.node.nodeid)
+    request.node.user_properties.append(("rng_seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, seed in item.user_properties:
+            if name == "rng_seed":
+                report.sections.append(
+                    ("rng seed", f"{seed} (rerun with --rng-seed {seed} or {SEED_ENV}={seed})"))

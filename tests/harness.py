@@ -45,6 +45,25 @@ def forward(layer, bottoms, top_shapes, dtype=np.float64):
     return tops
 
 
+def in_place(prototxt: str) -> str:
+    """A one-layer prototxt with its bottom and top both 'x'."""
+    return prototxt + " bottom: 'x' top: 'x'"
+
+
+def cpu_net(text: str, seed: int = 5):
+    """The TRAIN-phase Net of prototxt `text` on the CPU backend."""
+    from superneurons.graph.build import build_graph
+    from superneurons.runtime.net import Net
+
+    return Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN), CpuBackend(), seed=seed)
+
+
+def softmax_reference(x, axis):
+    """Softmax in the input's precision, shifted by the maximum for stability."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 def check_gradients(prototxt, bottoms, *, phase=pb.TRAIN, check_bottoms=None, eps=1e-6, rtol=1e-4, atol=1e-6,
                     seed=0, params=True):
     """Compare analytic bottom and param gradients of sum(top * R) with central differences."""
@@ -94,21 +113,13 @@ def _numeric(f, x, eps):
 
 
 # ---- files shared by several test modules ------------------------------------------------------------
-import importlib.util as _ilu  # noqa: E402
+import importlib as _importlib  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
-
-REPO = _Path(__file__).resolve().parents[1]
 
 
 def load_tool(name: str):
-    """Import tools/NAME.py (the tools folder is scripts, not a package)."""
-    spec = _ilu.spec_from_file_location(f"_tools_{name}", REPO / "tools" / f"{name}.py")
-    module = _ilu.module_from_spec(spec)
-    import sys
-
-    sys.modules[spec.name] = module  # dataclasses in a tool look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """The module of tools/NAME.py (NAME like "data/make_digits_lmdb"), imported through the tools package."""
+    return _importlib.import_module("tools." + name.replace("/", "."))
 
 
 def lmdb_digest(path, records: int) -> str:

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
-sys.path.insert(0, str(BENCH))
-common = importlib.import_module("common")
-torch_nets = importlib.import_module("torch_nets")
-report = importlib.import_module("report")
+from tools.bench import common, report, torch_nets
 
 
 @pytest.mark.parametrize("edge", [0, 8, 15, 136, 337, 1000, 2624, 5000])
@@ -54,8 +48,8 @@ def test_parse_batches_and_nets():
 def test_every_benchmark_parses_its_arguments():
     for name in ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace", "bn_kernels",
                  "conv_algos"):
-        mod = importlib.import_module(name)
-        assert mod.__doc__ and "python3 tools/bench/" in mod.__doc__
+        mod = importlib.import_module(f"tools.bench.{name}")
+        assert mod.__doc__ and "python3 -m tools.bench." in mod.__doc__
         with pytest.raises(SystemExit) as e:
             mod.main(["--help"])
         assert e.value.code == 0
@@ -80,16 +74,16 @@ def test_predicted_deepest_resnet_is_the_planner_edge():
 
 
 def test_bn_kernel_configs_and_shapes():
-    bn_kernels = importlib.import_module("bn_kernels")
+    bn_kernels = importlib.import_module("tools.bench.bn_kernels")
     assert bn_kernels.parse_configs("walk=0:0,rows=1024") == {"walk": (0, 0), "rows": (1024, 0)}
     shapes = bn_kernels.bn_shapes(64)
     assert sum(shapes.values()) == 53 and shapes[(64, 64, 12544)] == 1  # every fused BatchNorm; bn_conv1 alone
-    convs = importlib.import_module("conv_algos").conv_shapes("resnet50", 64)
+    convs = importlib.import_module("tools.bench.conv_algos").conv_shapes("resnet50", 64)
     assert sum(convs.values()) == 53 and len(convs) == 20
 
 
 def test_deeper_verifies_a_given_depth_without_the_search(tmp_path, monkeypatch):
-    deeper = importlib.import_module("deeper")
+    deeper = importlib.import_module("tools.bench.deeper")
     monkeypatch.setattr(common, "predict_deepest", lambda *a, **k: pytest.fail("the search ran"))
     assert deeper.main(["--start", "8", "--predict-only", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "deeper.json").read_text())

@@ -180,10 +180,10 @@ def resume_ref():
 def digits_workdir(tmp_path_factory, resume_ref):
     """data/digits regenerated; skipped if it is not the data Caffe trained on."""
     work = tmp_path_factory.mktemp("caffe_resume")
-    load_tool("make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
+    load_tool("data/make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
     digest = lmdb_digest(work / "data" / "digits" / "train_lmdb", int(resume_ref["train_records"]))
     if digest != str(resume_ref["train_sha256"]):
-        pytest.skip("tools/make_digits_lmdb.py no longer writes the train records Caffe read for the fixture")
+        pytest.skip("tools/data/make_digits_lmdb.py no longer writes the train records Caffe read for the fixture")
     return work
 
 

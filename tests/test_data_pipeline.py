@@ -334,16 +334,10 @@ def test_too_little_shared_memory_falls_back_to_the_thread(tmp_path, monkeypatch
 
 # ---- the benchmark -----------------------------------------------------------------------------
 def test_input_benchmark_runs_small_on_the_cpu(tmp_path):
-    import importlib
     import json
-    import sys
 
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "bench")
-    sys.path.insert(0, bench)
-    try:
-        tool = importlib.import_module("input")
-    finally:
-        sys.path.remove(bench)
+    from tools.bench import input as tool
+
     assert tool.main(["--images", "20", "--batch", "4", "--workers", "1,2", "--warmup", "1", "--iterations", "3",
                       "--no-torch", "--no-net", "--cpu", "--db", str(tmp_path / "db"), "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "input.json").read_text())

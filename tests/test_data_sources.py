@@ -183,7 +183,7 @@ def train_example(workdir: Path, solver_extra: str = "", args=()) -> str:
 def example_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(ROOT / "models/hdf5_classification", tmp_path / "models/hdf5_classification")
-    assert load_tool("make_hdf5_classification").main([]) == 0
+    assert load_tool("data/make_hdf5_classification").main([]) == 0
     return tmp_path
 
 
@@ -350,7 +350,7 @@ def test_compute_image_mean_reads_both_backends(imageset, capsys):
     printed = [float(v) for v in re.findall(r"^mean_value channel \[(?:\d)\]: ([0-9.]+)$", out, re.M)]
     np.testing.assert_allclose(printed, np.tile(want.mean(axis=(1, 2)), 2), rtol=1e-6)
     # The old script path still works, as the same command.
-    assert load_tool("compute_image_mean").main(["--backend=leveldb", str(imageset / "leveldb")]) == 0
+    assert load_tool("data/compute_image_mean").main(["--backend=leveldb", str(imageset / "leveldb")]) == 0
 
 
 def test_convert_imageset_keeps_files_skips_unreadable_and_refuses_half_a_resize(imageset, capsys):

@@ -3,7 +3,7 @@
 The ops against an independent float64 NumPy reference and central differences; fused nets against the same nets
 with SUPERNEURONS_FUSE=0 (bit for bit: the CPU fused op repeats the unfused arithmetic), in every memory mode and
 with gradient aliasing on and off; and the pass's detection rules. The CUDA kernels are checked under the
-simulator in test_cuda_extra_sim.py.
+simulator in test_cuda_zoo_ops_sim.py.
 """
 from __future__ import annotations
 

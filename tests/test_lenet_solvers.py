@@ -28,7 +28,7 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def digits_workdir(tmp_path_factory):
     work = tmp_path_factory.mktemp("lenet")
-    load_tool("make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
+    load_tool("data/make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
     return work
 
 

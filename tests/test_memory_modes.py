@@ -8,18 +8,12 @@ from google.protobuf import text_format
 from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.graph.build import build_graph
-from superneurons.layers.base import known_types
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
 from superneurons.memory.plan import make_plan
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
 BACKEND = CpuBackend()
-
-
-def _need(*types):
-    missing = sorted(set(types) - set(known_types()))
-    return pytest.mark.skipif(bool(missing), reason=f"layer types not written yet: {missing}")
 
 
 def _layer(name, type_, bottoms, tops, extra=""):
@@ -148,18 +142,15 @@ def test_mlp_fan_join_all_modes_identical():
     _check_modes(_mlp_with_loss(), tight=False)
 
 
-@_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 def test_conv_fan_join_bn_dropout_all_modes_identical():
     _check_modes(CONV_FAN)
 
 
-@_need("Convolution", "Pooling", "Concat", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 def test_densenet_like_full_join_all_modes_identical():
     # Default pool only: its tiny tensors fragment a pool one block under liveness's peak (see MEMORY.md).
     _check_modes(DENSE, tight=False)
 
 
-@_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 @pytest.mark.parametrize("text", [CONV_FAN, DENSE], ids=["fan", "dense"])
 def test_pool_usage_per_step_equals_plan_under_liveness(text):
     net, _, _ = train(text, "liveness", iters=2)
@@ -168,7 +159,6 @@ def test_pool_usage_per_step_equals_plan_under_liveness(text):
     assert max(net.memory.trace) < plan.traces["baseline"].bytes[0]
 
 
-@_need("Convolution", "Pooling", "Eltwise", "BatchNorm", "Dropout", "SoftmaxWithLoss")
 @pytest.mark.parametrize("text", [CONV_FAN, DENSE], ids=["fan", "dense"])
 def test_recompute_pool_trace_equals_plan(text):
     net, _, _ = train(text, "recompute", iters=2)
@@ -242,12 +232,10 @@ MINI_ALEX = (  # AlexNet's pattern in miniature: in-place ReLU after conv, LRN, 
 )
 
 
-@_need("Convolution", "Pooling", "LRN", "Dropout", "SoftmaxWithLoss")
 def test_mini_alexnet_all_modes_identical():
     _check_modes(MINI_ALEX)
 
 
-@_need("Convolution", "Pooling", "LRN", "Dropout", "SoftmaxWithLoss")
 def test_forward_only_test_net_in_every_mode():
     values = {}
     for mode in ("baseline", "liveness", "offload", "recompute"):
@@ -282,7 +270,6 @@ CHAIN = (
 )
 
 
-@_need("Convolution", "Pooling", "BatchNorm", "Scale", "Sigmoid", "SoftmaxWithLoss")
 def test_multi_layer_segments_replay_from_live_inputs():
     # Segments of several non-checkpoint layers (AVE pool -> in-place ReLU; in-place BN -> Scale -> ReLU -> pool
     # -> Sigmoid): a replay must start from tensors that are still (or again) on the device.
@@ -322,3 +309,50 @@ def test_pool_exhaustion_injected_mid_iteration_keeps_the_snapshots(tmp_path, mo
     assert resumed.iter == 4
     for a, b in zip(resumed.net.learnable, clean.net.learnable):
         assert a.data.tobytes() == b.data.tobytes()
+
+
+# Slice, PReLU, ELU, Deconvolution, Crop, MVN, Reshape, Bias, EuclideanLoss, Embed, Reduction, ArgMax and Silence
+# in one float32 net: every memory mode gives baseline's loss and gradients.
+ZOO_LAYERS_NET = """
+layer { name: 'in' type: 'Input' top: 'x' top: 'target' top: 'ids'
+        input_param { shape { dim: 4 dim: 6 dim: 3 dim: 3 } shape { dim: 4 dim: 72 } shape { dim: 4 dim: 2 } } }
+layer { name: 'slice' type: 'Slice' bottom: 'x' top: 'a' top: 'b' slice_param { slice_point: 2 } }
+layer { name: 'prelu' type: 'PReLU' bottom: 'a' top: 'a' }
+layer { name: 'elu' type: 'ELU' bottom: 'b' top: 'b' }
+layer { name: 'deconv' type: 'Deconvolution' bottom: 'b' top: 'up'
+        convolution_param { num_output: 2 kernel_size: 2 stride: 2 weight_filler { type: 'gaussian' std: 0.3 } } }
+layer { name: 'crop' type: 'Crop' bottom: 'up' bottom: 'a' top: 'upc' crop_param { offset: 1 } }
+layer { name: 'cat' type: 'Concat' bottom: 'a' bottom: 'upc' bottom: 'b' top: 'cat' }
+layer { name: 'mvn' type: 'MVN' bottom: 'cat' top: 'cat' }
+layer { name: 'flat' type: 'Reshape' bottom: 'cat' top: 'flat' reshape_param { shape { dim: 0 dim: -1 } } }
+layer { name: 'bias' type: 'Bias' bottom: 'flat' top: 'flat' bias_param { filler { type: 'gaussian' } } }
+layer { name: 'loss' type: 'EuclideanLoss' bottom: 'flat' bottom: 'target' top: 'loss' }
+layer { name: 'emb' type: 'Embed' bottom: 'ids' top: 'e' embed_param { num_output: 3 input_dim: 7 } }
+layer { name: 'red' type: 'Reduction' bottom: 'e' top: 'r' reduction_param { operation: SUMSQ } loss_weight: 0.1 }
+layer { name: 'am' type: 'ArgMax' bottom: 'x' top: 'am' }
+layer { name: 'sil' type: 'Silence' bottom: 'am' }
+"""
+
+
+@pytest.mark.parametrize("memory", ["baseline", "liveness", "recompute"])
+def test_new_layers_train_together_in_float32_under_memory_modes(memory):
+    rng = np.random.default_rng(123)
+    inputs = {"x": rng.standard_normal((4, 6, 3, 3)), "target": rng.standard_normal((4, 72)),
+              "ids": rng.integers(0, 7, (4, 2)).astype(np.float64)}
+    results = []
+    for mode in ("baseline", memory):
+        net = Net(build_graph(text_format.Parse(ZOO_LAYERS_NET, pb.NetParameter()), pb.TRAIN), CpuBackend(), seed=7,
+                  memory=mode)
+        for k, v in inputs.items():
+            net.data[k].array[...] = v
+        loss = net.forward()
+        net.backward()
+        grads = [np.array(d.diff, copy=True) for n in net.graph.nodes for d in net.layer(n.name).params]
+        results.append((loss, grads))
+    (loss0, g0), (loss1, g1) = results
+    assert np.isfinite(loss0) and loss0 > 0
+    np.testing.assert_allclose(loss1, loss0, rtol=1e-6)
+    assert len(g0) == len(g1) > 0
+    for a, b in zip(g0, g1):
+        assert a.dtype == np.float32 and np.isfinite(a).all()
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

@@ -428,15 +428,14 @@ def test_one_rank_through_the_data_parallel_path_is_the_plain_run_bit_for_bit(tm
 # ---- tools/bench/scaling.py -----------------------------------------------------------------------------------
 
 def _scaling():
-    sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
-    import scaling
+    from tools.bench import scaling
 
     return scaling
 
 
 def test_scaling_benchmark_arguments_and_efficiency(capsys):
     scaling = _scaling()
-    assert scaling.__doc__ and "python3 tools/bench/scaling.py" in scaling.__doc__
+    assert scaling.__doc__ and "python3 -m tools.bench.scaling" in scaling.__doc__
     with pytest.raises(SystemExit) as e:
         scaling.main(["--help"])
     assert e.value.code == 0

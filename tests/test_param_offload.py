@@ -3,9 +3,6 @@ when the pool cannot hold them all beside the activations they are streamed from
 time, and the update runs one parameter at a time. The weights and the history must equal baseline's."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -109,8 +106,7 @@ def test_planner_accounts_for_streamed_parameters():
 
 @pytest.mark.slow
 def test_make_resnet_with_more_parameters_than_the_budget_trains(monkeypatch):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from make_resnet import make_resnet
+    from tools.models.make_resnet import make_resnet
 
     net = make_resnet([1, 1, 1, 1], batch=2, classes=4, side=32)
     net_text = text_format.MessageToString(net)

@@ -50,7 +50,7 @@ def fixture():
 def digits(tmp_path_factory):
     """A folder holding data/digits/{train,test}_lmdb, which the LeNet prototxts name relative to it."""
     work = tmp_path_factory.mktemp("digits")
-    load_tool("make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
+    load_tool("data/make_digits_lmdb").main(["--out", str(work / "data" / "digits")])
     return work
 
 
@@ -152,7 +152,7 @@ def test_solver_step_resumes_caffes_solverstate_like_caffe(digits, tmp_path, mon
     with np.load(FIX / "caffe_lenet_resume.npz") as f:
         ref = {k: f[k] for k in f.files}
     if lmdb_digest(digits / "data" / "digits" / "train_lmdb", int(ref["train_records"])) != str(ref["train_sha256"]):
-        pytest.skip("tools/make_digits_lmdb.py no longer writes the train records Caffe read for the fixture")
+        pytest.skip("tools/data/make_digits_lmdb.py no longer writes the train records Caffe read for the fixture")
     monkeypatch.chdir(digits)
     for f in ("lenet_iter_400.caffemodel", "lenet_iter_400.solverstate"):
         shutil.copy(FIX / f, tmp_path / f)

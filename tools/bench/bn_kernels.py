@@ -1,6 +1,6 @@
 """The fused BatchNorm + Scale + ReLU kernels alone, on ResNet-50's BatchNorm shapes (GPU).
 
-    python3 tools/bench/bn_kernels.py [--batch 64] [--repeat 20] [--out DIR]
+    python3 -m tools.bench.bn_kernels [--batch 64] [--repeat 20] [--out DIR]
 
 For every fused BatchNorm of models/resnet50/resnet50_dummy.prototxt at --batch, times the forward
 (`bn_affine_forward`: statistics, x_hat and y) and the backward (`bn_affine_backward`) with CUDA events,
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 FORWARD_PASSES, BACKWARD_PASSES = 4, 5
 

@@ -1,7 +1,7 @@
 """Tensor cache (paper Table 3): bytes moved between device and host per iteration, with and without the
 cache, under --memory offload and a memory budget (default 12G).
 
-    python3 tools/bench/cache.py [--nets alexnet,resnet50] [--batches 'alexnet=256:512:768:1024:1536,...'] [--quick]
+    python3 -m tools.bench.cache [--nets alexnet,resnet50] [--batches 'alexnet=256:512:768:1024:1536,...'] [--quick]
 
 With the cache (the default runtime) checkpoint outputs leave the device only when an allocation needs
 their room, so a net that fits moves nothing. SUPERNEURONS_CACHE=0 turns the cache off: the offload manager
@@ -13,10 +13,8 @@ Writes cache.json.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 DEFAULT_BATCHES = {"alexnet": [256, 512, 768, 1024, 1536], "resnet50": [64, 96, 128]}
 CACHE = (("cache", {}), ("no cache", {"SUPERNEURONS_CACHE": "0"}))

@@ -2,7 +2,7 @@
 Solver and PyTorch in isolated worker processes, timing, tables and JSON.
 
 The scripts import this module as `common` (tools/bench is a folder of scripts, not a package). It is
-also the worker: `python3 tools/bench/common.py worker '<json list of tasks>'` runs the tasks in order in
+also the worker: `python3 -m tools.bench.common worker '<json list of tasks>'` runs the tasks in order in
 one fresh process and prints one `BENCH_RESULT <json>` line per task. Each measurement that could crash
 the process or fragment the device (an OOM probe, a different allocator, a large net) runs that way, so
 it cannot poison the next one.
@@ -36,9 +36,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path(__file__).resolve().parent
-for _p in (str(ROOT), str(ROOT / "tools")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -80,7 +77,7 @@ NETS: dict[str, NetSpec] = {s.name: s for s in (
 PAPER_NETS = ("alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4")
 RESNETS = ("resnet50", "resnet101", "resnet152")
 
-# Deep ResNets of tools/make_resnet.py: blocks 6,32,N,6 (depth 3 * (44 + N) + 2), batch 16 (paper Table 4).
+# Deep ResNets of tools/models/make_resnet.py: blocks 6,32,N,6 (depth 3 * (44 + N) + 2), batch 16 (paper Table 4).
 DEEP_STAGES = (6, 32, None, 6)
 TORCH_DEEP_PLAIN_N = 176  # 662 layers (GPU.md)
 TORCH_DEEP_CHECKPOINT_N = 544  # 1766 layers (GPU.md)
@@ -155,7 +152,7 @@ def net_param(net: str, batch: int | None = None):
     from superneurons.io.prototxt import read_net
 
     if net.startswith("deep:"):
-        from make_resnet import make_resnet
+        from tools.models.make_resnet import make_resnet
 
         return make_resnet(deep_blocks(int(net[5:])), batch=batch or 16)
     p = read_net(str(ROOT / NETS[net].prototxt))
@@ -423,14 +420,21 @@ def device_info() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 # Worker processes
 # ---------------------------------------------------------------------------------------------------
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus `env`, with the repository first on PYTHONPATH, so that a child
+    `python -m tools.bench.<name>` finds the tools package and superneurons from any working directory."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH", "")]))
+    return full_env
+
+
 def run_worker(tasks: list[dict], timeout: int = 300, env: dict[str, str] | None = None,
                log: Path | None = None) -> list[dict]:
     """Run `tasks` in order in one fresh Python process; one result per task. A crash or timeout gives
     {'ok': False, 'error': ...} for the tasks it did not finish, with the tail of the process output."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "worker", json.dumps(tasks)]
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "tools.bench.common", "worker", json.dumps(tasks)]
+    full_env = child_env(env)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
@@ -712,7 +716,7 @@ def memory_trace_task(net: str, batch: int, modes: Sequence[str], device: str = 
 # ---------------------------------------------------------------------------------------------------
 def torch_task(net: str, variant: str, batch: int, iterations: int = 10, warmup: int = 3, budget: int | None = None,
                source: str = "auto", benchmark: bool = False) -> dict:
-    import torch_nets
+    from tools.bench import torch_nets
 
     return torch_nets.measure(net, variant, batch, iterations=iterations, warmup=warmup, budget=budget,
                               source=source, benchmark=benchmark)
@@ -720,14 +724,14 @@ def torch_task(net: str, variant: str, batch: int, iterations: int = 10, warmup:
 
 def torch_widest_task(net: str, variant: str, start: int, budget: int, step: int = 8, max_probes: int = 8,
                       source: str = "auto") -> dict:
-    import torch_nets
+    from tools.bench import torch_nets
 
     return torch_nets.widest(net, variant, start, budget, step=step, max_probes=max_probes, source=source)
 
 
 def torch_deepest_task(variant: str, start: int, budget: int, batch: int = 16, step: int = 8,
                        max_probes: int = 8) -> dict:
-    import torch_nets
+    from tools.bench import torch_nets
 
     return torch_nets.deepest(variant, start, budget, batch=batch, step=step, max_probes=max_probes)
 
@@ -815,6 +819,5 @@ def log_path(args: argparse.Namespace, bench: str) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "worker":
-        sys.path.insert(0, str(BENCH))
         sys.exit(_worker_main(json.loads(sys.argv[2])))
-    raise SystemExit("usage: common.py worker '<json list of tasks>' (the bench scripts call this)")
+    raise SystemExit("usage: python3 -m tools.bench.common worker '<json list of tasks>' (the bench scripts call this)")

@@ -1,6 +1,6 @@
 """A net's convolutions alone on cuDNN's graph API: is the heuristics' first engine the fastest? (GPU)
 
-    python3 tools/bench/conv_algos.py [--net resnet50] [--batch 64] [--top 8] [--workspace 1G] [--out DIR]
+    python3 -m tools.bench.conv_algos [--net resnet50] [--batch 64] [--top 8] [--workspace 1G] [--out DIR]
 
 For every distinct ungrouped convolution shape of models/<net>/<net>_dummy.prototxt at --batch and each
 direction the training step runs (forward; backward data, overwriting; backward filter, adding into dw as
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 # (label, cudnn_graph direction: 0 forward, 1 backward data, 2 backward filter; beta)
 DIRECTIONS = (("fwd", 0, 0.0), ("bwd data", 1, 0.0), ("bwd filter +=", 2, 1.0), ("bwd filter =", 2, 0.0))

@@ -1,6 +1,6 @@
 """Where the host time of one cuDNN convolution call goes (issue 3): cuDNN itself against our Python around it.
 
-    python tools/bench/conv_overhead.py [--calls 20] [--repeats 25] [--out DIR]
+    python3 -m tools.bench.conv_overhead [--calls 20] [--repeats 25] [--out DIR]
 
 Host time only: each measurement issues `--calls` calls back to back with no synchronization, then waits for
 the GPU outside the clock, `--repeats` times; the table shows the median microseconds per call. Measured on
@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 # (name, x shape, output channels, kernel, stride, pad): ResNet-50 (Caffe's), batch 64
 SHAPES = [

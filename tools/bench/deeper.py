@@ -1,7 +1,7 @@
-"""Going deeper (paper Table 4): the deepest ResNet tools/make_resnet.py --blocks 6,32,N,6 each system
+"""Going deeper (paper Table 4): the deepest ResNet tools/models/make_resnet.py --blocks 6,32,N,6 each system
 trains at batch 16 under a memory budget (default 12G). Depth = 3 * (44 + N) + 2 layers.
 
-    python3 tools/bench/deeper.py [--budget 12G] [--batch 16] [--step 8] [--torch-variants plain,checkpoint] [--quick]
+    python3 -m tools.bench.deeper [--budget 12G] [--batch 16] [--step 8] [--torch-variants plain,checkpoint] [--quick]
 
 Ours: the planner predicts the largest N (a multiple of --step) whose cheapest mode fits the budget (pool,
 which holds parameters, gradients and solver history, + cuDNN workspace). When the parameters do not fit
@@ -18,10 +18,8 @@ Writes deeper.json.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 TORCH_START = {"plain": common.TORCH_DEEP_PLAIN_N, "checkpoint": common.TORCH_DEEP_CHECKPOINT_N}
 

@@ -1,7 +1,7 @@
 """Input pipeline speed (issue 13): the Data layer on a JPEG LMDB, alone and under ResNet-50, beside PyTorch's
 DataLoader on the same LMDB, same run.
 
-    python3 tools/bench/input.py [--images 5000] [--batch 64] [--workers 1,4,8,all] [--iterations 150]
+    python3 -m tools.bench.input [--images 5000] [--batch 64] [--workers 1,4,8,all] [--iterations 150]
                                  [--net-iterations 30] [--no-net] [--no-torch] [--cpu] [--out DIR]
 
 1. The database: `--images` ImageNet-like pictures (smooth colour fields, edges and grain, 500x375, 375x500
@@ -35,8 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401 - puts the repository on sys.path
-from common import ROOT, finish, ratio, target
+from tools.bench.common import ROOT, child_env, finish, ratio, target
 
 MEAN = (104.0, 117.0, 123.0)
 SIZES = ((500, 375), (375, 500), (500, 333))  # (width, height)
@@ -314,9 +313,9 @@ TASKS = {"layer": layer_alone, "threads": threads_alone, "torch": torch_loader, 
 
 def in_process(task: str, timeout: int, **kw) -> dict:
     """Run one measurement in a fresh process (its own CUDA context, nothing left from the last one)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--task", json.dumps({"task": task, **kw})]
+    cmd = [sys.executable, "-m", "tools.bench.input", "--task", json.dumps({"task": task, **kw})]
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s", **kw}
     for line in run.stdout.splitlines():

@@ -1,7 +1,7 @@
 """Memory per step (paper Fig. 10): AlexNet at batch 200, the plan of every mode and the pool's measured
 bytes per step beside it.
 
-    python3 tools/bench/memory_trace.py [--nets alexnet] [--batches 200] [--device cuda|cpu] [--plan-only]
+    python3 -m tools.bench.memory_trace [--nets alexnet] [--batches 200] [--device cuda|cpu] [--plan-only]
 
 The plan part needs no device: it is `superneurons memory --model models/alexnet/alexnet_dummy.prototxt
 --batch 200 --plot FILE` (written to <out>/memory_plan_<net>_<batch>.png). The measured part builds our Net
@@ -15,8 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 MODES = ("liveness", "offload", "recompute")
 

@@ -1,6 +1,6 @@
 """Speed of each memory mode on one net (what each technique costs when it has nothing, or something, to do).
 
-    python3 tools/bench/modes.py [--nets resnet50] [--batches 64] [--budget 12G] [--profile 25] [--quick]
+    python3 -m tools.bench.modes [--nets resnet50] [--batches 64] [--budget 12G] [--profile 25] [--quick]
 
 Every mode (baseline, liveness, offload, recompute, auto) trains the same net and batch in its own worker,
 with the pool sized to what the mode needs (nothing has to move) unless --budget is given, in which case the
@@ -11,10 +11,8 @@ worker's top N functions by own time under cProfile (host time: where Python ove
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 MODES = ("baseline", "liveness", "offload", "recompute", "auto")
 

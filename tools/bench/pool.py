@@ -1,6 +1,6 @@
 """Memory pool (paper Table 2): our heap pool against one cudaMalloc/cudaFree per tensor, img/s.
 
-    python3 tools/bench/pool.py [--nets resnet50,alexnet,vgg16] [--memory liveness] [--batches 64] [--quick]
+    python3 -m tools.bench.pool [--nets resnet50,alexnet,vgg16] [--memory liveness] [--batches 64] [--quick]
 
 Both runs use the same memory mode (default liveness, which allocates and frees tensors at every step:
 that is where an allocator's cost shows). The second run sets SUPERNEURONS_ALLOCATOR=malloc, which makes the
@@ -11,10 +11,8 @@ process. Writes pool.json.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 ALLOCATORS = (("pool", {}), ("cudaMalloc", {"SUPERNEURONS_ALLOCATOR": "malloc"}))
 

@@ -1,6 +1,6 @@
 """Turn the JSON files of the tools/bench scripts into the Markdown for docs/BENCHMARKS.md.
 
-    python3 tools/bench/report.py [--in DIR] [--out FILE]
+    python3 -m tools.bench.report [--in DIR] [--out FILE]
 
 Reads every <benchmark>[_quick].json in DIR (default $OUT or .) that a bench script wrote and prints, per
 benchmark: the device and versions, the exact command, its tables and the issue's targets (met, or missed
@@ -14,8 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 ORDER = ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace")
 

@@ -3,12 +3,12 @@
 img/s(N) / (N x img/s(1)) of both, and the same under a per-GPU memory budget at a per-GPU batch that makes
 ours offload or recompute (where DDP runs out of memory).
 
-    python3 tools/bench/scaling.py [--nets resnet50,vgg16] [--gpus 1,2,4,8] [--batches resnet50=64,vgg16=64]
+    python3 -m tools.bench.scaling [--nets resnet50,vgg16] [--gpus 1,2,4,8] [--batches resnet50=64,vgg16=64]
                                    [--iterations 20] [--warmup 5] [--budget 12G (0: no budget rows)]
                                    [--budget-batches resnet50=256,vgg16=160] [--no-torch] [--no-ours]
                                    [--device cuda|cpu] [--dry-run] [--out DIR] [--tag T]
 
-Every measurement is one MPI job, `mpiexec -n N python3 tools/bench/scaling.py rank ours|torch ...`, so each
+Every measurement is one MPI job, `mpiexec -n N python3 -m tools.bench.scaling rank ours|torch ...`, so each
 starts on fresh devices:
 - ours: one rank per GPU (the local rank picks it), superneurons.parallel's RankSolver on the dummy solver of
   models/<net>/ (SGD, momentum 0.9), gradients averaged through NCCL in buckets during backward; the first
@@ -35,10 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
-THIS = Path(__file__).resolve()
 DEFAULT_NETS = ("resnet50", "vgg16")
 DEFAULT_BATCH = {"resnet50": 64, "vgg16": 64}
 EFFICIENCY_TARGET = 0.92  # at 8 GPUs, ResNet-50 batch 64 per GPU
@@ -80,16 +78,15 @@ def available_gpus(device: str) -> int:
 def rank_command(n: int, system: str, net: str, batch: int, a: argparse.Namespace, budget: int | None) -> list[str]:
     from superneurons.parallel.launch import find_mpiexec
 
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, str(THIS), "rank", system, "--net", net,
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tools.bench.scaling", "rank", system, "--net", net,
            "--batch", str(batch), "--iterations", str(a.iterations), "--warmup", str(a.warmup),
            "--device", a.device, "--workspace", a.workspace]
     return cmd + (["--budget", str(budget)] if budget else [])
 
 
 def run_job(cmd: list[str], timeout: int) -> dict:
-    env = dict(os.environ)
+    env = common.child_env()
     env.setdefault("NCCL_NVLS_ENABLE", "0")
-    env["PYTHONPATH"] = str(common.ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -294,7 +291,7 @@ def torch_rank(a: argparse.Namespace, world: Any) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    import torch_nets
+    from tools.bench import torch_nets
     from superneurons.io.prototxt import read_solver
 
     local = world.local_rank

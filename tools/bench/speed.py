@@ -3,7 +3,7 @@ mode) beside PyTorch, same run. ResNet-50 by default; --net names another zoo ne
 (alexnet, vgg16, resnet101, resnet152, densenet121), whose description below reads the same with that net's
 models/<net>/<net>_dummy*.prototxt and torchvision constructor.
 
-    python tools/bench/speed.py [--net resnet50] [--batch 64] [--iterations 20] [--warmup 5] [--label optimized]
+    python3 -m tools.bench.speed [--net resnet50] [--batch 64] [--iterations 20] [--warmup 5] [--label optimized]
                                 [--no-torch] [--out DIR]
 
 Ours: the solver models/resnet50/resnet50_dummy_solver.prototxt (SGD, momentum 0.9, weight decay 1e-4) on
@@ -39,7 +39,6 @@ def solver_path(net: str) -> Path:
 
 
 def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
-    sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     from superneurons.backend import get_backend
     from superneurons.graph.batch import set_batch
@@ -235,7 +234,6 @@ def pytorch(net: str, batch: int, side: int, warmup: int, iterations: int, bench
 
 def input_side(net: str) -> int:
     """The image side of the net's DummyData (224; AlexNet's Caffe crop is 227)."""
-    sys.path.insert(0, str(ROOT))
     from superneurons.io.prototxt import read_net, read_solver
 
     net_param = read_net(str(ROOT / read_solver(str(solver_path(net))).net))

@@ -1,6 +1,6 @@
 """Training speed across the zoo (paper Fig. 14), SuperNeurons beside PyTorch in the same run.
 
-    python3 tools/bench/speed_zoo.py [--nets alexnet,vgg16,...] [--batches 64] [--iterations 10] [--quick]
+    python3 -m tools.bench.speed_zoo [--nets alexnet,vgg16,...] [--batches 64] [--iterations 10] [--quick]
 
 Part 1, batches both fit: ours with --memory auto and a pool of what the net needs (so auto keeps
 everything resident) against PyTorch plain (cudnn.benchmark on), at each net's default batch
@@ -20,8 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 
 def ckpt_batches(args, nets: list[str]) -> dict[str, int]:

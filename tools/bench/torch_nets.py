@@ -6,7 +6,7 @@
   tensor autograd saves for backward waits in pinned host memory.
 
 Models: torchvision's where it has the net (alexnet, vgg16, resnet50/101/152, densenet121); otherwise
-(Inception-v4, the deep ResNets of tools/make_resnet.py, or any net with `source="prototxt"`) `ProtoNet`
+(Inception-v4, the deep ResNets of tools/models/make_resnet.py, or any net with `source="prototxt"`) `ProtoNet`
 turns our prototxt's TRAIN graph (superneurons.graph.build) into an equivalent torch.nn.Module, layer by
 layer: Convolution, BatchNorm (+ the Scale after it, fused as an affine BatchNorm2d), ReLU, Pooling with
 Caffe's rounding, LRN, InnerProduct, Dropout, Concat, Eltwise, Split, Flatten, SoftmaxWithLoss.
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import common
+from tools.bench import common
 
 VARIANTS = ("plain", "checkpoint", "offload")
 _CHAIN_CLOSERS = ("Pooling",)

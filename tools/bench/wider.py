@@ -1,6 +1,6 @@
 """Going wider (paper Table 5): the widest batch each system trains under a memory budget (default 12G).
 
-    python3 tools/bench/wider.py [--nets resnet50,...] [--budget 12G] [--torch-variants plain,checkpoint] [--quick]
+    python3 -m tools.bench.wider [--nets resnet50,...] [--budget 12G] [--torch-variants plain,checkpoint] [--quick]
 
 Ours: the planner (superneurons.memory.plan, no device) predicts the widest batch, a multiple of --step,
 at which the cheapest mode `--memory auto` can pick fits the budget (pool, which holds parameters,
@@ -16,10 +16,8 @@ Writes wider.json (speed_zoo.py reads PyTorch-checkpoint's widest batches from i
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 
 def torch_variants_for(net: str, given: str) -> list[str]:

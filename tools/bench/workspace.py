@@ -1,7 +1,7 @@
 """Convolution workspace (paper Fig. 12): img/s and the cuDNN algorithms each convolution uses, at two
 memory budgets.
 
-    python3 tools/bench/workspace.py [--nets alexnet] [--batches 256] [--budgets 3G,5G] [--memory liveness]
+    python3 -m tools.bench.workspace [--nets alexnet] [--batches 256] [--budgets 3G,5G] [--memory liveness]
 
 At each budget the pool gets what the planner says --memory MODE needs (+3 % against fragmentation) and
 the rest of the budget, after the solver history, becomes the cuDNN workspace limit: the algorithms a
@@ -12,10 +12,8 @@ budgets: the pool's need + 64 MiB and + 2 GiB. Writes workspace.json with the pe
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from tools.bench import common
 
 
 def budgets_for(net: str, batch: int, mode: str, given: str) -> list[tuple[int, int]]:

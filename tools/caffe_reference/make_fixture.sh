@@ -76,7 +76,7 @@ EXTRACT=$BIN/extract_features.bin
 # --- 4. the data and the runs (from the repository root: the prototxts' LMDB paths are relative to it) -------
 cd "$REPO"
 export GLOG_logtostderr=1              # Caffe's whole log on stderr (into the .log files), none in /tmp
-"$PY" tools/make_digits_lmdb.py --out data/digits
+"$PY" tools/data/make_digits_lmdb.py --out data/digits
 rm -rf "$WORK" && mkdir -p "$WORK/resume"
 
 # Train 400 iterations (the repo's LeNet solver with solver_mode CPU, max_iter 400, a snapshot at 400).

@@ -5,7 +5,7 @@ case; the parent still sees deaths by signal (this process exits with -N) and ha
 the case's time limit), and restarts it. Memory is capped (`--max-memory`) so that a net sized to the
 whole machine is refused by the program's own size check, not slowly paged in.
 
-    {"argv": ["test", "--model", ...], "cwd": "/work/folder"}  ->  {"rc": 1, "err": "...", "exc": null}
+    {"argv": ["test", "--model", ...], "cwd": "/tmp/case"}  ->  {"rc": 1, "err": "...", "exc": null}
 """
 from __future__ import annotations
 

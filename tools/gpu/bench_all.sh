@@ -24,12 +24,12 @@ fi
 EXTRA=${BENCH_ARGS:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
-stage() {  # stage NAME SCRIPT [ARGS...]: one script under a 10-minute wall clock, its output logged
-  local name=$1 script=$2; shift 2
+stage() {  # stage NAME MODULE [ARGS...]: one tools.bench module under a 10-minute wall clock, its output logged
+  local name=$1 module=$2; shift 2
   local t0=$SECONDS flags="$Q $EXTRA"
   [ "${PLAIN:-0}" = 1 ] && flags=""  # scripts outside common.base_parser take neither --quick nor BENCH_ARGS
   # shellcheck disable=SC2086
-  timeout 600 python3 "tools/bench/$script" $flags --out "$OUT" "$@" > "$OUT/$name.log" 2>&1
+  timeout 600 python3 -m "tools.bench.$module" $flags --out "$OUT" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc=$rc, $((SECONDS - t0)) s"
   sed -n '/^$/,$p' "$OUT/$name.log" | tail -25
@@ -38,20 +38,20 @@ stage() {  # stage NAME SCRIPT [ARGS...]: one script under a 10-minute wall cloc
 for s in $STAGES; do
   case $s in
     speed)  # split so each part stays under 10 minutes
-      if [ "$QUICK" = 1 ]; then stage speed speed_zoo.py; else
-        stage speed_resnets speed_zoo.py --nets resnet50,resnet101,resnet152 --tag resnets
-        stage speed_others speed_zoo.py --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
+      if [ "$QUICK" = 1 ]; then stage speed speed_zoo; else
+        stage speed_resnets speed_zoo --nets resnet50,resnet101,resnet152 --tag resnets
+        stage speed_others speed_zoo --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
     wider)
-      if [ "$QUICK" = 1 ]; then stage wider wider.py; else
-        stage wider_resnets wider.py --nets resnet50,resnet101,resnet152 --tag resnets
-        stage wider_others wider.py --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
-    deeper) stage deeper deeper.py ${BENCH_DEEPER_START:+--start $BENCH_DEEPER_START} ;;
-    kernels) PLAIN=1 stage bn_kernels bn_kernels.py; PLAIN=1 stage conv_algos conv_algos.py ;;
-    pool) stage pool pool.py ;;
-    cache) stage cache cache.py ;;
-    workspace) stage workspace workspace.py ;;
-    trace) stage trace memory_trace.py ;;
+      if [ "$QUICK" = 1 ]; then stage wider wider; else
+        stage wider_resnets wider --nets resnet50,resnet101,resnet152 --tag resnets
+        stage wider_others wider --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
+    deeper) stage deeper deeper ${BENCH_DEEPER_START:+--start $BENCH_DEEPER_START} ;;
+    kernels) PLAIN=1 stage bn_kernels bn_kernels; PLAIN=1 stage conv_algos conv_algos ;;
+    pool) stage pool pool ;;
+    cache) stage cache cache ;;
+    workspace) stage workspace workspace ;;
+    trace) stage trace memory_trace ;;
     *) echo "unknown stage $s (speed wider deeper pool cache workspace trace kernels)" ;;
   esac
 done
-python3 tools/bench/report.py --in "$OUT" --out "$OUT/BENCHMARKS_tables.md" && echo "tables: $OUT/BENCHMARKS_tables.md"
+python3 -m tools.bench.report --in "$OUT" --out "$OUT/BENCHMARKS_tables.md" && echo "tables: $OUT/BENCHMARKS_tables.md"

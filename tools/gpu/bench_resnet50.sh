@@ -21,20 +21,20 @@ for stage in $STAGES; do
       sort -t' ' -k1,1 "$OUT/time_resnet50.txt" >/dev/null
       tail -7 "$OUT/time_resnet50.txt" ;;
     legacy)
-      SUPERNEURONS_FAST_LAUNCH=0 SUPERNEURONS_CUDA_SPREAD=0 timeout 240 python3 tools/bench/speed.py \
+      SUPERNEURONS_FAST_LAUNCH=0 SUPERNEURONS_CUDA_SPREAD=0 timeout 240 python3 -m tools.bench.speed \
         --iterations "$ITER" --label legacy --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_legacy.log" | tail -6 ;;
     find)
-      SUPERNEURONS_CUDNN_FIND=1 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label find \
+      SUPERNEURONS_CUDNN_FIND=1 timeout 240 python3 -m tools.bench.speed --iterations "$ITER" --label find \
         --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_find.log" | tail -6 ;;
     unfused)
-      SUPERNEURONS_FUSE=0 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label unfused \
+      SUPERNEURONS_FUSE=0 timeout 240 python3 -m tools.bench.speed --iterations "$ITER" --label unfused \
         --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_unfused.log" | tail -6 ;;
     overhead)
-      timeout 120 python3 tools/bench/conv_overhead.py --out "$OUT" 2>&1 | tee "$OUT/conv_overhead.log" | tail -30 ;;
+      timeout 120 python3 -m tools.bench.conv_overhead --out "$OUT" 2>&1 | tee "$OUT/conv_overhead.log" | tail -30 ;;
     legacy_api)
-      SUPERNEURONS_CUDNN_GRAPH=0 timeout 240 python3 tools/bench/speed.py --iterations "$ITER" --label legacy_api \
+      SUPERNEURONS_CUDNN_GRAPH=0 timeout 240 python3 -m tools.bench.speed --iterations "$ITER" --label legacy_api \
         --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_legacy_api.log" | tail -6 ;;
     main)
-      timeout 300 python3 tools/bench/speed.py --iterations "$ITER" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -8 ;;
+      timeout 300 python3 -m tools.bench.speed --iterations "$ITER" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -8 ;;
   esac
 done

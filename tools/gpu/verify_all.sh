@@ -15,6 +15,6 @@ echo "== memory runtime on the GPU"
 grep "^REPORT|" "$OUT/gpu_test.log" | awk -F'|' '{printf "%-44s %16s  %s\n", $2, $3, substr($4, 1, 110)}'
 
 echo "== LeNet, full default solver, --gpu 0"
-python tools/make_digits_lmdb.py --out data/digits > "$OUT/data.log" 2>&1 || { tail "$OUT/data.log"; exit 1; }
+python tools/data/make_digits_lmdb.py --out data/digits > "$OUT/data.log" 2>&1 || { tail "$OUT/data.log"; exit 1; }
 /usr/bin/time -f "lenet gpu wall %e s" python -m superneurons train --solver models/lenet/lenet_solver.prototxt \
     --gpu 0 --log "$OUT/lenet_gpu.log" 2>&1 | grep -E "Test net output #0|Optimization|wall|rror" | tail -4

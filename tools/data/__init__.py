@@ -1,0 +1,1 @@
+"""Builders of datasets and converters of images into databases (see tools/README.md)."""

@@ -1,0 +1,1 @@
+"""Generators of model definitions under models/ (see tools/README.md)."""
