@@ -55,7 +55,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, metavar="N",
                    help="data parallel over N GPUs: --batch and --gpu-memory are per GPU; also show the gradient "
                         "buckets the reduction holds")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema in DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/MEMORY.md describes its keys)")
     p.add_argument("--at-peak", action="store_true",
                    help="list the tensors on the device at each shown mode's peak step, by kind and layer")
     p.add_argument("--plot", metavar="FILE.png", help="draw bytes and live tensors per step, one line per mode")

@@ -18,7 +18,6 @@ import sys
 import weakref
 from typing import Any
 
-import numpy as np
 
 from superneurons.data.batches import SKIP, Batch, BatchPlan, RecordSource, Seeds, batches
 from superneurons.data.prefetch import Prefetcher
@@ -27,6 +26,7 @@ from superneurons.data.records import DatumRecords
 from superneurons.data.transformer import DataTransformer, effective_transform_param
 from superneurons.data.workers import SharedMemoryShort, WorkerPool, choose_workers
 from superneurons.layers.base import Layer, register
+from superneurons.layers.batch_position import BatchPosition
 from superneurons.proto import superneurons_pb2 as pb
 
 DEFAULT_PREFETCH = 4
@@ -50,7 +50,7 @@ class _Pipeline:
         self.source.close()
 
 
-class PrefetchingDataLayer(Layer):
+class PrefetchingDataLayer(BatchPosition, Layer):
     """Base of layers whose batches come from a RecordSource through a DataTransformer."""
 
     is_data = True
@@ -96,7 +96,7 @@ class PrefetchingDataLayer(Layer):
         finally:
             first.close()
         self.item_shape = self.transformer.out_shape(pixels.shape)
-        self._next = 0  # index of the next batch forward serves
+        self.next_batch = 0  # index of the next batch forward serves
         self._last: Batch | None = None
         tops = [(self.batch_size,) + self.item_shape]
         if len(self.param.top) > 1:
@@ -134,7 +134,7 @@ class PrefetchingDataLayer(Layer):
             workers = self.workers
             if workers > 1:
                 try:
-                    pool = WorkerPool(pipe.source, self.transformer, plan, self._next, workers,
+                    pool = WorkerPool(pipe.source, self.transformer, plan, self.next_batch, workers,
                                       self.prefetch_depth, self.where, pin=self.ops.pin_host)
                 except SharedMemoryShort as e:
                     print(f"warning: {e}", file=sys.stderr, flush=True)
@@ -146,11 +146,11 @@ class PrefetchingDataLayer(Layer):
                               f"({pool.pin_failure}); each batch is staged through a host copy instead",
                               file=sys.stderr, flush=True)
             if pipe.prefetcher is None:
-                items = batches(pipe.source, self.transformer, plan, self._next)
+                items = batches(pipe.source, self.transformer, plan, self.next_batch)
                 pipe.prefetcher = Prefetcher(items, self.prefetch_depth, name=f"prefetch:{self.name}")
         batch = pipe.prefetcher.next()
-        assert batch.index == self._next, (batch.index, self._next)
-        self._next += 1
+        assert batch.index == self.next_batch, (batch.index, self.next_batch)
+        self.next_batch += 1
         return batch
 
     @property
@@ -158,19 +158,10 @@ class PrefetchingDataLayer(Layer):
         """What makes the batches now (started by the first forward), for monitoring and tests."""
         return self._pipe.prefetcher
 
-    # ---- position, for snapshots -----------------------------------------------------------
-    def state(self) -> dict[str, int]:
-        """The layer's position: how many batches it has served."""
-        return {"batch": self._next}
-
-    def restore(self, state: dict[str, int]) -> None:
-        """Continue from a position `state()` returned; the next forward serves batch state['batch']."""
-        k = state.get("batch") if isinstance(state, dict) else None
-        if not isinstance(k, (int, np.integer)) or k < 0:
-            raise self.fail(f"cannot restore the data position from {state!r}; expected {{'batch': n}} with n >= 0")
+    # ---- position, for snapshots (BatchPosition) --------------------------------------------
+    def position_changed(self) -> None:
         self._last = None  # before the makers stop: it views their memory
         self._pipe.stop()
-        self._next = int(k)
 
     def close(self) -> None:
         """Stop the batch makers and close the source (also done when the layer is collected)."""

@@ -189,7 +189,7 @@ def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:
 
 
 def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
-    """The `superneurons memory --json` document (schema in DESIGN.md); the command adds what auto picks for
+    """The `superneurons memory --json` document (docs/MEMORY.md describes its keys); the command adds what auto picks for
     a budget (`commands.memory.auto_doc`), since that weighs other checkpoint sets than this plan's."""
     p = plan.program
     s_max, b_max = plan.max_layer
