@@ -4,6 +4,9 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 DIGITS  := data/digits/train_lmdb/data.mdb
+# With an NVIDIA driver, the GPU extra of the CUDA major it supports (README: Install); none without one.
+GPU_EXTRA := $(shell v=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -1); \
+                [ -n "$$v" ] && { [ "$$v" -ge 13 ] && echo ,cu13 || echo ,cu12; })
 # Train on the GPU when one is present and usable, else on the CPU.
 GPU_FLAG := $(shell $(BIN)/python -c "from superneurons.backend.cuda.probe import gpu_available as g; print('--gpu 0' if g() else '')" 2>/dev/null)
 
@@ -14,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev$(GPU_EXTRA)]'
 	touch $@
 
 data: $(DIGITS)
