@@ -169,3 +169,53 @@ def test_torch_twin_matches_our_graph_shapes_and_checkpoint_gives_the_same_gradi
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for (name, a), (_, b) in zip(plain.named_parameters(), ck.named_parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+
+
+def _ours_and_twin(net: str, batch: int, tmp_path):
+    """Our CPU net (pycaffe API, every blob kept) after one forward, and the PyTorch twin built from the same
+    prototxt holding our weights. Dropout's mask cannot be matched across the two, so its ratio is 0 on both."""
+    import superneurons.pycaffe as caffe
+    from google.protobuf import text_format
+
+    param = common.net_param(net, batch)
+    for layer in param.layer:
+        if layer.type == "Dropout":
+            layer.dropout_param.dropout_ratio = 0.0
+    path = tmp_path / f"{net}.prototxt"
+    path.write_text(text_format.MessageToString(param))
+    caffe.set_mode_cpu()
+    ours = caffe.Net(str(path), caffe.TRAIN)
+    ours.forward()
+    twin = torch_nets._proto_net_class()(ours.runtime.graph).train()  # the graph ours runs, dropout 0 included
+    params = {name: [b.data for b in blobs] for name, blobs in ours.params.items()}
+    return ours, twin, params
+
+
+# Every net of the speed table; the twin's first forward also checks each blob's shape against our graph.
+# The reference is the twin in float64: through a hundred BatchNorms over a batch of 2, float32 rounding
+# alone moves the logits by up to ~5e-4 of their range (PyTorch's own float32 forward as much as ours), so
+# ours must be as close to it as PyTorch's float32 forward is, within a factor of 3.
+@pytest.mark.parametrize("net", common.SPEED_NETS)
+def test_torch_twin_from_the_prototxt_computes_our_forward(net, tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed: the PyTorch twins cannot be built")
+    ours, twin, params = _ours_and_twin(net, 2, tmp_path)
+    n_learnable = sum(len(b) for name, b in params.items()
+                      if ours.layer_dict[name].type != "BatchNorm")  # BatchNorm's blobs are statistics
+    assert torch_nets.copy_parameters(twin, params) == n_learnable
+    x = torch.from_numpy(ours.blobs[twin.data].data.copy())
+    with torch.no_grad():
+        twin32 = twin.logits(x).numpy()
+        exact = twin.double().logits(x.double()).numpy()
+    want = ours.blobs[twin.logits_blob].data
+    assert want.shape == exact.shape == twin32.shape
+    scale = float(abs(exact).max())
+    assert scale > 0
+    err, err_torch = float(abs(want - exact).max()), float(abs(twin32 - exact).max())
+    assert err <= 3 * err_torch + 1e-5 * scale, (f"{net}: max |ours - float64 twin| {err:.3g}, PyTorch float32's "
+                                                 f"{err_torch:.3g}, max |logit| {scale:.3g}")
+
+
+def test_torch_twin_refuses_a_net_torchvision_lacks():
+    pytest.importorskip("torch", reason="torch is not installed")
+    with pytest.raises(ValueError, match="torchvision has no model"):
+        torch_nets.build("mobilenet", "plain", 2, source="torchvision")
