@@ -219,3 +219,31 @@ def test_torch_twin_refuses_a_net_torchvision_lacks():
     pytest.importorskip("torch", reason="torch is not installed")
     with pytest.raises(ValueError, match="torchvision has no model"):
         torch_nets.build("mobilenet", "plain", 2, source="torchvision")
+
+
+def test_speed_zoo_compares_the_same_prototxt_and_states_both_sides_settings(tmp_path, monkeypatch):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    calls = []
+
+    def fake_worker(tasks, timeout, env=None, log=None):
+        calls.append((tasks, env))
+        if tasks[0]["kind"] == "ours":
+            return [{"ok": True, "img_per_s": 300.0, "memory_mode": "baseline", "tf32_convolutions": False,
+                     "tf32_gemm": False, "algorithm_choice": "heuristics"} for _ in tasks]
+        speeds = {"prototxt": 200.0, "torchvision": 400.0}
+        return [{"ok": True, "img_per_s": speeds[t["source"]], "source": t["source"], "cudnn_allow_tf32": t["tf32"],
+                 "matmul_allow_tf32": False, "cudnn_benchmark": t["benchmark"]} for t in tasks]
+
+    monkeypatch.setattr(common, "run_worker", fake_worker)
+    assert speed_zoo.main(["--nets", "squeezenet,mobilenet", "--tf32", "off", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    squeeze, mobile = doc["tables"][0]["rows"]
+    assert squeeze[3:8] == [300.0, 200.0, 1.5, 400.0, 0.75]  # ratio against the same prototxt, then torchvision
+    assert mobile[4:8] == [200.0, 1.5, None, None]  # torchvision has no MobileNet v1
+    torch_sources = [[t["source"] for t in tasks] for tasks, _ in calls if tasks[0]["kind"] == "torch"]
+    assert torch_sources == [["prototxt", "torchvision"], ["prototxt"]]
+    assert all(env == {"SUPERNEURONS_TF32": "0"} for tasks, env in calls if tasks[0]["kind"] == "ours")
+    assert doc["settings"]["torch"] == {"cudnn_allow_tf32": False, "matmul_allow_tf32": False, "cudnn_benchmark": True}
+    assert "TF32 convolutions: ours off, PyTorch off" in doc["tables"][0]["title"]
+    assert "PyTorch cudnn.benchmark on" in doc["tables"][0]["title"]
+    assert doc["ckpt_batches"] == {}  # part 2 only when asked for
