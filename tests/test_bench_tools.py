@@ -46,7 +46,7 @@ def test_parse_batches_and_nets():
 
 
 def test_every_benchmark_parses_its_arguments():
-    for name in ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace", "bn_kernels",
+    for name in ("speed", "speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace", "bn_kernels",
                  "conv_algos"):
         mod = importlib.import_module(f"tools.bench.{name}")
         assert mod.__doc__ and "python3 -m tools.bench." in mod.__doc__
@@ -247,3 +247,12 @@ def test_speed_zoo_compares_the_same_prototxt_and_states_both_sides_settings(tmp
     assert "TF32 convolutions: ours off, PyTorch off" in doc["tables"][0]["title"]
     assert "PyTorch cudnn.benchmark on" in doc["tables"][0]["title"]
     assert doc["ckpt_batches"] == {}  # part 2 only when asked for
+
+
+def test_speed_times_the_same_prototxt_first_and_torchvision_where_it_has_the_net():
+    speed = importlib.import_module("tools.bench.speed")
+    assert speed.torch_sources("resnet50", "both") == ["prototxt", "torchvision"]
+    assert speed.torch_sources("mobilenet", "both") == ["prototxt"]
+    assert speed.torch_sources("inception_v4", "prototxt") == ["prototxt"]
+    with pytest.raises(SystemExit, match="torchvision has no model of mobilenet"):
+        speed.torch_sources("mobilenet", "torchvision")
