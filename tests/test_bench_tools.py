@@ -256,3 +256,13 @@ def test_speed_times_the_same_prototxt_first_and_torchvision_where_it_has_the_ne
     assert speed.torch_sources("inception_v4", "prototxt") == ["prototxt"]
     with pytest.raises(SystemExit, match="torchvision has no model of mobilenet"):
         speed.torch_sources("mobilenet", "torchvision")
+
+
+def test_speed_zoo_starts_no_net_past_its_time_limit_and_still_writes_the_table(tmp_path, monkeypatch):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    monkeypatch.setattr(common, "run_worker", lambda *a, **k: pytest.fail("a worker started past the limit"))
+    assert speed_zoo.main(["--nets", "vgg16,densenet121", "--time-limit", "0", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    assert doc["skipped"] == ["vgg16", "densenet121"]
+    assert [r[0] for r in doc["tables"][0]["rows"]] == ["VGG16", "DenseNet-121"]
+    assert all("--time-limit" in r[-1] for r in doc["tables"][0]["rows"])

@@ -26,8 +26,8 @@ that batch, ours runs under a 60 GiB budget instead (auto then keeps everything 
 the row says so.
 
 Each system runs in its own worker process per net. The run stops starting nets once --time-limit seconds
-have passed (the rows left out say so), so that the JSON is written within one 10-minute GPU call; each
-worker's timeout is also cut to the time left. Prints the tables last; writes speed_zoo.json.
+have passed (the rows left out say so), and every worker is stopped 30 s after it, so that the JSON is
+written within one 10-minute GPU call. Prints the tables last; writes speed_zoo.json.
 """
 from __future__ import annotations
 
@@ -80,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     rows, rows2, targets, skipped = [], [], [], []
     raw: dict[str, dict] = {}
     t_start = time.monotonic()
+
+    def worker_timeout() -> int:  # a net started before the limit may run 30 s past it, no more
+        return max(1, min(args.timeout, int(args.time_limit + 30 - (time.monotonic() - t_start))))
+
     for net in nets:
         left = args.time_limit - (time.monotonic() - t_start)
         if left <= 0:
             skipped.append(net)
             continue
-        timeout = max(1, min(args.timeout, int(left) + 30))  # a started net may finish a little past the limit
         spec = common.NETS[net]
         bs = common.batches_for(net, batches, [spec.speed_batch])
         run = dict(iterations=args.iterations, warmup=args.warmup)
@@ -104,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                             for v in torch_variants]
         print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, PyTorch from {', '.join(sources)}",
               flush=True)
-        ours = [] if args.no_ours else common.run_worker(ours_tasks, timeout, env=ours_env, log=log)
-        pt = [] if args.no_torch else common.run_worker(torch_tasks, timeout, log=log)
+        ours = [] if args.no_ours else common.run_worker(ours_tasks, worker_timeout(), env=ours_env, log=log)
+        pt = [] if args.no_torch else common.run_worker(torch_tasks, worker_timeout(), log=log)
         raw[net] = {"ours": ours, "torch": pt}
         for k, b in enumerate(bs):
             o = _at(ours, k)
