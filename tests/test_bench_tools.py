@@ -46,7 +46,7 @@ def test_parse_batches_and_nets():
 
 
 def test_every_benchmark_parses_its_arguments():
-    for name in ("speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace", "bn_kernels",
+    for name in ("speed", "speed_zoo", "wider", "deeper", "pool", "cache", "workspace", "memory_trace", "bn_kernels",
                  "conv_algos"):
         mod = importlib.import_module(f"tools.bench.{name}")
         assert mod.__doc__ and "python3 -m tools.bench." in mod.__doc__
@@ -169,3 +169,100 @@ def test_torch_twin_matches_our_graph_shapes_and_checkpoint_gives_the_same_gradi
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for (name, a), (_, b) in zip(plain.named_parameters(), ck.named_parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+
+
+def _ours_and_twin(net: str, batch: int, tmp_path):
+    """Our CPU net (pycaffe API, every blob kept) after one forward, and the PyTorch twin built from the same
+    prototxt holding our weights. Dropout's mask cannot be matched across the two, so its ratio is 0 on both."""
+    import superneurons.pycaffe as caffe
+    from google.protobuf import text_format
+
+    param = common.net_param(net, batch)
+    for layer in param.layer:
+        if layer.type == "Dropout":
+            layer.dropout_param.dropout_ratio = 0.0
+    path = tmp_path / f"{net}.prototxt"
+    path.write_text(text_format.MessageToString(param))
+    caffe.set_mode_cpu()
+    ours = caffe.Net(str(path), caffe.TRAIN)
+    ours.forward()
+    twin = torch_nets._proto_net_class()(ours.runtime.graph).train()  # the graph ours runs, dropout 0 included
+    params = {name: [b.data for b in blobs] for name, blobs in ours.params.items()}
+    return ours, twin, params
+
+
+# Every net of the speed table; the twin's first forward also checks each blob's shape against our graph.
+# The reference is the twin in float64: through a hundred BatchNorms over a batch of 2, float32 rounding
+# alone moves the logits by up to ~5e-4 of their range (PyTorch's own float32 forward as much as ours), so
+# ours must be as close to it as PyTorch's float32 forward is, within a factor of 3.
+@pytest.mark.parametrize("net", common.SPEED_NETS)
+def test_torch_twin_from_the_prototxt_computes_our_forward(net, tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed: the PyTorch twins cannot be built")
+    ours, twin, params = _ours_and_twin(net, 2, tmp_path)
+    n_learnable = sum(len(b) for name, b in params.items()
+                      if ours.layer_dict[name].type != "BatchNorm")  # BatchNorm's blobs are statistics
+    assert torch_nets.copy_parameters(twin, params) == n_learnable
+    x = torch.from_numpy(ours.blobs[twin.data].data.copy())
+    with torch.no_grad():
+        twin32 = twin.logits(x).numpy()
+        exact = twin.double().logits(x.double()).numpy()
+    want = ours.blobs[twin.logits_blob].data
+    assert want.shape == exact.shape == twin32.shape
+    scale = float(abs(exact).max())
+    assert scale > 0
+    err, err_torch = float(abs(want - exact).max()), float(abs(twin32 - exact).max())
+    assert err <= 3 * err_torch + 1e-5 * scale, (f"{net}: max |ours - float64 twin| {err:.3g}, PyTorch float32's "
+                                                 f"{err_torch:.3g}, max |logit| {scale:.3g}")
+
+
+def test_torch_twin_refuses_a_net_torchvision_lacks():
+    pytest.importorskip("torch", reason="torch is not installed")
+    with pytest.raises(ValueError, match="torchvision has no model"):
+        torch_nets.build("mobilenet", "plain", 2, source="torchvision")
+
+
+def test_speed_zoo_compares_the_same_prototxt_and_states_both_sides_settings(tmp_path, monkeypatch):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    calls = []
+
+    def fake_worker(tasks, timeout, env=None, log=None):
+        calls.append((tasks, env))
+        if tasks[0]["kind"] == "ours":
+            return [{"ok": True, "img_per_s": 300.0, "memory_mode": "baseline", "tf32_convolutions": False,
+                     "tf32_gemm": False, "algorithm_choice": "heuristics"} for _ in tasks]
+        speeds = {"prototxt": 200.0, "torchvision": 400.0}
+        return [{"ok": True, "img_per_s": speeds[t["source"]], "source": t["source"], "cudnn_allow_tf32": t["tf32"],
+                 "matmul_allow_tf32": False, "cudnn_benchmark": t["benchmark"]} for t in tasks]
+
+    monkeypatch.setattr(common, "run_worker", fake_worker)
+    assert speed_zoo.main(["--nets", "squeezenet,mobilenet", "--tf32", "off", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    squeeze, mobile = doc["tables"][0]["rows"]
+    assert squeeze[3:8] == [300.0, 200.0, 1.5, 400.0, 0.75]  # ratio against the same prototxt, then torchvision
+    assert mobile[4:8] == [200.0, 1.5, None, None]  # torchvision has no MobileNet v1
+    torch_sources = [[t["source"] for t in tasks] for tasks, _ in calls if tasks[0]["kind"] == "torch"]
+    assert torch_sources == [["prototxt", "torchvision"], ["prototxt"]]
+    assert all(env == {"SUPERNEURONS_TF32": "0"} for tasks, env in calls if tasks[0]["kind"] == "ours")
+    assert doc["settings"]["torch"] == {"cudnn_allow_tf32": False, "matmul_allow_tf32": False, "cudnn_benchmark": True}
+    assert "TF32 convolutions: ours off, PyTorch off" in doc["tables"][0]["title"]
+    assert "PyTorch cudnn.benchmark on" in doc["tables"][0]["title"]
+    assert doc["ckpt_batches"] == {}  # part 2 only when asked for
+
+
+def test_speed_times_the_same_prototxt_first_and_torchvision_where_it_has_the_net():
+    speed = importlib.import_module("tools.bench.speed")
+    assert speed.torch_sources("resnet50", "both") == ["prototxt", "torchvision"]
+    assert speed.torch_sources("mobilenet", "both") == ["prototxt"]
+    assert speed.torch_sources("inception_v4", "prototxt") == ["prototxt"]
+    with pytest.raises(SystemExit, match="torchvision has no model of mobilenet"):
+        speed.torch_sources("mobilenet", "torchvision")
+
+
+def test_speed_zoo_starts_no_net_past_its_time_limit_and_still_writes_the_table(tmp_path, monkeypatch):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    monkeypatch.setattr(common, "run_worker", lambda *a, **k: pytest.fail("a worker started past the limit"))
+    assert speed_zoo.main(["--nets", "vgg16,densenet121", "--time-limit", "0", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    assert doc["skipped"] == ["vgg16", "densenet121"]
+    assert [r[0] for r in doc["tables"][0]["rows"]] == ["VGG16", "DenseNet-121"]
+    assert all("--time-limit" in r[-1] for r in doc["tables"][0]["rows"])

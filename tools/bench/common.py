@@ -72,9 +72,12 @@ NETS: dict[str, NetSpec] = {s.name: s for s in (
     _spec("resnet152", "ResNet-152", "resnet152", 64, 64, 184),
     _spec("inception_v4", "Inception-v4", None, 64, 68),
     _spec("densenet121", "DenseNet-121", "densenet121", 64, 96),
+    _spec("mobilenet", "MobileNet", None, 64),  # v1: torchvision has only v2 and v3
+    _spec("squeezenet", "SqueezeNet", "squeezenet1_0", 64),  # v1.0 (7x7 conv1, 96 filters), as torchvision's
     _spec("cifar10_quick", "CIFAR-10 quick", None, 100),  # tiny: CPU tests of the plumbing
 )}
 PAPER_NETS = ("alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4")
+SPEED_NETS = PAPER_NETS + ("densenet121", "mobilenet", "squeezenet")  # the speed table's rows
 RESNETS = ("resnet50", "resnet101", "resnet152")
 
 # Deep ResNets of tools/models/make_resnet.py: blocks 6,32,N,6 (depth 3 * (44 + N) + 2), batch 16 (paper Table 4).
@@ -565,6 +568,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     mgr = solver.net.memory
     pool = solver.net.pool
     result: dict[str, Any] = {"net": net, "batch": batch, "memory": memory, "memory_mode": mgr.name,
+                              **ours_settings(),
                               "pool_bytes": pool.capacity, "pool_class": type(pool).__name__,
                               "history_bytes": history_bytes(solver), "workspace_limit": workspace,
                               "build_s": build_s, "budget": budget}
@@ -611,6 +615,16 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     if algorithms:
         result["algorithms"] = conv_algorithms(solver.net)
     return result
+
+
+def ours_settings() -> dict[str, Any]:
+    """The settings of ours that a speed comparison must state beside PyTorch's (superneurons/settings.py):
+    TF32 for cuDNN convolutions (cuBLAS GEMMs always run in FP32) and how convolution algorithms are
+    chosen (cuDNN's heuristics, or measured by cudnnFind: PyTorch's cudnn.benchmark counterpart)."""
+    from superneurons import settings
+
+    return {"tf32_convolutions": bool(settings.get("SUPERNEURONS_TF32")), "tf32_gemm": False,
+            "algorithm_choice": "measured (cudnnFind)" if settings.get("SUPERNEURONS_CUDNN_FIND") else "heuristics"}
 
 
 def conv_algorithms(net: Any) -> list[dict]:
@@ -715,11 +729,11 @@ def memory_trace_task(net: str, batch: int, modes: Sequence[str], device: str = 
 # PyTorch (runs inside a worker)
 # ---------------------------------------------------------------------------------------------------
 def torch_task(net: str, variant: str, batch: int, iterations: int = 10, warmup: int = 3, budget: int | None = None,
-               source: str = "auto", benchmark: bool = False) -> dict:
+               source: str = "auto", benchmark: bool = False, tf32: bool | None = None) -> dict:
     from tools.bench import torch_nets
 
     return torch_nets.measure(net, variant, batch, iterations=iterations, warmup=warmup, budget=budget,
-                              source=source, benchmark=benchmark)
+                              source=source, benchmark=benchmark, tf32=tf32)
 
 
 def torch_widest_task(net: str, variant: str, start: int, budget: int, step: int = 8, max_probes: int = 8,

@@ -1,10 +1,10 @@
 """Training speed of one net with its per-layer GPU profile: SuperNeurons (cuda backend, `baseline` memory
-mode) beside PyTorch, same run. ResNet-50 by default; --net names another zoo net with a torchvision twin
-(alexnet, vgg16, resnet101, resnet152, densenet121), whose description below reads the same with that net's
-models/<net>/<net>_dummy*.prototxt and torchvision constructor.
+mode) beside PyTorch, same run. ResNet-50 by default; --net names another net of the speed table
+(tools/bench/common.py: NETS), whose description below reads the same with that net's
+models/<net>/<net>_dummy*.prototxt.
 
     python3 -m tools.bench.speed [--net resnet50] [--batch 64] [--iterations 20] [--warmup 5] [--label optimized]
-                                [--no-torch] [--out DIR]
+                                [--torch-source both|prototxt|torchvision] [--no-torch] [--out DIR]
 
 Ours: the solver models/resnet50/resnet50_dummy_solver.prototxt (SGD, momentum 0.9, weight decay 1e-4) on
 models/resnet50/resnet50_dummy.prototxt (DummyData 64x3x224x224, BatchNorm in training mode + Scale,
@@ -13,9 +13,13 @@ iteration trains on that same device-resident batch, as PyTorch's loop below reu
 iteration is the solver's own `step`: clear diffs, forward (the loss read to the host, as training does),
 backward, SGD update. The clock stops after a device synchronize.
 
-PyTorch: torchvision's resnet50 (fp32, NCHW), SGD(lr 0.01, momentum 0.9, weight_decay 1e-4), cross-entropy,
-zero_grad / forward / backward / step, timed with torch.cuda.synchronize, with cudnn.benchmark on and off;
-cuDNN convolutions may use TF32 (PyTorch's default, as ours); matmul TF32 stays off (PyTorch's default).
+PyTorch (tools/bench/torch_nets.py's Trainer): the net built from the same prototxt (source "prototxt", the
+like-for-like comparison) and, with --torch-source both (the default) and where torchvision has the net,
+torchvision's model too; fp32, NCHW, SGD with the solver's lr, momentum and weight decay, cross-entropy,
+zero_grad / forward / backward / step, timed with torch.cuda.synchronize, with cudnn.benchmark on and off.
+TF32: cuDNN convolutions may use it on both sides (PyTorch's cudnn.allow_tf32 and our SUPERNEURONS_TF32,
+both on by default); GEMMs run in FP32 on both (PyTorch's matmul.allow_tf32 off, our cuBLAS default math).
+The JSON records each side's settings as read back.
 Note: Caffe's ResNet-50 puts the stride-2 on the 1x1 branch2a convolution, torchvision (v1.5) on the 3x3;
 Caffe's costs ~3.9 GFLOPs per image forward against torchvision's ~4.1.
 
@@ -30,6 +34,8 @@ import platform
 import sys
 import time
 from pathlib import Path
+
+from tools.bench import common
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +83,8 @@ def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
             "build_s": build_s, "first_iteration_s": first_s, "losses": losses,
             "loss_falls": bool(losses[-1] < losses[0]), "pool_bytes": solver.net.pool.capacity,
             "host_ms_per_iter": host_breakdown(solver, backend, iterations),
-            "gpu_ms_per_iter": gpu_breakdown(solver, backend, min(iterations, 5)), "conv_paths": conv_paths()}
+            "gpu_ms_per_iter": gpu_breakdown(solver, backend, min(iterations, 5)), "conv_paths": conv_paths(),
+            **common.ours_settings()}
 
 
 def gpu_breakdown(solver, backend, iterations: int) -> dict:
@@ -189,58 +196,36 @@ def torch_kernels(step, iterations: int, top: int = 15) -> dict:
     return out
 
 
-def pytorch(net: str, batch: int, side: int, warmup: int, iterations: int, benchmark: bool,
+def pytorch(net: str, batch: int, warmup: int, iterations: int, benchmark: bool, source: str,
             profile: bool = False) -> dict:
     import torch
-    import torchvision
 
-    torch.backends.cudnn.benchmark = benchmark
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    model = getattr(torchvision.models, net)().to(dev).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(batch, 3, side, side, device=dev)
-    y = torch.full((batch,), 7, dtype=torch.long, device=dev)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    from tools.bench import torch_nets
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iterations):
-        step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t0
-    out = {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
-           "cudnn_benchmark": benchmark, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+    in_force = torch_nets.settings(benchmark, None)
+    tr = torch_nets.Trainer(net, "plain", batch, source)
+    tr.set_batch(batch)
+    timing = common.time_loop(tr.step, torch.cuda.synchronize, warmup, iterations)
+    out = {"img_per_s": batch * iterations / timing["seconds"], "ms_per_iter": timing["ms_per_iter"],
+           "source": tr.source, **in_force}
     if profile:
         try:
-            out["gpu_ms_per_iter_by_kernel"] = torch_kernels(step, 5)
+            out["gpu_ms_per_iter_by_kernel"] = torch_kernels(tr.step, 5)
         except Exception as e:  # the profiler is a diagnostic: never lose the timing for it
             out["gpu_ms_per_iter_by_kernel"] = {"error": repr(e)}
-        print(f"PyTorch GPU ms per iteration by kernel: {out['gpu_ms_per_iter_by_kernel']}", flush=True)
-    del model, opt, x
+        print(f"PyTorch ({source}) GPU ms per iteration by kernel: {out['gpu_ms_per_iter_by_kernel']}", flush=True)
+    del tr
     torch.cuda.empty_cache()
     return out
 
 
-def input_side(net: str) -> int:
-    """The image side of the net's DummyData (224; AlexNet's Caffe crop is 227)."""
-    from superneurons.io.prototxt import read_net, read_solver
-
-    net_param = read_net(str(ROOT / read_solver(str(solver_path(net))).net))
-    for layer in net_param.layer:
-        if layer.type == "DummyData":
-            return int(layer.dummy_data_param.shape[0].dim[-1])
-    return 224
+def torch_sources(net: str, choice: str) -> list[str]:
+    """The PyTorch models to time: the same prototxt first, then torchvision's where it has the net."""
+    has_tv = bool(common.NETS[net].torchvision)
+    if choice == "torchvision" and not has_tv:
+        raise SystemExit(f"--torch-source torchvision: torchvision has no model of {net}")
+    return {"prototxt": ["prototxt"], "torchvision": ["torchvision"],
+            "both": ["prototxt"] + (["torchvision"] if has_tv else [])}[choice]
 
 
 def versions() -> dict:
@@ -262,9 +247,12 @@ def versions() -> dict:
     return v
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--net", default="resnet50", help="a net of models/ with a torchvision twin (default %(default)s)")
+    ap.add_argument("--net", default="resnet50", help="a net of the speed table (default %(default)s)")
+    ap.add_argument("--torch-source", choices=("both", "prototxt", "torchvision"), default="both",
+                    help="PyTorch's model: built from the same prototxt, torchvision's, or both (default %(default)s; "
+                         "torchvision only where it has the net)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=20)
@@ -272,7 +260,8 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true", help="time only SuperNeurons")
     ap.add_argument("--no-ours", action="store_true", help="time only PyTorch")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    common.parse_nets(args.net)  # a known net, or one line naming the known ones
     env = {k: v for k, v in os.environ.items() if k.startswith("SUPERNEURONS_")}
     result = {"net": args.net, "batch": args.batch, "warmup": args.warmup, "iterations": args.iterations, "label": args.label,
               "env": env}
@@ -283,9 +272,11 @@ def main() -> int:
         print(f"GPU ms per iteration (events around layers): {result['superneurons']['gpu_ms_per_iter']}", flush=True)
         print(f"convolution directions by cuDNN API: {result['superneurons']['conv_paths']}", flush=True)
     if not args.no_torch:
-        side = input_side(args.net)
-        result["pytorch"] = {"benchmark_on": pytorch(args.net, args.batch, side, 10, args.iterations, True, profile=True),
-                             "benchmark_off": pytorch(args.net, args.batch, side, 10, args.iterations, False)}
+        result["pytorch"] = {}
+        for k, source in enumerate(torch_sources(args.net, args.torch_source)):
+            for on in (True, False):
+                result["pytorch"][f"{source}, benchmark {'on' if on else 'off'}"] = pytorch(
+                    args.net, args.batch, 10, args.iterations, on, source, profile=on and k == 0)
     try:
         import torch
 
@@ -297,15 +288,22 @@ def main() -> int:
     result["versions"] = versions()
     rows = []
     sn = result.get("superneurons", {}).get("img_per_s")
-    for key in ("benchmark_on", "benchmark_off"):
-        pt = result.get("pytorch", {}).get(key, {}).get("img_per_s")
-        rows.append((key.replace("_", " "), sn, pt, sn / pt if sn and pt else None))
+    for key, pt_result in result.get("pytorch", {"-": {}}).items():
+        pt = pt_result.get("img_per_s")
+        rows.append((key, sn, pt, sn / pt if sn and pt else None))
     print(f"\n{args.net} training, batch {args.batch}, {args.iterations} timed iterations on {result['device']}"
           f" ({args.label or 'default'})")
-    print(f"{'cudnn.benchmark (PyTorch)':<26} {'ours img/s':>11} {'PyTorch img/s':>14} {'ratio':>7}")
+    tf32 = result.get("superneurons", {}).get("tf32_convolutions")
+    if tf32 is not None:
+        print(f"ours: TF32 convolutions {'on' if tf32 else 'off'}, GEMM in FP32, algorithms by "
+              f"{result['superneurons']['algorithm_choice']}")
+    for key, pt_result in result.get("pytorch", {}).items():
+        print(f"PyTorch {key}: cudnn.allow_tf32 {pt_result['cudnn_allow_tf32']}, "
+              f"matmul.allow_tf32 {pt_result['matmul_allow_tf32']}")
+    print(f"{'PyTorch model, cudnn.benchmark':<34} {'ours img/s':>11} {'PyTorch img/s':>14} {'ratio':>7}")
     for name, a, b, r in rows:
         f = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
-        print(f"{name:<26} {f(a, '11.1f')} {f(b, '14.1f')} {f(r, '7.3f')}")
+        print(f"{name:<34} {f(a, '11.1f')} {f(b, '14.1f')} {f(r, '7.3f')}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench_{args.net}{'_' + args.label if args.label else ''}.json"

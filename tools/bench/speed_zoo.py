@@ -1,23 +1,39 @@
-"""Training speed across the zoo (paper Fig. 14), SuperNeurons beside PyTorch in the same run.
+"""Training speed across the zoo (paper Fig. 14), SuperNeurons beside PyTorch on the same architecture.
 
-    python3 -m tools.bench.speed_zoo [--nets alexnet,vgg16,...] [--batches 64] [--iterations 10] [--quick]
+    python3 -m tools.bench.speed_zoo [--nets alexnet,vgg16,...] [--batches 64] [--iterations 5] [--quick]
+                                     [--tf32 on|off] [--torch-benchmark on|off] [--part2] [--time-limit 540]
 
 Part 1, batches both fit: ours with --memory auto and a pool of what the net needs (so auto keeps
-everything resident) against PyTorch plain (cudnn.benchmark on), at each net's default batch
-(AlexNet 256, others 64) or --batches.
-Part 2, ResNets at PyTorch-checkpoint's widest batch under the budget (GPU.md: 336 / 256 / 184 for
-ResNet-50/101/152, or --ckpt-batches, or the widest measured by wider.py when its JSON is in --out): ours
-with --memory auto under --budget (12G) against PyTorch with per-block checkpointing and with save_on_cpu
-offload (uncapped: a cap changes no speed, and a run at the edge of the cap could fail by a few MiB).
-When the planner says our net does not fit the budget at that batch, ours runs under a 60 GiB budget
-instead (auto then keeps everything resident if it can) and the row says so.
+everything resident) against PyTorch plain, at each net's default batch (AlexNet 256, others 64) or
+--batches. PyTorch runs twice in one worker: first the net built from the same prototxt
+(tools/bench/torch_nets.py, source="prototxt": the like-for-like column, and the ratio), then
+torchvision's model where torchvision has the net (a second column: torchvision's AlexNet, for one, has
+no LRN, no groups and fewer filters than Caffe's). The default nets are the paper's six plus DenseNet-121,
+MobileNet (v1, depthwise convolutions) and SqueezeNet (v1.0, fire modules).
 
-Each system runs in its own worker process per net. Prints the tables last; writes speed_zoo.json.
+Settings, stated in the table's title and in the JSON (`settings`, and per row): TF32 for cuDNN
+convolutions on both sides by default (ours: SUPERNEURONS_TF32; PyTorch: cudnn.allow_tf32; --tf32 off turns
+it off on both), GEMMs in FP32 on both (cuBLAS default math; PyTorch's matmul.allow_tf32 off); PyTorch's
+cudnn.benchmark on (--torch-benchmark off), ours ranks convolution algorithms by cuDNN's heuristics
+(SUPERNEURONS_CUDNN_FIND=1 measures them instead).
+
+Part 2 (--part2, or given --ckpt-batches), ResNets at PyTorch-checkpoint's widest batch under the budget
+(GPU.md: 336 / 256 / 184 for ResNet-50/101/152, or --ckpt-batches, or the widest measured by wider.py when
+its JSON is in --out): ours with --memory auto under --budget (12G) against PyTorch (torchvision's ResNets)
+with per-block checkpointing and with save_on_cpu offload (uncapped: a cap changes no speed, and a run at
+the edge of the cap could fail by a few MiB). When the planner says our net does not fit the budget at
+that batch, ours runs under a 60 GiB budget instead (auto then keeps everything resident if it can) and
+the row says so.
+
+Each system runs in its own worker process per net. The run stops starting nets once --time-limit seconds
+have passed (the rows left out say so), and every worker is stopped 30 s after it, so that the JSON is
+written within one 10-minute GPU call. Prints the tables last; writes speed_zoo.json.
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from tools.bench import common
@@ -37,9 +53,17 @@ def ckpt_batches(args, nets: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.base_parser(__doc__, common.PAPER_NETS, iterations=10)
-    ap.add_argument("--ckpt-batches", default="", help="e.g. 'resnet50=336,resnet101=256' (part 2)")
-    ap.add_argument("--no-part2", action="store_true", help="skip the runs at PyTorch-checkpoint's widest batch")
+    ap = common.base_parser(__doc__, common.SPEED_NETS, iterations=5)
+    ap.set_defaults(warmup=2)
+    ap.add_argument("--tf32", choices=("on", "off"), default="on",
+                    help="TF32 for cuDNN convolutions, both sides (default %(default)s, both sides' default)")
+    ap.add_argument("--torch-benchmark", choices=("on", "off"), default="on",
+                    help="PyTorch's cudnn.benchmark (default %(default)s)")
+    ap.add_argument("--no-torchvision", action="store_true", help="skip the torchvision column")
+    ap.add_argument("--part2", action="store_true", help="also run the ResNets at PyTorch-checkpoint's widest batch")
+    ap.add_argument("--ckpt-batches", default="", help="e.g. 'resnet50=336,resnet101=256' (implies --part2)")
+    ap.add_argument("--time-limit", type=float, default=540,
+                    help="seconds after which no further net starts (default %(default)s)")
     args = ap.parse_args(argv)
     if args.quick:
         args.nets, args.iterations, args.warmup = "resnet50", min(args.iterations, 5), 2
@@ -48,40 +72,57 @@ def main(argv: list[str] | None = None) -> int:
     budget = common.parse_size(args.budget)
     workspace = common.parse_size(args.workspace)
     log = common.log_path(args, "speed_zoo")
-    wide = {} if args.no_part2 else ckpt_batches(args, nets)
+    part2 = args.part2 or bool(args.ckpt_batches)
+    wide = ckpt_batches(args, nets) if part2 else {}
+    tf32, benchmark = args.tf32 == "on", args.torch_benchmark == "on"
+    ours_env = {"SUPERNEURONS_TF32": "1" if tf32 else "0"}
     torch_variants = ["checkpoint"] if args.quick else ["checkpoint", "offload"]
-    rows, rows2, targets = [], [], []
+    rows, rows2, targets, skipped = [], [], [], []
     raw: dict[str, dict] = {}
+    t_start = time.monotonic()
+
+    def worker_timeout() -> int:  # a net started before the limit may run 30 s past it, no more
+        return max(1, min(args.timeout, int(args.time_limit + 30 - (time.monotonic() - t_start))))
+
     for net in nets:
+        left = args.time_limit - (time.monotonic() - t_start)
+        if left <= 0:
+            skipped.append(net)
+            continue
         spec = common.NETS[net]
         bs = common.batches_for(net, batches, [spec.speed_batch])
-        ours_tasks = [dict(kind="ours", net=net, batch=b, memory="auto", iterations=args.iterations,
-                           warmup=args.warmup) for b in bs]
-        torch_tasks = [dict(kind="torch", net=net, variant="plain", batch=b, iterations=args.iterations,
-                            warmup=args.warmup, benchmark=True) for b in bs]
+        run = dict(iterations=args.iterations, warmup=args.warmup)
+        ours_tasks = [dict(kind="ours", net=net, batch=b, memory="auto", **run) for b in bs]
+        sources = ["prototxt"] + (["torchvision"] if spec.torchvision and not args.no_torchvision else [])
+        torch_tasks = [dict(kind="torch", net=net, variant="plain", batch=b, source=src, benchmark=benchmark,
+                            tf32=tf32, **run) for b in bs for src in sources]
         wb = wide.get(net)
         capped = None
         if wb:
             need = common.plan_need(net, wb, budget, workspace)
             capped = need.mode is not None
-            ours_tasks.append(dict(kind="ours", net=net, batch=wb, memory="auto", iterations=args.iterations,
-                                   warmup=args.warmup, workspace=workspace,
-                                   budget=budget if capped else common.UNCAPPED))
-            torch_tasks += [dict(kind="torch", net=net, variant=v, batch=wb, iterations=args.iterations,
-                                 warmup=args.warmup, benchmark=True) for v in torch_variants]
-        ours = [] if args.no_ours else common.run_worker(ours_tasks, args.timeout, log=log)
-        pt = [] if args.no_torch else common.run_worker(torch_tasks, args.timeout, log=log)
+            ours_tasks.append(dict(kind="ours", net=net, batch=wb, memory="auto", workspace=workspace,
+                                   budget=budget if capped else common.UNCAPPED, **run))
+            torch_tasks += [dict(kind="torch", net=net, variant=v, batch=wb, benchmark=benchmark, tf32=tf32, **run)
+                            for v in torch_variants]
+        print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, PyTorch from {', '.join(sources)}",
+              flush=True)
+        ours = [] if args.no_ours else common.run_worker(ours_tasks, worker_timeout(), env=ours_env, log=log)
+        pt = [] if args.no_torch else common.run_worker(torch_tasks, worker_timeout(), log=log)
         raw[net] = {"ours": ours, "torch": pt}
         for k, b in enumerate(bs):
-            o = ours[k] if k < len(ours) else {}
-            t = pt[k] if k < len(pt) else {}
-            r = common.ratio(o.get("img_per_s"), t.get("img_per_s"))
-            rows.append([spec.label, b, o.get("memory_mode"), o.get("img_per_s"), t.get("img_per_s"), r,
-                         _why(o) or _why(t)])
-            targets.append(common.target(f"speed {spec.label} b{b}", ">= 1.0x PyTorch plain", r, 1.0))
+            o = _at(ours, k)
+            same = _at(pt, k * len(sources))
+            tv = _at(pt, k * len(sources) + 1) if len(sources) > 1 else {}
+            r = common.ratio(o.get("img_per_s"), same.get("img_per_s"))
+            rows.append([spec.label, b, o.get("memory_mode"), o.get("img_per_s"), same.get("img_per_s"), r,
+                         tv.get("img_per_s"), common.ratio(o.get("img_per_s"), tv.get("img_per_s")),
+                         _why(o) or _why(same) or _why(tv)])
+            targets.append(common.target(f"speed {spec.label} b{b}", ">= 1.0x PyTorch on the same prototxt", r, 1.0))
         if wb:
-            o = ours[len(bs)] if len(ours) > len(bs) else {}
-            tv = {v: (pt[len(bs) + i] if len(pt) > len(bs) + i else {}) for i, v in enumerate(torch_variants)}
+            o = _at(ours, len(bs))
+            first = len(bs) * len(sources)
+            tv = {v: _at(pt, first + i) for i, v in enumerate(torch_variants)}
             ck = tv["checkpoint"].get("img_per_s")
             r = common.ratio(o.get("img_per_s"), ck)
             mode = (o.get("memory_mode") or "-") + ("" if capped else f" (uncapped: needs more than {args.budget})")
@@ -91,14 +132,47 @@ def main(argv: list[str] | None = None) -> int:
                                          ">= 1.5x PyTorch checkpoint", r, 1.5,
                                          "" if capped else "ours ran without the budget: the planner says it "
                                                            "does not fit at this batch"))
-    header = ["net", "batch", "ours mode", "ours img/s", "PyTorch plain img/s", "ratio", "note"]
+    for net in skipped:
+        rows.append([common.NETS[net].label, None, None, None, None, None, None, None,
+                     f"not run: --time-limit {args.time_limit:g} s reached"])
+    in_force = settings_in_force(raw, tf32, benchmark)
+    header = ["net", "batch", "ours mode", "ours img/s", "PyTorch same prototxt img/s", "ratio",
+              "PyTorch torchvision img/s", "ratio vs torchvision", "note"]
+    title = f"Training speed where both fit (Fig. 14); {describe(in_force)}"
     tables = [] if not rows2 else [{
-        "title": f"At PyTorch-checkpoint's widest batch (ours under {args.budget})",
+        "title": f"At PyTorch-checkpoint's widest batch (ours under {args.budget}; PyTorch: torchvision's ResNets)",
         "header": ["net", "batch", "ours mode", "ours img/s", "PyTorch checkpoint img/s", "PyTorch offload img/s",
                    "ratio vs checkpoint", "note"], "rows": rows2}]
-    common.finish("speed_zoo", "Training speed where both fit (Fig. 14)", args, header, rows,
-                  extra={"raw": raw, "ckpt_batches": wide}, targets=targets, tables=tables)
+    common.finish("speed_zoo", title, args, header, rows,
+                  extra={"raw": raw, "ckpt_batches": wide, "settings": in_force, "skipped": skipped,
+                         "seconds": time.monotonic() - t_start},
+                  targets=targets, tables=tables)
     return 0
+
+
+def settings_in_force(raw: dict[str, dict], tf32: bool, benchmark: bool) -> dict[str, dict]:
+    """Each side's TF32 and algorithm-search settings: as its workers reported them (the first that did),
+    else as asked for."""
+    ours = next((r for v in raw.values() for r in v["ours"] if "tf32_convolutions" in r), None)
+    theirs = next((r for v in raw.values() for r in v["torch"] if "cudnn_allow_tf32" in r), None)
+    keys_ours = ("tf32_convolutions", "tf32_gemm", "algorithm_choice")
+    keys_torch = ("cudnn_allow_tf32", "matmul_allow_tf32", "cudnn_benchmark")
+    return {"ours": {k: ours[k] for k in keys_ours} if ours else
+            {"tf32_convolutions": tf32, "tf32_gemm": False, "algorithm_choice": "as asked (no worker reported)"},
+            "torch": {k: theirs[k] for k in keys_torch} if theirs else
+            {"cudnn_allow_tf32": tf32, "matmul_allow_tf32": False, "cudnn_benchmark": benchmark}}
+
+
+def describe(in_force: dict[str, dict]) -> str:
+    o, t = in_force["ours"], in_force["torch"]
+    on = lambda v: "on" if v else "off"  # noqa: E731
+    return (f"TF32 convolutions: ours {on(o['tf32_convolutions'])}, PyTorch {on(t['cudnn_allow_tf32'])}; "
+            f"TF32 GEMM: ours {on(o['tf32_gemm'])}, PyTorch {on(t['matmul_allow_tf32'])}; "
+            f"algorithms: ours {o['algorithm_choice']}, PyTorch cudnn.benchmark {on(t['cudnn_benchmark'])}")
+
+
+def _at(results: list[dict], k: int) -> dict:
+    return results[k] if k < len(results) else {}
 
 
 def _why(r: dict) -> str:

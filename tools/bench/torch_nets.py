@@ -5,11 +5,16 @@
 - offload: the training step runs under torch.autograd.graph.save_on_cpu(pin_memory=True), so every
   tensor autograd saves for backward waits in pinned host memory.
 
-Models: torchvision's where it has the net (alexnet, vgg16, resnet50/101/152, densenet121); otherwise
-(Inception-v4, the deep ResNets of tools/models/make_resnet.py, or any net with `source="prototxt"`) `ProtoNet`
-turns our prototxt's TRAIN graph (superneurons.graph.build) into an equivalent torch.nn.Module, layer by
-layer: Convolution, BatchNorm (+ the Scale after it, fused as an affine BatchNorm2d), ReLU, Pooling with
-Caffe's rounding, LRN, InnerProduct, Dropout, Concat, Eltwise, Split, Flatten, SoftmaxWithLoss.
+Models: `source="prototxt"` (what the speed table compares against) has `ProtoNet` turn our prototxt's
+TRAIN graph (superneurons.graph.build) into an equivalent torch.nn.Module, layer by layer: Convolution
+(grouped and depthwise too: MobileNet), BatchNorm (+ the Scale after it, fused as an affine BatchNorm2d;
+a Scale alone is a per-channel affine), ReLU, Pooling with Caffe's rounding (global pooling too), LRN,
+InnerProduct, Dropout, Concat (DenseNet's dense blocks, SqueezeNet's fire modules, Inception's modules),
+Eltwise, Split, Flatten, SoftmaxWithLoss. `copy_parameters` loads our net's weights into it, so a test can
+check that both compute the same forward. `source="torchvision"` takes torchvision's model of the net
+(alexnet, vgg16, resnet50/101/152, densenet121, squeezenet1_0), which may differ from the prototxt (Caffe's
+AlexNet has LRN and groups, torchvision's has neither); `source="auto"` is torchvision's where it has the
+net, else the prototxt's (the widest/deepest benchmarks' default).
 
 ProtoNet's checkpoint segments: walking the layers in order, a *cut* is a point where one blob alone is
 still needed later (the label aside). Between two cuts lies either a single layer of a chain or a block
@@ -28,6 +33,7 @@ from typing import Any, Callable, Sequence
 from tools.bench import common
 
 VARIANTS = ("plain", "checkpoint", "offload")
+SOURCES = ("auto", "prototxt", "torchvision")
 _CHAIN_CLOSERS = ("Pooling",)
 _SKIP = ("Accuracy", "Silence")
 
@@ -214,12 +220,13 @@ def _proto_net_class():
                 raise NotImplementedError(f"{graph.name}: ProtoNet wants one (data, label) layer and one "
                                           "SoftmaxWithLoss")
             self.data, self.label = data_nodes[0].tops
-            self.logits = loss_nodes[0].bottoms[0]
+            self.logits_blob = loss_nodes[0].bottoms[0]
             body = [n for n in nodes if n not in data_nodes and n not in loss_nodes]
             infos = [OpInfo(n.name, n.layer.param.type, list(n.bottoms), list(n.tops)) for n in body]
-            self.segments = segments_of(infos, self.data, self.logits)
+            self.segments = segments_of(infos, self.data, self.logits_blob)
             self.checkpoint = checkpoint
             self.mods = torch.nn.ModuleDict()
+            self.layer_names: dict[str, list[str]] = {}  # module key -> the layers it computes (BatchNorm, Scale)
             self.steps: list[tuple[str, str, list[str], list[str], Any]] = []  # (key, type, bottoms, tops, extra)
             self.expected = {}  # top -> shape without the batch, checked on the first forward
             skip = set()
@@ -241,6 +248,7 @@ def _proto_net_class():
                     skip.add(i + 1)
                     tops = list(nxt.tops)
                 self.mods[key] = mod
+                self.layer_names[key] = [node.name] + ([nxt.name] if fused else [])
                 self.steps.append((key, kind, list(node.bottoms), tops, None))
             # segment k runs the steps whose layers lie in it
             step_of = {}
@@ -285,7 +293,8 @@ def _proto_net_class():
                                        f"says {self.expected[tops[0]]}")
             return blobs[self.segments[k].output]
 
-        def forward(self, x, label):
+        def logits(self, x):
+            """The blob the SoftmaxWithLoss reads, as our graph shapes it."""
             from torch.utils.checkpoint import checkpoint
 
             for k, seg in enumerate(self.segments):
@@ -294,7 +303,10 @@ def _proto_net_class():
                 else:
                     x = self._run(k, x)
             self._checked = True
-            return F.cross_entropy(x.flatten(1), label)
+            return x
+
+        def forward(self, x, label):
+            return F.cross_entropy(self.logits(x).flatten(1), label)
 
     def _eltwise(ins, extra):
         op = extra["op"]
@@ -315,6 +327,35 @@ def _proto_net_class():
         return y
 
     return _ProtoNet
+
+
+def copy_parameters(model: Any, params: dict[str, Sequence[Any]]) -> int:
+    """Load our layers' learnable blobs (`params`: layer name -> its blobs as arrays, Caffe's order: weight
+    then bias; BatchNorm's mean/variance/factor are not learnable and are left alone) into a ProtoNet.
+    Returns how many tensors were copied; a shape that differs is an error naming the layer."""
+    torch = _torch()
+    copied = 0
+    for key, names in model.layer_names.items():
+        mod = model.mods[key]
+        if isinstance(mod, torch.nn.Sequential):  # InnerProduct: Flatten + Linear
+            mod = mod[-1]
+        if isinstance(mod, torch.nn.BatchNorm2d):  # the learnables are the fused Scale's, if any
+            names = names[1:]
+        if not names or names[0] not in params:
+            continue
+        blobs = list(params[names[0]])
+        targets = [t for t in (getattr(mod, "weight", None), getattr(mod, "bias", None)) if t is not None]
+        if len(blobs) != len(targets):
+            raise ValueError(f"layer {names[0]!r}: {len(blobs)} blobs for {len(targets)} torch tensors")
+        with torch.no_grad():
+            for t, b in zip(targets, blobs):
+                value = torch.as_tensor(b, dtype=t.dtype)
+                if value.numel() != t.numel():
+                    raise ValueError(f"layer {names[0]!r}: blob of shape {tuple(value.shape)} for a torch tensor "
+                                     f"of shape {tuple(t.shape)}")
+                t.copy_(value.reshape(t.shape))
+                copied += 1
+    return copied
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -389,6 +430,10 @@ def build(net: str, variant: str, batch: int, source: str = "auto"):
     data = next(n for n in graph.nodes if n.layer.is_data)
     shape = tuple(int(d) for d in data.top_shapes[0])
     spec = common.NETS.get(net)
+    if source not in SOURCES:
+        raise ValueError(f"source {source!r}: choose from {', '.join(SOURCES)}")
+    if source == "torchvision" and (spec is None or not spec.torchvision):
+        raise ValueError(f"{net}: torchvision has no model of this net")
     use_tv = source == "torchvision" or (source == "auto" and spec is not None and spec.torchvision)
     if use_tv:
         return torchvision_model(spec.torchvision, variant == "checkpoint"), shape, "torchvision"
@@ -451,11 +496,24 @@ def _clean() -> None:
     torch.cuda.empty_cache()
 
 
-def measure(net: str, variant: str, batch: int, iterations: int = 10, warmup: int = 3, budget: int | None = None,
-            source: str = "auto", benchmark: bool = False) -> dict:
-    """img/s of `variant` at `batch` (warm-up untimed); {'ok': False, 'fits': False} on OOM."""
+def settings(benchmark: bool, tf32: bool | None) -> dict:
+    """Set cudnn.benchmark and, unless `tf32` is None (PyTorch's defaults), whether cuDNN convolutions may use
+    TF32; returns the settings in force, read back from torch (matmul TF32 is left at PyTorch's default, off,
+    as our cuBLAS GEMMs run in FP32)."""
     torch = _torch()
     torch.backends.cudnn.benchmark = benchmark
+    if tf32 is not None:
+        torch.backends.cudnn.allow_tf32 = tf32
+    return {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
+
+
+def measure(net: str, variant: str, batch: int, iterations: int = 10, warmup: int = 3, budget: int | None = None,
+            source: str = "auto", benchmark: bool = False, tf32: bool | None = None) -> dict:
+    """img/s of `variant` at `batch` (warm-up untimed); {'ok': False, 'fits': False} on OOM."""
+    torch = _torch()
+    in_force = settings(benchmark, tf32)
     info = cap(budget)
     try:
         tr = Trainer(net, variant, batch, source)
@@ -464,11 +522,12 @@ def measure(net: str, variant: str, batch: int, iterations: int = 10, warmup: in
         loss = float(tr.step().detach())
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError as e:
-        return {"ok": False, "fits": False, "batch": batch, "variant": variant, "error": f"OOM: {str(e)[:200]}"}
+        return {"ok": False, "fits": False, "batch": batch, "variant": variant, "source": source,
+                "error": f"OOM: {str(e)[:200]}", **in_force}
     result = {"net": net, "variant": variant, "batch": batch, "source": tr.source, "fits": True,
               "img_per_s": batch * iterations / timing["seconds"] if iterations else None,
               "max_memory_allocated": torch.cuda.max_memory_allocated(), "loss": loss,
-              "cudnn_benchmark": benchmark, **timing, **info}
+              **in_force, **timing, **info}
     del tr
     _clean()
     return result

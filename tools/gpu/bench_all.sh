@@ -39,8 +39,9 @@ for s in $STAGES; do
   case $s in
     speed)  # split so each part stays under 10 minutes
       if [ "$QUICK" = 1 ]; then stage speed speed_zoo; else
-        stage speed_resnets speed_zoo --nets resnet50,resnet101,resnet152 --tag resnets
-        stage speed_others speed_zoo --nets alexnet,vgg16,inception_v4 --tag others; fi ;;
+        stage speed_resnets speed_zoo --nets resnet50,resnet101,resnet152 --tag resnets --part2
+        stage speed_others speed_zoo --nets alexnet,vgg16,inception_v4,densenet121,mobilenet,squeezenet \
+          --tag others; fi ;;
     wider)
       if [ "$QUICK" = 1 ]; then stage wider wider; else
         stage wider_resnets wider --nets resnet50,resnet101,resnet152 --tag resnets
