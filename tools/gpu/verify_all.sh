@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python -c "import numpy, nccl.core, mpi4py; print('numpy', numpy.__version__)" 2>&1 | tail -1
 
 echo "== gpu tests"
-timeout ${GPU_TEST_TIMEOUT:-420} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider tests > "$OUT/gpu_test.log" 2>&1
+timeout ${GPU_TEST_TIMEOUT:-520} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider tests > "$OUT/gpu_test.log" 2>&1
 grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/gpu_test.log" | head -30
 tail -1 "$OUT/gpu_test.log"
 echo "== memory runtime on the GPU"
