@@ -9,6 +9,7 @@ writes to its database.
 """
 from __future__ import annotations
 
+import gc
 import os
 import struct
 from typing import Iterable, Iterator
@@ -80,6 +81,21 @@ def _open_environment(key: str) -> lmdb.Environment:
     return lmdb.open(key, readonly=True, lock=False, readahead=False, max_readers=512)
 
 
+def _acquire_environment(key: str) -> lmdb.Environment:
+    """The shared environment of the database at real path `key`, opened if needed."""
+    try:
+        return _environments.acquire(key, lambda: _open_environment(key))
+    except lmdb.Error as e:
+        if "already open" not in str(e):
+            raise
+    # LMDB knows environments by their file's inode, and a new folder can reuse a deleted one's: an unused
+    # environment whose readers wait for the garbage collector (a Net dropped in a reference cycle, or kept
+    # by an error's traceback) then blocks this one. Collecting closes it (outside the handles' lock, which
+    # the readers' finalizers take); a second refusal is real.
+    gc.collect()
+    return _environments.acquire(key, lambda: _open_environment(key))
+
+
 class LmdbReader:
     """A read-only LMDB database: its record count, its first record, and a wrapping stream of values."""
 
@@ -92,7 +108,7 @@ class LmdbReader:
         self.where = where
         self._key = os.path.realpath(path)
         try:
-            self.env = _environments.acquire(self._key, lambda: _open_environment(self._key))
+            self.env = _acquire_environment(self._key)
         except lmdb.Error as e:
             raise UserError(f"{where}: cannot open LMDB database {path!r} ({e})") from None
         self._open = True
@@ -208,7 +224,7 @@ def count_records(path: str) -> int:
     key = os.path.realpath(path)
     try:
         check_lmdb_file(path, path)
-        env = _environments.acquire(key, lambda: _open_environment(key))
+        env = _acquire_environment(key)
     except (lmdb.Error, UserError):
         return -1
     try:

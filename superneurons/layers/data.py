@@ -86,22 +86,33 @@ class PrefetchingDataLayer(BatchPosition, Layer):
         source, legacy = self.open_source()
         self._pipe = _Pipeline(source)
         self._finalizer = weakref.finalize(self, self._pipe.close)
-        if self.batch_size < 1:
-            raise self.fail(f"batch_size must be at least 1, got {self.batch_size}")
-        param = effective_transform_param(self.param, legacy)
-        self.transformer = DataTransformer(param, self.phase == pb.TRAIN, self.where)
-        first = source.open(Seeds((0, 0, 0)))
         try:
-            _, pixels, _ = first.read(0)
-        finally:
-            first.close()
-        self.item_shape = self.transformer.out_shape(pixels.shape)
+            self.item_shape = self._first_item_shape(legacy)
+        except BaseException:
+            # Close the database now, not when the layer is collected: an error's traceback keeps the layer
+            # alive, and LMDB refuses to open an environment whose file another open one had (a new folder
+            # can reuse a deleted one's inode), so a process that builds nets again would fail on it.
+            self.close()
+            raise
         self.next_batch = 0  # index of the next batch forward serves
         self._last: Batch | None = None
         tops = [(self.batch_size,) + self.item_shape]
         if len(self.param.top) > 1:
             tops.append((self.batch_size,))
         return tops
+
+    def _first_item_shape(self, legacy: Any) -> tuple[int, ...]:
+        """Check the parameters, make the transformer, and the transformed shape of the first record."""
+        if self.batch_size < 1:
+            raise self.fail(f"batch_size must be at least 1, got {self.batch_size}")
+        param = effective_transform_param(self.param, legacy)
+        self.transformer = DataTransformer(param, self.phase == pb.TRAIN, self.where)
+        first = self._pipe.source.open(Seeds((0, 0, 0)))
+        try:
+            _, pixels, _ = first.read(0)
+        finally:
+            first.close()
+        return self.transformer.out_shape(pixels.shape)
 
     def forward(self, bottom, top):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.

@@ -62,7 +62,10 @@ def fuzz(kinds: list[str], cases: int, seed: int, first: int = 0, timeout: float
                     log(f"{kind} case {i}: {result.outcome}: superneurons {' '.join(argv)}\n{result.detail[-1500:]}")
                 if keep is not None and (result.outcome in BAD or cases == 1):
                     shutil.copytree(case, keep / f"{kind}-{i}", dirs_exist_ok=True)
-                shutil.rmtree(case, ignore_errors=True)
+            # Cases are removed only now: the worker runs every case in one process, and a database folder
+            # made after a deleted one can get its inode, which LMDB takes for an environment still open
+            # there (the previous case's, until its Net is collected).
+            shutil.rmtree(work / "cases", ignore_errors=True)
             report[kind] = {"cases": cases, "seed": seed, "first": first,
                             "counts": {o: counts.get(o, 0) for o in OUTCOMES},
                             "seconds": round(time.monotonic() - start, 1), "findings": findings}
