@@ -116,7 +116,7 @@ class LmdbReader:
             self.count = int(self.env.stat()["entries"])
         except lmdb.Error as e:
             self.close()
-            raise self._damaged(e) from None
+            raise self.damaged(e) from None
         if self.count == 0:
             self.close()
             raise UserError(f"{where}: LMDB database {path!r} has no records")
@@ -128,7 +128,7 @@ class LmdbReader:
                 cursor.first()
                 return cursor.key(), cursor.value()
         except lmdb.Error as e:
-            raise self._damaged(e) from None
+            raise self.damaged(e) from None
 
     def values_from(self, start: int) -> Iterator[bytes]:
         """Values from record number `start` (mod count) on, forever, wrapping at the end.
@@ -147,10 +147,12 @@ class LmdbReader:
                     if not cursor.next():
                         cursor.first()
         except lmdb.Error as e:  # a damaged page: MDB_CORRUPTED, MDB_PAGE_NOTFOUND
-            raise self._damaged(e) from None
+            raise self.damaged(e) from None
 
-    def _damaged(self, e: lmdb.Error) -> UserError:
-        return UserError(f"{self.where}: LMDB database {self.path!r} is damaged ({type(e).__name__}: {e})")
+    def damaged(self, e: lmdb.Error, doing: str = "") -> UserError:
+        """The error for a damaged page LMDB met (`doing`: what it was reading)."""
+        at = f" {doing}" if doing else ""
+        return UserError(f"{self.where}: LMDB database {self.path!r} is damaged{at} ({type(e).__name__}: {e})")
 
     def cursor(self) -> "LmdbCursor":
         """Records by number, for one thread; close it before the reader."""
@@ -172,18 +174,22 @@ class LmdbCursor:
     """
 
     def __init__(self, reader: LmdbReader):
+        self._reader = reader
         self._txn = reader.env.begin(buffers=False)
         self._cursor = self._txn.cursor()
         self._at = -1
 
     def record(self, number: int) -> tuple[bytes, bytes]:
-        if number < self._at or self._at < 0:
-            self._cursor.first()
-            self._at = 0
-        while self._at < number:
-            self._cursor.next()
-            self._at += 1
-        return self._cursor.key(), self._cursor.value()
+        try:
+            if number < self._at or self._at < 0:
+                self._cursor.first()
+                self._at = 0
+            while self._at < number:
+                self._cursor.next()
+                self._at += 1
+            return self._cursor.key(), self._cursor.value()
+        except lmdb.Error as e:  # a damaged page: MDB_CORRUPTED, MDB_PAGE_NOTFOUND
+            raise self._reader.damaged(e, f"reading record {number}") from None
 
     def close(self) -> None:
         self._cursor.close()
