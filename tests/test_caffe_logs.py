@@ -169,7 +169,7 @@ BIG_OUTPUT_NET = TINY_NET.replace(
 
 
 def test_training_log_never_prints_a_large_blob_element_by_element():
-    solver = make_solver("base_lr: 0.01 display: 1 max_iter: 3", net=BIG_OUTPUT_NET)
+    solver = make_solver("base_lr: 0.01 display: 1 max_iter: 3 snapshot_after_train: false", net=BIG_OUTPUT_NET)
     solver.solve()
     lines = solver.log.lines
     outputs = [l for l in lines if "Train net output #" in l]
@@ -186,7 +186,7 @@ def test_display_gate_lets_a_burst_through_then_a_steady_rate():
 
 
 def test_display_every_iteration_at_high_speed_is_thinned_with_one_note():
-    solver = make_solver("base_lr: 0.01 display: 1 max_iter: 400")
+    solver = make_solver("base_lr: 0.01 display: 1 max_iter: 400 snapshot_after_train: false")
     solver.display_gate = DisplayGate(per_second=0.001, burst=10)  # as if thousands of iterations a second
     solver.solve()
     lines = solver.log.lines
