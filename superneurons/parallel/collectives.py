@@ -58,7 +58,7 @@ def _nccl() -> Any:
         import nccl.core as nccl
     except ImportError as e:
         raise UserError(f"data parallelism on GPUs needs NCCL's Python binding ({e}); install it with "
-                        "`pip install 'superneurons[gpu]'` (nccl4py and nvidia-nccl-cu12 or -cu13)") from None
+                        "`pip install 'superneurons[cu12]'` or `'superneurons[cu13]'` (nccl4py and NCCL of that CUDA major)") from None
     return nccl
 
 
