@@ -295,6 +295,57 @@ def test_local_launcher_relays_the_failing_rank_message(workdir, monkeypatch, ca
     assert "MPI_Abort" not in capfd.readouterr().err  # the rank's line is the message, not MPI's
 
 
+def rank_pid(temp_root, rank: int, timeout_s: float = 60.0) -> int:
+    """The pid of `rank` of the job the local launcher started with its folder under `temp_root`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for path in sorted(temp_root.glob(f"superneurons-dp-*/rank-{rank}.pid")):
+            text = path.read_text().strip()
+            if text:
+                return int(text)
+        time.sleep(0.1)
+    raise AssertionError(f"rank {rank} wrote no pid file under {temp_root} in {timeout_s:.0f} s")
+
+
+def test_a_rank_killed_by_a_signal_is_named_and_ends_the_job(workdir, monkeypatch, capfd):
+    """kill -9 of one rank (what the kernel's OOM killer does): the launcher names the rank and the signal in its
+    one line, the other rank is stopped, nothing is left running."""
+    import signal
+    import tempfile
+    import threading
+
+    from superneurons.cli import build_parser
+
+    (workdir / "conf/solver.prototxt").write_text(
+        'net: "nets/tiny.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\ndisplay: 0\nmax_iter: 1000000\n'
+        'snapshot: 0\nsnapshot_after_train: false\nrandom_seed: 1\n')
+    (workdir / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(workdir / "tmp"))  # where the launcher makes its folder
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    victim: dict[str, float] = {}
+
+    def kill_rank_1():
+        pid = rank_pid(workdir / "tmp", 1)
+        time.sleep(2.0)  # into training: rank 0 waits in the reduction for rank 1's gradients
+        os.kill(pid, signal.SIGKILL)
+        victim.update(pid=pid, at=time.monotonic())
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    args = build_parser().parse_args(["train", "--solver", "conf/solver.prototxt", "--no-progress"])
+    with pytest.raises(UserError) as e:
+        launch.spawn(args, [0, 1])
+    ended = time.monotonic()
+    killer.join(5)
+    assert "pid" in victim, "the killer never found rank 1"
+    assert ended - victim["at"] < 30, ended - victim["at"]  # MPI noticed the death and stopped rank 0
+    assert str(e.value).startswith(f"rank 1 (pid {int(victim['pid'])} on "), str(e.value)
+    assert "killed by signal 9 (SIGKILL)" in str(e.value) and "every rank has been stopped" in str(e.value)
+    err = capfd.readouterr().err
+    assert "BAD TERMINATION" not in err and "YOUR APPLICATION TERMINATED" not in err  # MPI's report is ours now
+    assert not _left_running("superneurons.parallel.worker"), "a rank outlived the job"
+
+
 def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
     from superneurons.cli import build_parser
 
@@ -351,21 +402,6 @@ def test_plan_spawns_for_several_gpus_and_joins_an_mpi_job(monkeypatch):
 
 # ---- the LMDB Data layer through the command line --------------------------------------------------------------
 
-def _data_layer_reads_its_share(tmp_path) -> bool:
-    """Whether the Data layer serves rank 1 of 2 the records 1, 3, 5, ... (RunContext.rank/ranks)."""
-    from test_data import data_layer, take, write_db
-
-    images = np.zeros((4, 1, 2, 2), np.uint8)
-    source = write_db(tmp_path / "probe", images, np.arange(4))
-    layer, shapes = data_layer(source, 1)
-    layer.ctx.rank, layer.ctx.ranks = 1, 2
-    try:
-        first = take(layer, shapes, 1)[0][1]
-    finally:
-        layer.close()
-    return int(first[0]) == 1
-
-
 LMDB_NET = job._CONV.replace(
     """layer { name: "data" type: "MemoryData" top: "data" top: "label"
   memory_data_param { batch_size: %(batch)d channels: 3 height: 6 width: 6 } }""",
@@ -373,12 +409,9 @@ LMDB_NET = job._CONV.replace(
   data_param { source: "%(source)s" batch_size: %(batch)d backend: LMDB } }""")
 
 
-def test_two_ranks_on_an_lmdb_train_to_the_one_rank_weights(tmp_path, monkeypatch, request):
+def test_two_ranks_on_an_lmdb_train_to_the_one_rank_weights(tmp_path, monkeypatch):
     """`mpiexec -n 2 superneurons train` with batch 4 per rank and `superneurons train` with batch 8 read the same
     records per iteration (Caffe's sharding: record n on rank n mod 2) and end on the same weights."""
-    if not _data_layer_reads_its_share(tmp_path):
-        request.node.add_marker(pytest.mark.xfail(
-            strict=True, reason="the Data layer does not read its share of the records yet (RunContext.rank/ranks)"))
     from test_data import write_db
 
     from superneurons.io.caffemodel import blob_to_array

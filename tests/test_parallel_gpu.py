@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,8 +40,8 @@ def _solver(tmp_path, name: str, layer_wise: bool) -> str:
     return f"{name}.prototxt"
 
 
-def _train(tmp_path, solver: str, gpu: str, ranks: int | None, **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "superneurons", "train", "--solver", solver, "--gpu", gpu, "--no-progress"]
+def _train(tmp_path, solver: str, gpu: str, ranks: int | None, *args: str, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "superneurons", "train", "--solver", solver, "--gpu", gpu, "--no-progress", *args]
     if ranks is not None:
         cmd = [launch.find_mpiexec(), "-n", str(ranks)] + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV | env, cwd=tmp_path, timeout=600)
@@ -109,3 +110,133 @@ def test_several_gpus_one_process_each(tmp_path):
     assert lines.count("Optimization Done.") == 1
     assert any(l.startswith(f"Data parallel: {n} rank(s)") for l in lines)
     assert json.loads((tmp_path / f"multi/m_iter_{ITERATIONS}.solverstate.extra").read_text())["ranks"] == n
+
+
+# ---- several GPUs: N ranks against one, a killed rank, a resumed run ------------------------------------------
+
+MODES = ("baseline", "liveness", "offload", "recompute", "auto")
+MULTI_ITERATIONS = 20
+PER_RANK_BATCH = 4
+DETERMINISTIC = {"SUPERNEURONS_CUDNN_DETERMINISTIC": "1"}
+
+
+def _gpus_or_skip() -> int:
+    from superneurons.parallel.devices import gpu_count
+
+    n = gpu_count()
+    if n < 2:
+        pytest.skip(f"needs 2 or more GPUs, this machine has {n}")
+    return n
+
+
+@pytest.fixture(scope="module")
+def lmdb_source(tmp_path_factory) -> tuple[str, int]:
+    """An LMDB holding exactly the records MULTI_ITERATIONS iterations of every rank read, and the rank count."""
+    import parallel_job as job
+    from test_data import write_db
+
+    n = _gpus_or_skip()
+    rng = np.random.default_rng(17)
+    records = MULTI_ITERATIONS * PER_RANK_BATCH * n
+    path = tmp_path_factory.mktemp("multi") / "train_lmdb"
+    return write_db(path, rng.integers(0, 256, (records, 3, 6, 6), dtype=np.uint8),
+                    rng.integers(0, job.CLASSES, records)), n
+
+
+def _lmdb_solver(tmp_path, name: str, source: str, batch: int, max_iter: int, snapshot: int) -> str:
+    """The plain conv/ReLU/InnerProduct net of the CPU data-parallel tests (no batch statistics, so N ranks x B
+    and one rank x N*B compute the same gradients), reading `source` with Caffe's per-rank sharding."""
+    import parallel_job as job
+    from test_parallel import LMDB_NET
+
+    (tmp_path / f"{name}.net.prototxt").write_text(
+        LMDB_NET % {"source": source, "batch": batch, "middle": job.NETS["plain"], "classes": job.CLASSES})
+    (tmp_path / f"{name}.prototxt").write_text(
+        f'net: "{name}.net.prototxt"\nbase_lr: 0.1\nmomentum: 0.9\nweight_decay: 0.01\nlr_policy: "fixed"\n'
+        f'display: 1\nmax_iter: {max_iter}\nsnapshot: {snapshot}\nsnapshot_prefix: "{name}/m"\nrandom_seed: 5\n')
+    return f"{name}.prototxt"
+
+
+@pytest.fixture(scope="module")
+def one_gpu_reference(lmdb_source, tmp_path_factory) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One GPU, batch N*B, baseline: the weights after MULTI_ITERATIONS, and the filled ones before any update
+    (a 0-iteration run's snapshot)."""
+    source, n = lmdb_source
+    where = tmp_path_factory.mktemp("one")
+    for name, iterations in (("one", MULTI_ITERATIONS), ("start", 0)):
+        solver = _lmdb_solver(where, name, source, PER_RANK_BATCH * n, iterations, iterations)
+        _train(where, solver, "0", None, "--memory", "baseline", **DETERMINISTIC)
+    return (_blobs(where / f"one/m_iter_{MULTI_ITERATIONS}.caffemodel"), _blobs(where / "start/m_iter_0.caffemodel"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_n_gpus_train_to_the_one_gpu_weights(tmp_path, lmdb_source, one_gpu_reference, mode):
+    """`--gpu all` (N ranks, batch B each, every rank in `mode`) against `--gpu 0` (one rank, batch N*B,
+    baseline) after 20 iterations: the same records per iteration, so the same weights up to the order of
+    the sums (per-rank sums then NCCL's average vs one sum over N*B)."""
+    source, n = lmdb_source
+    solver = _lmdb_solver(tmp_path, "multi", source, PER_RANK_BATCH, MULTI_ITERATIONS, MULTI_ITERATIONS)
+    r = _train(tmp_path, solver, "all", None, "--memory", mode, **DETERMINISTIC)
+    assert any(m.startswith(f"Data parallel: {n} rank(s)") for m in messages(r.stderr))
+    multi = _blobs(tmp_path / f"multi/m_iter_{MULTI_ITERATIONS}.caffemodel")
+    reference, start = one_gpu_reference
+    untouched = _worst(multi, start)
+    worst, where = _worst(multi, reference)
+    print(f"{n} GPUs in {mode} vs 1 GPU baseline after {MULTI_ITERATIONS} iterations: {worst:.3g} ({where}); "
+          f"training moved the weights by {untouched[0]:.3g}")
+    assert untouched[0] > 1e-2  # the comparison is between trained weights
+    assert worst <= 1e-4
+
+
+def test_a_killed_rank_ends_the_job_within_seconds(tmp_path, lmdb_source):
+    """kill -9 of rank 1 while rank 0 trains (rank 0 then waits in NCCL for a peer that is gone): the job ends
+    within seconds with one line naming the rank and the signal, and no process is left."""
+    import signal
+    import time
+
+    from test_parallel import _left_running, rank_pid
+
+    source, n = lmdb_source
+    solver = _lmdb_solver(tmp_path, "killed", source, PER_RANK_BATCH, 1_000_000, 0)
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "superneurons", "train", "--solver", solver, "--gpu", "all",
+                             "--no-progress"], stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=ENV | {"TMPDIR": str(tmp_path / "tmp")})
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if re.search(r"\] Iteration 20\b", line):  # training, past the start
+                break
+        victim = rank_pid(tmp_path / "tmp", 1)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        rest = proc.communicate(timeout=120)[1]
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"killed rank 1 (pid {victim}); the job ended {took:.1f} s later with exit code {proc.returncode}")
+    assert proc.returncode == 1, "".join(seen)[-2000:] + rest[-2000:]
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith(f"superneurons train: error: rank 1 (pid {victim} on "), rest[-2000:]
+    assert "killed by signal 9 (SIGKILL)" in last
+    assert took < 30
+    assert not _left_running("superneurons.parallel.worker"), "a rank outlived the job"
+
+
+def test_a_snapshot_taken_on_n_gpus_resumes_to_the_uninterrupted_weights(tmp_path, lmdb_source):
+    """N GPUs, 12 iterations with a snapshot at 6; the run resumed from iteration 6 on N GPUs writes the
+    uninterrupted run's iteration-12 weights, bit for bit (deterministic convolutions; NCCL's ring sums in a
+    fixed order for a fixed size and rank count)."""
+    source, _n = lmdb_source
+    solver = _lmdb_solver(tmp_path, "whole", source, PER_RANK_BATCH, 12, 6)
+    _train(tmp_path, solver, "all", None, **DETERMINISTIC)
+    whole = (tmp_path / "whole/m_iter_12.caffemodel").read_bytes()
+    (tmp_path / "whole/m_iter_12.caffemodel").unlink()
+    _train(tmp_path, solver, "all", None, **DETERMINISTIC)  # first a check that a fresh start repeats itself
+    assert (tmp_path / "whole/m_iter_12.caffemodel").read_bytes() == whole
+    (tmp_path / "whole/m_iter_12.caffemodel").unlink()
+    _train(tmp_path, solver, "all", None, "--snapshot", "whole/m_iter_6.solverstate", **DETERMINISTIC)
+    assert (tmp_path / "whole/m_iter_12.caffemodel").read_bytes() == whole

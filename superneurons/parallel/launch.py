@@ -6,8 +6,10 @@ exactly as `mpiexec -n 4 superneurons train ... --gpu 0,1,2,3` would, and waits 
 the parsed command line in a file (worker.py), so every flag of `train` reaches them unchanged.
 
 A failing rank writes its one-line message into the launcher's folder and ends the job (MPI_Abort: the
-launcher kills the other ranks); the launcher then reports that message as its own error. MPI's own
-lines about the abort are left out of the output.
+launcher kills the other ranks); the launcher then reports that message as its own error. A rank that dies
+without a message (kill -9, the kernel's out-of-memory killer) is named from MPI's report of the dead
+process, matched to its rank by the pid every rank writes into the same folder. MPI's own lines about the
+abort are left out of the output.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +30,13 @@ from superneurons.parallel.world import launched_by_mpi
 
 ERRORS_ENV = "SUPERNEURONS_DP_ERRORS"  # folder where a failing worker writes rank-<r>.txt
 # MPICH (hydra) and Open MPI lines about an abort; the rank's own message says what happened.
+# MPICH's report of a process that died: "=   PID 123 RUNNING AT host", "EXIT STRING: Killed (signal 9)".
+_DEAD_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT (\S+)")
+_EXIT_STRING = re.compile(r"EXIT STRING: (.+?)\s*$")
 _MPI_NOISE = re.compile(r"^(Abort\(\d+\)|application called MPI_Abort|=+\s*$|=\s{2,}|\[proxy:|\[mpiexec@|"
                         r"-{20,}\s*$|MPI_ABORT was invoked|NOTE: invoking MPI_ABORT|You may or may not see|"
-                        r"with errorcode|\[\S+:\d+\] \d+ more process)")
+                        r"with errorcode|\[\S+:\d+\] \d+ more process|YOUR APPLICATION TERMINATED|This typically refers to a problem|"
+                        r"Please see the FAQ page)")
 
 
 @dataclass
@@ -72,23 +79,89 @@ def spawn(args: Any, gpus: list[int]) -> int:
         with open(args_file, "w", encoding="utf-8") as f:
             json.dump({"args": fields}, f)
         env = dict(os.environ, **{ERRORS_ENV: folder})
-        proc = subprocess.Popen(worker_command(len(gpus), args_file), env=env, stderr=subprocess.PIPE, text=True,
-                                errors="replace")
+        proc = subprocess.Popen(worker_command(len(gpus), args_file), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace")
+        death = DeathReport()  # MPICH writes it on stdout, Open MPI on stderr
+        assert proc.stdout is not None and proc.stderr is not None
+        out = threading.Thread(target=_relay, args=(proc.stdout, sys.stdout, death), daemon=True)
+        out.start()
         try:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                if not _MPI_NOISE.match(line):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
+            _relay(proc.stderr, sys.stderr, death)
             code = proc.wait()
+            out.join()
         except KeyboardInterrupt:
             # The ranks got the same Ctrl-C: they agree to stop, rank 0 snapshots; wait for that.
             code = _wait_after_interrupt(proc)
         if code != 0:
-            message = first_rank_error(folder)
+            message = first_rank_error(folder) or death.describe(rank_pids(folder))
             raise UserError(message or f"a worker process ended with exit code {code} and no message "
                             f"(killed, out of host memory?); every rank has been stopped")
     return 0
+
+
+class DeathReport:
+    """What MPI's launcher said about a process that died without a message of its own."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.host = ""
+        self.how = ""
+
+    def read(self, line: str) -> None:  # lines from two threads: each field is set once, by one of them
+        if (m := _DEAD_PID.match(line)) and self.pid is None:
+            self.pid, self.host = int(m.group(1)), m.group(2)
+        elif (m := _EXIT_STRING.search(line)) and not self.how:
+            self.how = m.group(1)
+
+    def describe(self, ranks_by_pid: dict[int, int]) -> str | None:
+        if self.pid is None:
+            return None
+        rank = ranks_by_pid.get(self.pid)
+        who = f"rank {rank} (pid {self.pid} on {self.host})" if rank is not None else f"pid {self.pid} on {self.host}"
+        how = self.how or "ended"
+        if m := re.search(r"signal (\d+)", how):
+            signal_number = int(m.group(1))
+            how = f"was killed by signal {signal_number} ({_signal_name(signal_number)})"
+            if signal_number == 9:
+                how += ": out of host memory (the kernel's OOM killer), or killed from outside"
+        else:
+            how = f"ended: {how}"
+        return f"{who} {how}, without a message; every rank has been stopped"
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+
+
+def pid_file(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank-{rank}.pid")
+
+
+def rank_pids(folder: str) -> dict[int, int]:
+    """pid -> rank, from the pid files the ranks wrote at start."""
+    found: dict[int, int] = {}
+    for name in os.listdir(folder):
+        if m := re.fullmatch(r"rank-(\d+)\.pid", name):
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    found[int(f.read().strip())] = int(m.group(1))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _relay(source: Any, sink: Any, death: "DeathReport") -> None:
+    """The workers' lines, less MPI's chatter about an abort, whose facts `death` keeps."""
+    for line in source:
+        death.read(line)
+        if not _MPI_NOISE.match(line):
+            sink.write(line)
+            sink.flush()
 
 
 def _wait_after_interrupt(proc: subprocess.Popen) -> int:

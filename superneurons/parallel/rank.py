@@ -15,7 +15,7 @@ from typing import Any
 
 from superneurons.errors import UserError
 from superneurons import settings
-from superneurons.parallel.launch import ERRORS_ENV, error_file
+from superneurons.parallel.launch import ERRORS_ENV, error_file, pid_file
 from superneurons.parallel.world import World
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -37,6 +37,7 @@ def pick_device(world: World, gpus: list[int] | None, param: pb.SolverParameter)
 
 def train_rank(args: Any, param: pb.SolverParameter, gpus: list[int] | None) -> int:
     world = World()
+    _announce_pid(world)
     try:
         return _train(args, param, gpus, world)
     except BaseException as e:  # noqa: BLE001 - every failure must end the whole job, not hang it
@@ -77,6 +78,17 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
     if hasattr(collective, "close"):
         collective.close()
     return code
+
+
+def _announce_pid(world: World) -> None:
+    """Under the local launcher: this rank's pid, so a rank that dies without a word can be named."""
+    folder = settings.get(ERRORS_ENV)
+    if folder:
+        try:
+            with open(pid_file(folder, world.rank), "w", encoding="utf-8") as f:
+                f.write(f"{os.getpid()}\n")
+        except OSError:
+            pass
 
 
 def describe(e: BaseException) -> str:
