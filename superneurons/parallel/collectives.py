@@ -10,6 +10,11 @@ recorded on stream 0 (the kernels that wrote the bucket's gradients); `wait` mak
 bucket's done event, on the GPU, so the host is never blocked. NCCL's AVG operation divides by the number
 of ranks in the same pass.
 
+The reductions go through nccl4py's C-level binding (`nccl.bindings.nccl.all_reduce`) with the arrays' device
+addresses, not through `Communicator.allreduce`: that one resolves each buffer's device with cuda-bindings'
+`cuPointerGetAttribute(DEVICE_ORDINAL)`, which answers 0 for every pointer (NVIDIA/cuda-python#2928), so it
+refuses every rank on a GPU other than 0; it also costs a resolution per tensor per iteration.
+
 MPI (mpi4py) on the CPU backend: a non-blocking in-place Iallreduce per gradient, then a scale by 1/N.
 """
 from __future__ import annotations
@@ -63,16 +68,27 @@ def _nccl() -> Any:
 
 
 class NcclCollective:
-    """Averaging device arrays of the current GPU across the ranks of `world` through NCCL."""
+    """Averaging device arrays of GPU `device` (the current one) across the ranks of `world` through NCCL."""
 
-    def __init__(self, world: Any):
+    def __init__(self, world: Any, device: int):
         from cuda.bindings import driver as drv
+        from nccl.bindings import nccl as nccl_c
 
         nccl = _nccl()
-        self._nccl = nccl
+        self._nccl, self._nccl_c = nccl, nccl_c
         self._drv, self._check = drv, _check
         uid = world.broadcast(bytes(nccl.get_unique_id()) if world.is_root else None)
         self.comm = nccl.Communicator.init(world.size, world.rank, nccl.UniqueId.from_bytes(uid))
+        if self.comm.device.device_id != device:
+            raise RuntimeError(f"rank {world.rank}: the NCCL communicator is on GPU {self.comm.device.device_id}, "
+                               f"its arrays on GPU {device}")
+        self._handle = nccl_c.Comm(self.comm.ptr)  # the C handle; owned (destroyed) by self.comm
+        self._dtypes = {np.dtype(np.float32): int(nccl.FLOAT32), np.dtype(np.float64): int(nccl.FLOAT64),
+                        np.dtype(np.float16): int(nccl.FLOAT16)}
+        self._avg = int(nccl.AVG)
+        from superneurons.backend.cuda.pointers import pointer
+
+        self._pointer = pointer
         self.size = world.size
         self.stream = _check(drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
         self._stream_handle = int(self.stream)
@@ -87,10 +103,12 @@ class NcclCollective:
         # waits for the marker's latest record, so one marker serves every bucket).
         check(drv.cuEventRecord(self._marker, drv.CUstream(0)), "cuEventRecord")
         check(drv.cuStreamWaitEvent(self.stream, self._marker, 0), "cuStreamWaitEvent")
-        nccl = self._nccl
-        with nccl.group():
+        all_reduce, handle, stream, avg, pointer = (self._nccl_c.all_reduce, self._handle, self._stream_handle,
+                                                    self._avg, self._pointer)
+        with self._nccl.group():
             for a in arrays:
-                self.comm.allreduce(a, a, nccl.AVG, stream=self._stream_handle)
+                address = pointer(a)
+                all_reduce(address, address, a.size, self._dtypes[np.dtype(a.dtype)], avg, handle, stream)
         return CudaEvent(self.stream)
 
     def wait(self, handle: Any) -> None:

@@ -63,7 +63,7 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
     else:
         from superneurons.parallel.collectives import NcclCollective
 
-        collective = NcclCollective(world)
+        collective = NcclCollective(world, device)
 
     def make_solver(log):
         solver = RankSolver(param, args.solver, world=world, collective=collective, backend=backend,

@@ -263,7 +263,7 @@ def ours_rank(a: argparse.Namespace, world: Any) -> dict:
     else:
         from superneurons.parallel.collectives import NcclCollective
 
-        collective = NcclCollective(world)
+        collective = NcclCollective(world, world.local_rank)
     memory = "auto" if a.budget else "baseline"
     pool = a.budget - (workspace or 0) if a.budget else None
     with open(os.devnull, "w") as sink:
