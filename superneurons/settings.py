@@ -103,6 +103,10 @@ _DECLARED = (
     Setting("SUPERNEURONS_FAST_LAUNCH", FLAG, True,
             "Launch numba kernels through cuLaunchKernel with recorded arguments (read at the first launch); 0 "
             "takes numba's own path every time."),
+    Setting("SUPERNEURONS_CONV_BIAS_SUM", CHOICE, "auto",
+            "Convolution bias gradients: `cudnn` (cudnnConvolutionBackwardBias), `own` (the per-channel sum "
+            "kernel Bias and InnerProduct use), `auto`: own on the planes where it measured faster "
+            "(backend/cuda/ops/conv.py, tools/bench/conv_bias.py).", choices=("auto", "cudnn", "own")),
     Setting("SUPERNEURONS_CUDA_SPREAD", FLAG, True,
             "Per-channel reductions (BatchNorm, Scale, bias gradients) spread each channel over several blocks; "
             "0 uses one block per channel."),

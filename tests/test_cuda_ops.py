@@ -122,6 +122,26 @@ def test_conv(gpu, rng, shape, kernel, stride, pad, group, graph, monkeypatch):
           f"dw {errs[1]:.2e} db {errs[2]:.2e} dx+= {errs[3]:.2e} dw= {errs[4]:.2e}")
 
 
+@pytest.mark.parametrize("choice", ["cudnn", "own", "auto"])
+@pytest.mark.parametrize("channels,plane", [(16, 55), (512, 14)])
+def test_conv_bias_gradient_by_either_kernel(gpu, rng, choice, channels, plane, monkeypatch):
+    """db += the per-channel sum of dy, by cuDNN's call or our kernel (SUPERNEURONS_CONV_BIAS_SUM); `auto` takes
+    ours on the large plane and cuDNN's on the small plane of many channels."""
+    from superneurons.backend.cuda.ops.conv import own_bias_sum
+
+    monkeypatch.setenv("SUPERNEURONS_CONV_BIAS_SUM", choice)
+    assert own_bias_sum(channels, plane * plane) == {"cudnn": False, "own": True, "auto": plane == 55}[choice]
+    geom = ConvGeometry((1, 1))
+    x = randn(rng, 4, 8, plane, plane)
+    w = randn(rng, channels, 8, 1, 1)
+    dy = randn(rng, 4, channels, plane, plane)
+    db0 = randn(rng, channels)
+    want = db0.astype(np.float64) + dy.astype(np.float64).sum(axis=(0, 2, 3))
+    db = dev(gpu, db0)
+    gpu.ops.conv_backward(dev(gpu, x), dev(gpu, w), dev(gpu, dy), None, None, db, geom)
+    close(gpu.to_host(db), want.astype(f32), rtol=1e-5, atol_scale=1e-5)
+
+
 @pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra", [
     ("max", (3, 3), (2, 2), (0, 0), True), ("max", (2, 2), (2, 2), (0, 0), False),
     ("ave", (3, 3), (2, 2), (1, 1), True), ("stochastic", (3, 3), (2, 2), (0, 0), True),

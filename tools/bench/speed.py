@@ -38,6 +38,7 @@ from pathlib import Path
 from tools.bench import common
 
 ROOT = Path(__file__).resolve().parents[2]
+TOP_LAYERS = 20  # the profile's per-layer list: the slowest layer directions, per iteration
 
 
 def solver_path(net: str) -> Path:
@@ -100,22 +101,22 @@ def gpu_breakdown(solver, backend, iterations: int) -> dict:
     marks: list = []
     free = iter(events)
 
-    def timed(fn, key):
+    def timed(fn, key, name):
         def run(*args):
             start = next(free)
             drv.cuEventRecord(start, stream)
             fn(*args)
             end = next(free)
             drv.cuEventRecord(end, stream)
-            marks.append((key, start, end))
+            marks.append((key, name, start, end))
         return run
 
     originals = []
     for node in nodes:
         layer = node.layer
         originals.append((layer, layer.forward, layer.backward))
-        layer.forward = timed(layer.forward, layer.type_name + " fwd")
-        layer.backward = timed(layer.backward, layer.type_name + " bwd")
+        layer.forward = timed(layer.forward, layer.type_name + " fwd", f"{node.name} ({layer.type_name}) fwd")
+        layer.backward = timed(layer.backward, layer.type_name + " bwd", f"{node.name} ({layer.type_name}) bwd")
     backend.synchronize()
     begin, finish = next(free), next(free)
     drv.cuEventRecord(begin, stream)
@@ -125,8 +126,11 @@ def gpu_breakdown(solver, backend, iterations: int) -> dict:
     for layer, fwd, bwd in originals:
         layer.forward, layer.backward = fwd, bwd
     spent: dict[str, float] = {}
-    for key, start, end in marks:
-        spent[key] = spent.get(key, 0.0) + drv.cuEventElapsedTime(start, end)[1]
+    per_layer: dict[str, float] = {}
+    for key, name, start, end in marks:
+        ms = drv.cuEventElapsedTime(start, end)[1]
+        spent[key] = spent.get(key, 0.0) + ms
+        per_layer[name] = per_layer.get(name, 0.0) + ms
     total = drv.cuEventElapsedTime(begin, finish)[1]
     for e in events:
         drv.cuEventDestroy(e)
@@ -134,6 +138,8 @@ def gpu_breakdown(solver, backend, iterations: int) -> dict:
     out["all layers"] = round(sum(spent.values()) / iterations, 3)
     out["outside layers"] = round((total - sum(spent.values())) / iterations, 3)
     out["iteration"] = round(total / iterations, 3)
+    top = sorted(per_layer.items(), key=lambda kv: -kv[1])[:TOP_LAYERS]
+    out["slowest layers"] = {name: round(ms / iterations, 3) for name, ms in top}
     return out
 
 
@@ -269,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         result["superneurons"] = ours(args.net, args.batch, args.warmup, args.iterations)
         print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
         print(f"host ms per iteration (no sync): {result['superneurons']['host_ms_per_iter']}", flush=True)
-        print(f"GPU ms per iteration (events around layers): {result['superneurons']['gpu_ms_per_iter']}", flush=True)
+        profile = dict(result['superneurons']['gpu_ms_per_iter'])
+        slowest = profile.pop("slowest layers", {})
+        print(f"GPU ms per iteration (events around layers): {profile}", flush=True)
+        print("slowest layers (GPU ms per iteration): " + "; ".join(f"{k} {v}" for k, v in slowest.items()), flush=True)
         print(f"convolution directions by cuDNN API: {result['superneurons']['conv_paths']}", flush=True)
     if not args.no_torch:
         result["pytorch"] = {}

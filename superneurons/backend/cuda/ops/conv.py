@@ -1,7 +1,9 @@
 """2-D convolution through cuDNN (grouped, dilated); plans and algorithms chosen once per shape (see cudnn.py)."""
 from __future__ import annotations
 
+from superneurons import settings
 from superneurons.backend.cuda import cudnn
+from superneurons.backend.cuda.ops import basic
 from superneurons.backend.cuda.device import current
 from superneurons.backend.geometry import ConvGeometry
 
@@ -26,11 +28,32 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
     `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy. None skips one."""
     plan = _plan(x, w, dy, geom)
     if db is not None:
-        plan.backward_bias(dy, db)
+        n, m, oh, ow = dy.shape
+        if own_bias_sum(m, oh * ow):
+            basic.bias_backward(dy, db, n, m, oh * ow)
+        else:
+            plan.backward_bias(dy, db)
     if dw is not None:
         plan.backward_filter(x, dy, dw, accumulate=not overwrite_dw)
     if dx is not None:
         plan.backward_data(w, dy, dx, accumulate_dx)
+
+
+# tools/bench/conv_bias.py, batch 64 on an H100 (ms): cudnnConvolutionBackwardBias is slow on large planes,
+# 2.89 on 96 x 111x111 against the per-channel sum kernel's 0.22, 0.73 vs 0.11 on 128 x 55x55, 0.20 vs 0.08
+# on 256 x 27x27, but ahead on small planes of many channels: 0.076 vs 0.119 on 512 x 28x28, 0.024 vs 0.057
+# on 512 x 14x14, 0.087 vs 0.103 on 1000 x 15x15 (SqueezeNet spent 10.3 ms of a 28 ms step in it, VGG16 7.3).
+OWN_BIAS_SUM_PLANE = 2500  # pixels per channel from which our kernel sums every bias gradient
+OWN_BIAS_SUM_SMALL_PLANE, OWN_BIAS_SUM_SMALL_CHANNELS = 700, 256  # and on planes this large, up to this many
+
+
+def own_bias_sum(channels: int, plane: int) -> bool:
+    """Whether a convolution's bias gradient over `channels` planes of `plane` pixels runs our per-channel
+    sum (True) or cuDNN's (SUPERNEURONS_CONV_BIAS_SUM chooses; `auto` by the measurements above)."""
+    choice = settings.get("SUPERNEURONS_CONV_BIAS_SUM")
+    if choice != "auto":
+        return choice == "own"
+    return plane >= OWN_BIAS_SUM_PLANE or (plane >= OWN_BIAS_SUM_SMALL_PLANE and channels <= OWN_BIAS_SUM_SMALL_CHANNELS)
 
 
 _FWD = ("implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling", "winograd",
