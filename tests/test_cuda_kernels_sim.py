@@ -99,6 +99,46 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad):
 
 
 @simulated
+@pytest.mark.parametrize("x_shape,kernel,stride,pad", [
+    ((2, 3, 9, 8), (3, 3), (2, 2), (0, 0)),  # ceil mode: the last windows hang over
+    ((1, 2, 7, 7), (3, 3), (1, 1), (1, 1)),  # Inception's 3x3 stride-1 average pooling: divisors count padding
+    ((1, 2, 6, 5), (2, 3), (2, 1), (1, 0)),  # overlapping along one axis only
+    ((2, 1, 5, 5), (2, 2), (3, 3), (0, 0)),  # stride over the kernel: some pixels in no window
+    ((2, 2, 6, 6), (6, 6), (1, 1), (0, 0)),  # global pooling
+])
+def test_ave_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad):
+    """The column-walking average forward (and Caffe's TEST-time stochastic one) and backward, summing in
+    float32 as Caffe does, against the CPU op (float64 sums) and the per-pixel kernels."""
+    rng = np.random.default_rng()
+
+    def pooled(n, k, st, p):
+        out = -(-(n + 2 * p - k) // st) + 1
+        return out - 1 if p and (out - 1) * st >= n + p else out
+
+    oh, ow = (pooled(*a) for a in zip(x_shape[2:], kernel, stride, pad))
+    planes = x_shape[0] * x_shape[1]
+    dims = (x_shape[2], x_shape[3], oh, ow, *kernel, *stride, *pad)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    for method in ("ave", "stochastic"):
+        xm = np.abs(x) if method == "stochastic" else x  # stochastic pooling reads probabilities (>= 0)
+        want = np.empty((*x_shape[:2], oh, ow), np.float32)
+        cpu_pool.pool_forward(xm, want, None, PoolGeometry(method, kernel, stride, pad))
+        got, plain = np.full_like(want, np.nan), np.full_like(want, np.nan)
+        K.launch(pk.ave_forward_columns, planes * ow)(xm.ravel(), got.ravel(), planes, *dims, method == "stochastic")
+        K.launch(pk.ave_forward, want.size)(xm.ravel(), plain.ravel(), *dims, method == "stochastic")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-6)
+    dy = rng.standard_normal((*x_shape[:2], oh, ow)).astype(np.float32)
+    want = np.empty_like(x)
+    cpu_pool.pool_backward(dy, None, want, PoolGeometry("ave", kernel, stride, pad))
+    got, plain = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    K.launch(pk.ave_backward_columns, planes * x_shape[3])(dy.ravel(), got.ravel(), planes, *dims)
+    K.launch(pk.ave_backward, x.size)(dy.ravel(), plain.ravel(), *dims)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-6)
+
+
+@simulated
 @pytest.mark.parametrize("n", [1, 3, 1029, 5000])
 def test_unrolled_elementwise_kernels_match_cpu_in_place(n):
     """ReLU forward/backward and the two-input sum take four elements per thread per trip; sizes that leave

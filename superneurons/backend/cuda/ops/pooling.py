@@ -23,7 +23,9 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None) -> None:
         if top_mask is not None:
             copy(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
-        K.launch(pk.ave_forward, y.size)(flat(x), flat(y), *dims, geom.method == "stochastic")
+        planes = y.shape[0] * y.shape[1]
+        K.launch(pk.ave_forward_columns, planes * y.shape[3])(flat(x), flat(y), planes, *dims,
+                                                              geom.method == "stochastic")
     else:
         raise ValueError(f"unknown pooling method {geom.method!r}")
 
@@ -34,6 +36,7 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry) -> None:
         planes = dx.shape[0] * dx.shape[1]
         K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims)
     elif geom.method == "ave":
-        K.launch(pk.ave_backward, dx.size)(flat(dy), flat(dx), *dims)
+        planes = dx.shape[0] * dx.shape[1]
+        K.launch(pk.ave_backward_columns, planes * dx.shape[3])(flat(dy), flat(dx), planes, *dims)
     else:
         raise ValueError(f"pooling method {geom.method!r} has no backward")
