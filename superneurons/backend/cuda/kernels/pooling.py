@@ -141,10 +141,7 @@ def ave_backward_columns(dy, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
         lo = 0
         hi = 0
         for r in range(h):
-            while lo < oh and lo * sh - ph + kh <= r:
-                lo += 1
-            while hi < oh and hi * sh - ph <= r:
-                hi += 1
+            lo, hi = _rows_holding(r, lo, hi, oh, kh, sh, ph)
             grad = np.float32(0.0)
             for qh in range(lo, hi):
                 h0 = qh * sh - ph
@@ -154,6 +151,18 @@ def ave_backward_columns(dy, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
                     w0 = qw * sw - pw
                     grad += dy[row + qw] / np.float32(rows * (min(w0 + kw, w + pw) - w0))
             dx[src + r * w] = grad
+
+
+@cuda.jit(device=True)
+def _rows_holding(r, lo, hi, oh, kh, sh, ph):
+    """The output rows [lo, hi) whose windows hold input row r, moved on from those of row r - 1: lo is the
+    first window whose rows [q*sh - ph, q*sh - ph + kh) reach row r, hi the first starting below it (capped at
+    oh). Both only move forward as r grows, so comparisons replace divisions."""
+    while lo < oh and lo * sh - ph + kh <= r:
+        lo += 1
+    while hi < oh and hi * sh - ph <= r:
+        hi += 1
+    return lo, hi
 
 
 @cuda.jit(device=True)
@@ -193,13 +202,10 @@ def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph,
         lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
         src = plane * h * w + s
         out_plane = plane * oh
-        lo = 0  # first window whose rows [q*sh - ph, q*sh - ph + kh) reach row r
-        hi = 0  # first window starting below row r (capped at oh)
+        lo = 0
+        hi = 0
         for r in range(h):
-            while lo < oh and lo * sh - ph + kh <= r:
-                lo += 1
-            while hi < oh and hi * sh - ph <= r:
-                hi += 1
+            lo, hi = _rows_holding(r, lo, hi, oh, kh, sh, ph)
             me = r * w + s
             grad = 0.0
             for qh in range(lo, hi):
