@@ -121,12 +121,12 @@ class DeathReport:
         how = self.how or "ended"
         if m := re.search(r"signal (\d+)", how):
             signal_number = int(m.group(1))
-            how = f"was killed by signal {signal_number} ({_signal_name(signal_number)})"
+            how = f"was killed by signal {signal_number} ({_signal_name(signal_number)}) without a message"
             if signal_number == 9:
-                how += ": out of host memory (the kernel's OOM killer), or killed from outside"
+                how += " (out of host memory: the kernel's OOM killer; or killed from outside)"
         else:
-            how = f"ended: {how}"
-        return f"{who} {how}, without a message; every rank has been stopped"
+            how = f"ended without a message ({how})"
+        return f"{who} {how}; every rank has been stopped"
 
 
 def _signal_name(number: int) -> str:
