@@ -157,7 +157,7 @@ class AlgoTable(Candidates):
 def _find_enabled() -> bool:
     """SUPERNEURONS_CUDNN_FIND=1 measures algorithms; the default ranks by cuDNN's heuristics, because on an
     H200 (cuDNN 9.19, ResNet-50 batch 64) the measured choices trained slower end to end: 1120 against 1350
-    img/s (docs/BENCHMARKS.md, issue 3), Find timing each algorithm alone on an idle GPU. Measuring uses the
+    img/s (docs/benchmarks-history.md, issue 3), Find timing each algorithm alone on an idle GPU. Measuring uses the
     legacy API (the graph path ranks by heuristics only)."""
     return settings.get("SUPERNEURONS_CUDNN_FIND")
 
