@@ -27,29 +27,42 @@ def _variance_n(f: pb.FillerParameter, shape) -> float:
     return fan_in
 
 
+# Values drawn at a time. The generator draws float64, twice the float32 parameter, so a large parameter is
+# drawn in pieces into its float32 array: a Generator's draws concatenate, so the values are the same.
+DRAW_CHUNK = 1 << 20
+
+
+def _drawn(shape: tuple[int, ...], draw) -> np.ndarray:
+    """A float32 array of `shape` holding draw(n)'s values, DRAW_CHUNK at a time, in order."""
+    out = np.empty(shape, np.float32)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, DRAW_CHUNK):
+        flat[start:start + DRAW_CHUNK] = draw(min(DRAW_CHUNK, flat.size - start))
+    return out
+
+
 def fill(f: pb.FillerParameter, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """A float32 array of `shape` filled as FillerParameter `f` says."""
     kind = f.type or "constant"
     if kind == "constant":
         return np.full(shape, f.value, dtype=np.float32)
     if kind == "uniform":
-        return rng.uniform(f.min, f.max, size=shape).astype(np.float32)
+        return _drawn(shape, lambda n: rng.uniform(f.min, f.max, size=n))
     if kind == "gaussian":
-        out = rng.normal(f.mean, f.std, size=shape).astype(np.float32)
+        out = _drawn(shape, lambda n: rng.normal(f.mean, f.std, size=n))
         if f.sparse >= 0 and len(shape) >= 2:
             # Keep each weight with probability sparse / num_outputs, as Caffe does.
             num_outputs = shape[0]
-            keep = rng.random(size=shape) < (f.sparse / num_outputs)
-            out *= keep
+            out *= _drawn(shape, lambda n: rng.random(size=n) < (f.sparse / num_outputs))
         return out
     if kind == "xavier":
         scale = np.sqrt(3.0 / _variance_n(f, shape))
-        return rng.uniform(-scale, scale, size=shape).astype(np.float32)
+        return _drawn(shape, lambda n: rng.uniform(-scale, scale, size=n))
     if kind == "msra":
         std = np.sqrt(2.0 / _variance_n(f, shape))
-        return rng.normal(0.0, std, size=shape).astype(np.float32)
+        return _drawn(shape, lambda n: rng.normal(0.0, std, size=n))
     if kind == "positive_unitball":
-        out = rng.uniform(0.0, 1.0, size=shape).astype(np.float32)
+        out = _drawn(shape, lambda n: rng.uniform(0.0, 1.0, size=n))
         flat = out.reshape(shape[0], -1)
         flat /= flat.sum(axis=1, keepdims=True)
         return out

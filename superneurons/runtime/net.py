@@ -22,7 +22,7 @@ from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.interface import MemoryManager, StepHooks
 from superneurons.memory.params import layers_computed_by, param_root
-from superneurons.memory.pool import make_pool, round_up
+from superneurons.memory.pool import format_bytes, make_pool, round_up
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.limits import check_fits
 from superneurons.settings import memory_policy
@@ -343,7 +343,13 @@ class Net:
         for node in sorted(self.graph.nodes, key=lambda n: n.layer.layer_index):
             for decl in node.layer.params:
                 if decl.owner is None:
-                    self.params.write(decl.data_tensor, fill_host(decl.filler, decl.shape, rng))
+                    try:
+                        values = fill_host(decl.filler, decl.shape, rng)
+                    except MemoryError:  # the pool fitted (check_fits); the host copy being filled did not
+                        nbytes = 4 * int(np.prod(decl.shape, dtype=np.int64))
+                        raise UserError(f"layer {node.name!r}: no host memory left to fill its parameter of shape "
+                                        f"{tuple(decl.shape)} ({format_bytes(nbytes)})") from None
+                    self.params.write(decl.data_tensor, values)
         self.bind_params()
 
     def _build_steps(self) -> None:
