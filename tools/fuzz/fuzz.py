@@ -141,8 +141,8 @@ class Tally:
                 for kind in self.kinds}
 
     def summary(self) -> list[str]:
-        head = f"{'kind':14s} {'cases':>6s} " + " ".join(f"{o:>9s}" for o in OUTCOMES) + f" {'wall s':>8s} {'cases/s':>8s}"
-        lines = [head]
+        lines = [f"{'kind':14s} {'cases':>6s} " + " ".join(f"{o:>9s}" for o in OUTCOMES) +
+                 f" {'wall s':>8s} {'cases/s':>8s}"]
         total: Counter = Counter()
         for kind in self.kinds:
             counts = Counter(self.outcomes[kind])
@@ -158,7 +158,9 @@ class Tally:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 class ShardProcess:
