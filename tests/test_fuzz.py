@@ -2,16 +2,20 @@
 
 The long runs and their numbers are in docs/ROBUSTNESS.md; this keeps what they fixed fixed. A failure
 prints each finding's command line; replay it with
-`python tools/fuzz/fuzz.py --kind KIND --seed 11 --first CASE --cases 1 --keep /tmp/case`.
+`python tools/fuzz/fuzz.py --kind KIND --seed 11 --first CASE --cases 1 --keep /tmp/case`. Then `--jobs`:
+the same outcome for every case as one job, and a run stopped by Ctrl-C or a dead shard leaves nothing.
 """
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +77,91 @@ def test_worker_reports_tracebacks_deaths_and_hangs(tmp_path):
         assert result.outcome == "error" and result.detail.endswith("missing: no such file")
     finally:
         worker.stop()
+
+
+def test_jobs_report_the_outcome_of_every_case_as_one_job_does(tmp_path):
+    # lmdb: each shard must have folders of its own (LMDB knows environments by inode); solver: its cases
+    # write snapshots into the corpus.
+    outcomes = {}
+    for jobs in (1, 2):
+        report = tmp_path / f"jobs{jobs}.json"
+        argv = ["--kind", "solver", "--kind", "lmdb", "--cases", "4", "--first", "2", "--seed", "5",
+                "--data-workers", "1", "--jobs", str(jobs), "--work", str(tmp_path / "work"), "--json", str(report)]
+        assert fuzz_tool.main(argv) == 0
+        assert not (tmp_path / "work/shards").exists()
+        outcomes[jobs] = json.loads(report.read_text())
+    for kind in ("solver", "lmdb"):
+        one, two = outcomes[1][kind], outcomes[2][kind]
+        assert len(one["outcomes"]) == 4 and sum(one["counts"].values()) == 4
+        assert (two["outcomes"], two["counts"], two["findings"]) == (one["outcomes"], one["counts"], one["findings"])
+    assert {"ok", "error"} <= set(outcomes[1]["solver"]["outcomes"] + outcomes[1]["lmdb"]["outcomes"])
+
+
+def test_split_covers_every_case_once():
+    assert fuzz_tool.split(10, 7, 3) == [(10, 12), (12, 14), (14, 17)]
+    assert fuzz_tool.split(0, 2, 16) == [(0, 1), (1, 2)]
+    assert fuzz_tool.split(5, 1, 4) == [(5, 6)]
+
+
+def test_keep_replays_one_case_under_jobs(tmp_path):
+    argv = ["--kind", "lmdb", "--cases", "1", "--first", "3", "--seed", "5", "--data-workers", "1", "--jobs", "2",
+            "--keep", str(tmp_path / "kept")]
+    fuzz_tool.main(argv)
+    assert (tmp_path / "kept/lmdb-3/lenet.prototxt").is_file() and (tmp_path / "kept/lmdb-3/db").is_dir()
+
+
+def _processes_in(folder: Path) -> list[tuple[int, str, str]]:
+    """(pid, working folder, command line) of the processes working in `folder` or naming it in their command."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone, or not ours to read
+            continue
+        if cwd.startswith(str(folder)) or str(folder) in cmd:
+            found.append((int(entry.name), cwd, cmd))
+    return found
+
+
+def _start_long_run(tmp_path: Path, jobs: int) -> subprocess.Popen:
+    """A run of many cases, returned once a worker runs cases (it works in its shard's folder)."""
+    proc = subprocess.Popen([sys.executable, str(FUZZ / "fuzz.py"), "--kind", "solver", "--cases", "400",
+                             "--data-workers", "1", "--jobs", str(jobs), "--work", str(tmp_path / "work")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(cwd.startswith(str(tmp_path / "work/shards")) for _, cwd, _ in _processes_in(tmp_path)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not start its cases"
+        time.sleep(0.2)
+    return proc
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_every_worker_in_one_line(tmp_path, jobs):
+    proc = _start_long_run(tmp_path, jobs)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, "fuzz.py: interrupted\n")
+    assert _processes_in(tmp_path) == []
+    assert not (tmp_path / "work/shards").exists()
+
+
+def test_a_dead_shard_stops_the_run(tmp_path):
+    proc = _start_long_run(tmp_path, 2)
+    shard = next(pid for pid, _, cmd in _processes_in(tmp_path) if "shard.py" in cmd)
+    os.kill(shard, signal.SIGKILL)  # as the OOM killer would
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.startswith("fuzz.py: error: the shard of solver cases [") and "(killed by SIGKILL)" in err
+    assert err.count("\n") == 1
+    assert _processes_in(tmp_path) == []
+    assert not (tmp_path / "work/shards").exists()
+
+
+def test_a_shard_that_cannot_run_stops_the_run(capsys):
+    # Too little memory for the worker to import SuperNeurons: every shard fails as it starts.
+    assert fuzz_tool.main(["--kind", "solver", "--cases", "4", "--jobs", "2", "--max-memory", str(1 << 20)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fuzz.py: error: the shard of solver cases [") and "the fuzz worker did not start" in err

@@ -1,18 +1,21 @@
-"""The real inputs the fuzzer mutates, built once in a work folder.
+"""The real inputs the fuzzer mutates, built once in a folder that every shard of a run copies.
 
 The repository's nets and solvers (models/), a tiny Datum LMDB (random 28x28 digits-shaped records), a
 LeNet trained two iterations on it whose snapshot gives a .caffemodel, a .solverstate and its .extra
 sidecar (binary and HDF5), a mean .binaryproto, PNG/JPEG/BMP images with an image list, and the
-Caffe-written LeNet snapshot in tests/fixtures. Paths inside the nets are relative to the work folder,
-which every case runs in.
+Caffe-written LeNet snapshot in tests/fixtures. Paths inside the nets are relative to the corpus folder;
+every case runs in its shard's copy of it (cases write there: a solver's snapshots can overwrite the
+corpus's own, which the next kind would then mutate).
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import os
+import pickle
 import shutil
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +75,20 @@ class Corpus:
 
     def rel(self, path: Path) -> str:
         return os.path.relpath(path, self.root)
+
+    def moved(self, root: Path) -> Corpus:
+        """This corpus as it reads once its folder is copied to `root` (every path re-rooted)."""
+        def move(path: Path) -> Path:
+            return root / path.relative_to(self.root)
+
+        changes: dict = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Path):
+                changes[f.name] = move(value)
+            elif isinstance(value, list) and value and isinstance(value[0], Path):
+                changes[f.name] = [move(p) for p in value]
+        return replace(self, **changes)
 
 
 def _quiet_cli(argv: list[str]) -> int:
@@ -165,3 +182,9 @@ def build(root: Path, repo: Path) -> Corpus:
         shutil.copy(fixture, root / "data/caffe_lenet_iter_400.caffemodel")
         c.caffemodels.append(root / "data/caffe_lenet_iter_400.caffemodel")
     return c
+
+
+if __name__ == "__main__":  # python corpus.py ROOT FILE: build in ROOT, pickle the Corpus to FILE
+    import corpus  # this module under its own name, where the pickle's reader finds the class
+
+    Path(sys.argv[2]).write_bytes(pickle.dumps(corpus.build(Path(sys.argv[1]), Path(__file__).resolve().parents[2])))

@@ -6,6 +6,7 @@ e.g. SIGBUS/SIGSEGV/SIGKILL), `hang` (no answer within the time limit).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -18,6 +19,26 @@ from pathlib import Path
 
 OUTCOMES = ("ok", "error", "traceback", "signal", "hang")
 RESTART_EVERY = 300  # cases per worker: bounds what a long run leaks (threads, open databases)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerStartError(RuntimeError):
+    """The worker process did not come up: nothing can be fuzzed (not a finding)."""
+
+
+def child_setup(nice: int, parent_death: signal.Signals):
+    """What a child of the fuzzer runs before it starts: its niceness, and a signal when its parent dies
+    (Linux), so that a fuzzer killed with SIGKILL leaves no worker running on its own."""
+    parent = os.getpid()
+
+    def setup() -> None:
+        if nice:
+            os.nice(nice)
+        if _LIBC.prctl(_PR_SET_PDEATHSIG, int(parent_death)) == 0 and os.getppid() != parent:
+            os._exit(1)  # the parent died before the signal was armed
+
+    return setup
 
 
 @dataclass
@@ -58,11 +79,11 @@ class Worker:
             cmd += ["--data-workers", str(self.data_workers)]
         # Its own session: stopping it also stops what it started (decode processes, their forkserver).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True,
-                                     preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
+                                     start_new_session=True, preexec_fn=child_setup(self.nice, signal.SIGKILL))
         ready = self._read(120.0)
         if not isinstance(ready, dict) or not ready.get("ready"):
-            raise RuntimeError("the fuzz worker did not start (run `python tools/fuzz/worker.py` to see why)")
+            self.stop()
+            raise WorkerStartError("the fuzz worker did not start (run `python tools/fuzz/worker.py` to see why)")
         self.served = 0
 
     def _read(self, timeout: float) -> dict | str:
