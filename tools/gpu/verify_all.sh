@@ -3,19 +3,8 @@
 # memory runtime's acceptance with its table, data input, data parallelism through NCCL, the Python API)
 # and LeNet trained on the GPU with the full default solver. Logs go to $OUT.
 set -u
-# FUZZ="solver:6 lmdb:4" (kind:jobs ...) also fuzzes those input kinds on the machine's idle CPU cores meanwhile
-# (niced, no GPU visible: as on CI), FUZZ_CASES (1000) cases each at FUZZ_SEED (800), each run within
-# FUZZ_TIMEOUT seconds (540); their reports go to $OUT/fuzz_<kind>.{log,json}.
 source tools/gpu/env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-fuzzing=()
-for spec in ${FUZZ:-}; do
-    kind=${spec%:*}
-    CUDA_VISIBLE_DEVICES= timeout "${FUZZ_TIMEOUT:-540}" python tools/fuzz/fuzz.py --kind "$kind" --cases "${FUZZ_CASES:-1000}" \
-        --seed "${FUZZ_SEED:-800}" --jobs "${spec#*:}" --nice 19 --progress 60 --json "$OUT/fuzz_$kind.json" \
-        > "$OUT/fuzz_$kind.log" 2>&1 &
-    fuzzing+=($!)
-done
 python -c "import numpy, nccl.core, mpi4py; print('numpy', numpy.__version__)" 2>&1 | tail -1
 
 echo "== gpu tests"
@@ -29,8 +18,3 @@ echo "== LeNet, full default solver, --gpu 0"
 python tools/data/make_digits_lmdb.py --out data/digits > "$OUT/data.log" 2>&1 || { tail "$OUT/data.log"; exit 1; }
 /usr/bin/time -f "lenet gpu wall %e s" python -m superneurons train --solver models/lenet/lenet_solver.prototxt \
     --gpu 0 --log "$OUT/lenet_gpu.log" 2>&1 | grep -E "Test net output #0|Optimization|wall|rror" | tail -4
-if [ ${#fuzzing[@]} -gt 0 ]; then
-    echo "== fuzzing on the CPU cores"
-    wait "${fuzzing[@]}"
-    for spec in $FUZZ; do tail -4 "$OUT/fuzz_${spec%:*}.log"; done
-fi
