@@ -72,9 +72,11 @@ class NcclCollective:
 
     def __init__(self, world: Any, device: int):
         from cuda.bindings import driver as drv
-        from nccl.bindings import nccl as nccl_c
+
+        from superneurons.backend.cuda.pointers import pointer
 
         nccl = _nccl()
+        from nccl.bindings import nccl as nccl_c  # after _nccl(): a missing NCCL is its one line
         self._nccl, self._nccl_c = nccl, nccl_c
         self._drv, self._check = drv, _check
         uid = world.broadcast(bytes(nccl.get_unique_id()) if world.is_root else None)
@@ -86,8 +88,6 @@ class NcclCollective:
         self._dtypes = {np.dtype(np.float32): int(nccl.FLOAT32), np.dtype(np.float64): int(nccl.FLOAT64),
                         np.dtype(np.float16): int(nccl.FLOAT16)}
         self._avg = int(nccl.AVG)
-        from superneurons.backend.cuda.pointers import pointer
-
         self._pointer = pointer
         self.size = world.size
         self.stream = _check(drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")

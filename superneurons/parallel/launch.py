@@ -29,10 +29,11 @@ from superneurons.parallel.devices import parse_gpus
 from superneurons.parallel.world import launched_by_mpi
 
 ERRORS_ENV = "SUPERNEURONS_DP_ERRORS"  # folder where a failing worker writes rank-<r>.txt
-# MPICH (hydra) and Open MPI lines about an abort; the rank's own message says what happened.
-# MPICH's report of a process that died: "=   PID 123 RUNNING AT host", "EXIT STRING: Killed (signal 9)".
+# MPICH's report of a process that died: "=   PID 123 RUNNING AT host", "EXIT STRING: Killed (signal 9)"
+# (Open MPI words it otherwise; a rank killed under it gets the launcher's generic line).
 _DEAD_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT (\S+)")
 _EXIT_STRING = re.compile(r"EXIT STRING: (.+?)\s*$")
+# MPICH (hydra) and Open MPI lines about an abort; the rank's own message says what happened.
 _MPI_NOISE = re.compile(r"^(Abort\(\d+\)|application called MPI_Abort|=+\s*$|=\s{2,}|\[proxy:|\[mpiexec@|"
                         r"-{20,}\s*$|MPI_ABORT was invoked|NOTE: invoking MPI_ABORT|You may or may not see|"
                         r"with errorcode|\[\S+:\d+\] \d+ more process|YOUR APPLICATION TERMINATED|This typically refers to a problem|"
@@ -81,7 +82,7 @@ def spawn(args: Any, gpus: list[int]) -> int:
         env = dict(os.environ, **{ERRORS_ENV: folder})
         proc = subprocess.Popen(worker_command(len(gpus), args_file), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace")
-        death = DeathReport()  # MPICH writes it on stdout, Open MPI on stderr
+        death = DeathReport()  # MPICH (the launcher we install) writes its report on stdout
         assert proc.stdout is not None and proc.stderr is not None
         out = threading.Thread(target=_relay, args=(proc.stdout, sys.stdout, death), daemon=True)
         out.start()
