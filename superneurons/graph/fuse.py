@@ -12,12 +12,21 @@ write relu(sum)) and backward one pass (read y and dy, write every bottom gradie
 separately, the ReLU reads and writes the sum again, and its gradient again. The Eltwise then needs its top
 for backward (the ReLU's mask) instead of the ReLU; a replay of its forward (recomputation) rebuilds relu(sum).
 
+**Convolution -> ReLU** (`fuse_conv_relu`). VGG, AlexNet, SqueezeNet and Inception-style nets follow nearly
+every convolution with a ReLU in place on its top. Fused (backend op `conv_relu_forward/backward`), the
+forward adds the bias and applies the ReLU in one pass after the convolution (instead of a bias pass and a
+ReLU pass), and the backward masks the top gradient in place in one pass, summing the bias gradient in the
+same pass where the backend can, before the convolution's own weight and data gradients. The Convolution
+then needs its top for backward (the ReLU's mask) as well as its bottom; a replay of its forward
+(recomputation) rebuilds relu(conv). Deconvolution and InnerProduct stay unfused.
+
 A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the
   next layer touching the first layer's top blob is the next of the chain (BatchNorm: the Scale, then the
-  ReLU; Eltwise: the ReLU), in place on it, so there is nothing else to write;
+  ReLU; Eltwise, Convolution: the ReLU), in place on it, so there is nothing else to write;
 - the Scale multiplies by a learned per-channel vector (one bottom, axis 1, C values) and adds a bias;
-  the Eltwise is a SUM (any coefficients) with one top;
+  the Eltwise is a SUM (any coefficients) with one top; the Convolution has one top (any bias, group,
+  dilation);
 - the ReLU's negative_slope is >= 0 (its mask is then "pre-activation > 0", and "output > 0");
 - all of them agree on whether they run backward (the BatchNorm's backward computes the Scale's
   parameter gradients, so it must run exactly when the Scale's would; the fused layer's backward does
@@ -25,16 +34,17 @@ A layer is fused only when the fused layer computes exactly what the separate la
 
 Params stay owned by their layers (caffemodel files and the solver see no change); the absorbed Scale and
 ReLU stay in the graph as pass-through steps, so logs and the profiler list Caffe's layers.
-graph.build runs both unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
+graph.build runs all three unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from superneurons.proto import superneurons_pb2 as pb
 
 if TYPE_CHECKING:
     from superneurons.graph.build import Node
+    from superneurons.layers.base import Layer
 
 
 def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
@@ -59,15 +69,25 @@ def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
 
 def fuse_eltwise_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
     """Fuse every Eltwise SUM whose top is next touched by an in-place ReLU; returns (eltwise, relu) names."""
+    return _fuse_trailing_relu(nodes, lambda layer: layer.type_name == "Eltwise"
+                               and layer.op == pb.EltwiseParameter.SUM)
+
+
+def fuse_conv_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
+    """Fuse every Convolution whose top is next touched by an in-place ReLU; returns (convolution, relu) names."""
+    return _fuse_trailing_relu(nodes, lambda layer: layer.type_name == "Convolution")
+
+
+def _fuse_trailing_relu(nodes: list["Node"], owns: Callable[["Layer"], bool]) -> list[tuple[str, str]]:
+    """Fold into every layer that `owns` accepts (one with `fuse_relu`) the ReLU that next touches its one top."""
     fused = []
     for i, node in enumerate(nodes):
-        layer = node.layer
-        if layer.type_name != "Eltwise" or layer.op != pb.EltwiseParameter.SUM or len(node.tops) != 1:
+        if not owns(node.layer) or len(node.tops) != 1:
             continue
         blob = node.tops[0]
         j = _next_toucher(nodes, i, blob)
         if j is not None and _is_fusable_relu(node, nodes[j], blob):
-            layer.fuse_relu(nodes[j].layer)
+            node.layer.fuse_relu(nodes[j].layer)
             fused.append((node.name, nodes[j].name))
     return fused
 

@@ -1,5 +1,9 @@
 """Convolution (Caffe semantics): 2-D, grouped, dilated, over the axes after `axis`.
 
+graph/fuse.py may fold the ReLU in place on a Convolution's top into it (`fuse_relu`: VGG, AlexNet and
+Inception-style nets): it then writes relu(conv + bias) itself, and its backward masks the top gradient
+with its top before the convolution's gradients, so it needs its top as well as its bottom.
+
 Also home of `spatial_pair`, the reading of Caffe's "one value for every spatial axis or one per
 axis, or the _h/_w fields" convention that Pooling shares.
 """
@@ -8,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from superneurons.backend.geometry import ConvGeometry, Pair
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, claim_cleared_diff, count, register
+from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, canonical_axis, claim_cleared_diff, count, register
 
 
 def spatial_pair(layer: Layer, msg, what: str, values: Sequence[int], default: int | None, minimum: int) -> Pair:
@@ -94,6 +98,7 @@ class Convolution(Layer):
         self.oh, self.ow = self.geom.out_size((self.h, self.w))
         self.weight = self.add_param((m, self.c // group) + kernel, p.weight_filler)
         self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
+        self.relu_slope = None  # the absorbed ReLU's negative_slope (>= 0), once fused
         return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
 
     def forward_flops(self):
@@ -107,22 +112,38 @@ class Convolution(Layer):
         return self.ops.conv_algorithm((self.n, self.c, self.h, self.w), self.weight.shape,
                                        (self.n, self.m, self.oh, self.ow), self.geom, self.weight.data.dtype)
 
+    def fuse_relu(self, relu) -> None:
+        """Apply `relu` (a ReLU in place on our top, slope >= 0; graph/fuse.py checks) ourselves."""
+        self.relu_slope = relu.slope
+        relu.absorb_into(self)
+
     def backward_needs(self):
-        # dW needs the input; dx needs only dy and W (a parameter, always resident).
+        # dW needs the input; dx needs only dy and W (a parameter, always resident); a fused ReLU's mask, the top.
+        if self.relu_slope is not None:
+            return frozenset({NEEDS_BOTTOM, NEEDS_TOP})
         return frozenset({NEEDS_BOTTOM})
 
     def forward(self, bottom, top):
         ops = self.ops
-        ops.conv_forward(ops.reshape(bottom[0], (self.n, self.c, self.h, self.w)), self.weight.data,
-                         self.bias.data if self.bias is not None else None,
-                         ops.reshape(top[0], (self.n, self.m, self.oh, self.ow)), self.geom)
+        x = ops.reshape(bottom[0], (self.n, self.c, self.h, self.w))
+        y = ops.reshape(top[0], (self.n, self.m, self.oh, self.ow))
+        b = self.bias.data if self.bias is not None else None
+        if self.relu_slope is not None:
+            ops.conv_relu_forward(x, self.weight.data, b, y, self.geom, self.relu_slope)
+        else:
+            ops.conv_forward(x, self.weight.data, b, y, self.geom)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         ops = self.ops
-        x_shape = (self.n, self.c, self.h, self.w)
-        ops.conv_backward(ops.reshape(bottom[0], x_shape), self.weight.data,
-                          ops.reshape(top_diff[0], (self.n, self.m, self.oh, self.ow)),
-                          ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
-                          self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
-                          accumulate_dx=0 in self.accumulate_bottoms,
-                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))
+        x_shape, y_shape = (self.n, self.c, self.h, self.w), (self.n, self.m, self.oh, self.ow)
+        args = (ops.reshape(bottom[0], x_shape), self.weight.data, ops.reshape(top_diff[0], y_shape),
+                ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
+                self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom)
+        accumulate_dx = 0 in self.accumulate_bottoms
+        overwrite_dw = self.weight.diff is not None and claim_cleared_diff(self.weight)
+        if self.relu_slope is not None:
+            # The top gradient is masked in place, as the in-place ReLU's backward did to the same memory.
+            ops.conv_relu_backward(*args, ops.reshape(top[0], y_shape), self.relu_slope,
+                                   accumulate_dx=accumulate_dx, overwrite_dw=overwrite_dw)
+        else:
+            ops.conv_backward(*args, accumulate_dx=accumulate_dx, overwrite_dw=overwrite_dw)
