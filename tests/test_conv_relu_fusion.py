@@ -1,0 +1,277 @@
+"""The Convolution + ReLU fusion (graph/fuse.py: fuse_conv_relu, backend op conv_relu_forward/backward).
+
+The ops against an independent float64 reference (a sliding-window convolution) and central differences, and
+against the unfused ops bit for bit; fused nets against the same nets with SUPERNEURONS_FUSE=0 (bit for bit: the
+CPU fused op repeats the unfused arithmetic), with gradient aliasing on and off, and in every memory mode; the
+pass's detection rules. The CUDA passes are checked under the simulator in test_conv_relu_kernels_sim.py and on a
+GPU in the gpu-marked tests at the end.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import _numeric, make_layer
+from test_convolution import ref_conv
+from test_fusion import _graph, _train
+from test_memory_modes import W, _check_modes, _input, _layer, conv
+
+from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.geometry import ConvGeometry
+from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
+from superneurons.memory.plan import make_plan
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
+
+OPS = CpuBackend().ops
+
+
+def leaky64(v, slope):
+    return np.where(v > 0, v, v * slope)
+
+
+GEOMS = {  # (x shape, weight shape, geometry)
+    "plain": ((2, 3, 6, 5), (4, 3, 3, 3), ConvGeometry((3, 3), (1, 1), (1, 1))),
+    "strided grouped": ((2, 4, 7, 7), (6, 2, 3, 2), ConvGeometry((3, 2), (2, 1), (1, 0), (1, 1), 2)),
+    "dilated": ((1, 2, 7, 6), (3, 2, 2, 2), ConvGeometry((2, 2), (1, 1), (0, 1), (2, 2))),
+}
+
+
+def _arrays(rng, name, dtype=np.float32):
+    x_shape, w_shape, geom = GEOMS[name]
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype)
+    b = rng.standard_normal(w_shape[0]).astype(dtype) * 0.5
+    oh, ow = geom.out_size(x_shape[2:])
+    return x, w, b, (x_shape[0], w_shape[0], oh, ow), geom
+
+
+# ---- the ops --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(GEOMS))
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+@pytest.mark.parametrize("bias", [True, False])
+def test_forward_matches_float64_reference(rng, name, slope, bias):
+    x, w, b, y_shape, geom = _arrays(rng, name)
+    b = b if bias else None
+    y = np.full(y_shape, np.nan, np.float32)
+    OPS.conv_relu_forward(x, w, b, y, geom, slope)
+    pre = ref_conv(x.astype(np.float64), w.astype(np.float64), None if b is None else b.astype(np.float64),
+                   geom.stride, geom.pad, geom.dilation, geom.group)
+    np.testing.assert_allclose(y, leaky64(pre, slope), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(GEOMS))
+@pytest.mark.parametrize("slope", [0.0, 0.3])
+def test_op_gradients_by_central_differences(rng, name, slope):
+    """dx, dw and db of sum(weights * relu(conv(x, w) + b)) in float64; dy comes back masked."""
+    x, w, b, y_shape, geom = _arrays(rng, name, np.float64)
+    weights = rng.standard_normal(y_shape)
+    y = np.zeros(y_shape)
+
+    def objective():
+        OPS.conv_relu_forward(x, w, b, y, geom, slope)
+        return float((y * weights).sum())
+
+    objective()
+    dy = weights.copy()
+    dx, dw, db = np.full(x.shape, np.nan), np.zeros(w.shape), np.zeros(b.shape)
+    OPS.conv_relu_backward(x, w, dy, dx, dw, db, geom, y, slope)
+    np.testing.assert_array_equal(dy, weights * np.where(y > 0, 1.0, slope))
+    for analytic, wrt, what in ((dx, x, "x"), (dw, w, "w"), (db, b, "b")):
+        np.testing.assert_allclose(analytic, _numeric(objective, wrt, 1e-6), rtol=1e-4, atol=1e-6, err_msg=what)
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.15])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("grads", ["all", "no dx", "dx only", "accumulate dx, overwrite dw"])
+def test_ops_repeat_the_unfused_arithmetic_bit_for_bit(rng, slope, bias, grads):
+    """conv then ReLU in place; the ReLU's gradient in place, then the convolution's gradients (float32)."""
+    x, w, b, y_shape, geom = _arrays(rng, "strided grouped")
+    b = b if bias else None
+    want = np.empty(y_shape, np.float32)
+    OPS.conv_forward(x, w, b, want, geom)
+    OPS.relu_forward(want, want, slope)
+    got = np.empty(y_shape, np.float32)
+    OPS.conv_relu_forward(x, w, b, got, geom, slope)
+    np.testing.assert_array_equal(got, want)
+
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    held_dx, held_dw, held_db = (rng.standard_normal(s).astype(np.float32) for s in (x.shape, w.shape, (y_shape[1],)))
+    flags = {"accumulate_dx": grads.startswith("accumulate"), "overwrite_dw": grads.endswith("overwrite dw")}
+
+    def outputs():
+        dx = None if grads == "no dx" else held_dx.copy()
+        dw = None if grads == "dx only" else held_dw.copy()
+        db = None if grads == "dx only" or b is None else held_db.copy()
+        return dx, dw, db
+
+    expect_dy = dy.copy()
+    OPS.relu_backward(want, expect_dy, expect_dy, slope)
+    expect = outputs()
+    OPS.conv_backward(x, w, expect_dy, *expect, geom, **flags)
+    got_dy = dy.copy()
+    fused = outputs()
+    OPS.conv_relu_backward(x, w, got_dy, *fused, geom, got, slope, **flags)
+    np.testing.assert_array_equal(got_dy, expect_dy)
+    for a, e in zip(fused, expect):
+        assert (a is None) == (e is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, e)
+
+
+def test_fused_layers_gradient_by_central_differences(rng):
+    """The layers fused by hand as the pass does (leaky ReLU in place on the convolution's top): gradients of the
+    input, the weights and the bias through the layers' own forward and backward."""
+    x_shape = (2, 3, 5, 4)
+    cv, (y_shape,) = make_layer("type: 'Convolution' convolution_param { num_output: 4 kernel_size: 3 pad: 1 "
+                                "stride: 2 }", [x_shape], rng=rng)
+    relu, _ = make_layer("type: 'ReLU' bottom: 't0' top: 't0' relu_param { negative_slope: 0.1 }", [y_shape],
+                         rng=rng)
+    cv.fuse_relu(relu)
+    assert cv.relu_slope == np.float32(0.1) and relu.fused_into is cv
+    assert cv.backward_needs() == frozenset({NEEDS_BOTTOM, NEEDS_TOP}) and relu.backward_needs() == frozenset()
+    x = rng.standard_normal(x_shape)
+    weights = rng.standard_normal(y_shape)
+    top = np.zeros(y_shape)
+
+    def objective():
+        cv.forward([x], [top])
+        relu.forward([top], [top])  # a pass-through now
+        return float((top * weights).sum())
+
+    objective()
+    dy, dx = weights.copy(), np.zeros(x_shape)
+    relu.backward([top], [dy], [True], [top], [dy])
+    cv.backward([top], [dy], [True], [x], [dx])
+    np.testing.assert_allclose(dx, _numeric(objective, x, 1e-6), rtol=1e-4, atol=1e-6)
+    for decl, what in zip(cv.params, ("weight", "bias")):
+        analytic = decl.diff.copy()
+        np.testing.assert_allclose(analytic, _numeric(objective, decl.data, 1e-6), rtol=1e-4, atol=1e-6,
+                                   err_msg=what)
+
+
+# ---- the graph pass -------------------------------------------------------------------------------------
+
+def _head(blob):
+    return (_layer("pool", "Pooling", [blob], ["pool"], "pooling_param { pool: AVE global_pooling: true }")
+            + _layer("ip", "InnerProduct", ["pool"], ["ip"],
+                     "inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } }")
+            + _layer("loss", "SoftmaxWithLoss", ["ip", "label"], ["loss"]))
+
+
+def _conv_relu(slope=0.0, relu_top="c", between="", relu_extra="", kind="Convolution"):
+    producer = _layer("c", kind, ["data"], ["c"], f"convolution_param {{ num_output: 3 kernel_size: 3 pad: 1 {W} }}")
+    return (_input((2, 3, 4, 4), 2) + producer + between
+            + _layer("r", "ReLU", ["c"], [relu_top], f"relu_param {{ negative_slope: {slope} }} {relu_extra}")
+            + _head(relu_top))
+
+
+def _fused_pairs(text, phase=pb.TRAIN):
+    """{relu: convolution} for every ReLU the pass folded into a Convolution."""
+    return {n.name: n.layer.fused_into.name for n in _graph(text, phase).nodes
+            if n.layer.fused_into is not None and n.layer.fused_into.type_name == "Convolution"}
+
+
+def test_pass_fuses_a_convolution_and_its_relu(monkeypatch):
+    assert _fused_pairs(_conv_relu()) == {"r": "c"}
+    assert _fused_pairs(_conv_relu(slope=0.25)) == {"r": "c"}
+    assert _fused_pairs(_conv_relu(), pb.TEST) == {"r": "c"}  # forward only
+    g = _graph(_conv_relu(slope=0.25))
+    assert g.node("c").layer.relu_slope == 0.25
+    assert g.node("c").layer.backward_needs() == {NEEDS_BOTTOM, NEEDS_TOP}
+    # The planner sees the new need: the convolution's backward step reads its top, the ReLU's reads nothing.
+    program = make_plan(g).program
+    steps = {s.node.name: s.uses for s in program.steps[program.n_forward:]}
+    assert "c" in steps["c"] and "c" not in steps["r"]
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+    assert _fused_pairs(_conv_relu()) == {}
+    assert _graph(_conv_relu()).node("c").layer.relu_slope is None
+
+
+def test_pass_leaves_pairs_it_cannot_fuse():
+    assert _fused_pairs(_conv_relu(relu_top="r")) == {}  # the ReLU not in place
+    assert _fused_pairs(_conv_relu(slope=-0.5)) == {}  # its mask is not "output > 0"
+    # The ReLU told not to propagate: it runs no backward while the convolution does.
+    assert _fused_pairs(_conv_relu(relu_extra="propagate_down: false")) == {}
+    # Another in-place layer first: the convolution's output is next touched by the Dropout.
+    drop = _layer("drop", "Dropout", ["c"], ["c"], "dropout_param { dropout_ratio: 0.5 }")
+    assert _fused_pairs(_conv_relu(between=drop)) == {}
+    # The convolution's output read by another layer before the ReLU (the pass would hand it relu(conv)).
+    peek = _layer("peek", "Pooling", ["c"], ["peek"], "pooling_param { pool: MAX kernel_size: 2 }")
+    assert _fused_pairs(_conv_relu(between=peek, relu_top="r")) == {}
+    # Deconvolution and InnerProduct keep their ReLUs.
+    g = _graph(_conv_relu(kind="Deconvolution"))
+    assert g.node("r").layer.fused_into is None
+    fc = (_input((2, 3, 4, 4), 2) + _layer("fc", "InnerProduct", ["data"], ["fc"],
+                                           f"inner_product_param {{ num_output: 5 {W} }}")
+          + _layer("r", "ReLU", ["fc"], ["fc"]) + _layer("loss", "SoftmaxWithLoss", ["fc", "label"], ["loss"]))
+    assert _graph(fc).node("r").layer.fused_into is None
+
+
+# ---- nets: fused against unfused ------------------------------------------------------------------------
+
+def _vgg_like():
+    """Convolutions each followed by an in-place ReLU, in the variations the fusion must reproduce:
+    - c1 on the data (no bottom gradient), slope 0, with bias;
+    - c2 without bias, leaky (0.1), whose top fans out after the ReLU (a Split feeds c3 and a pooling);
+    - c3 grouped, summing its bottom gradient into the split blob's (accumulate_dx with gradient aliasing);
+    - c4 told not to propagate to its bottom (propagate_down: false): weight gradients only;
+    - cf with frozen parameters on the data: no backward at all (need_backward false), fused forward only;
+    - cn whose ReLU is not in place (not fused), beside the others."""
+    frozen = "param { lr_mult: 0 } param { lr_mult: 0 }"
+    no_bias = f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 bias_term: false {W} }}"
+    return (_input((4, 3, 6, 6), 4)
+            + conv("c1", "data", "c1", 4) + _layer("r1", "ReLU", ["c1"], ["c1"])
+            + _layer("c2", "Convolution", ["c1"], ["c2"], no_bias)
+            + _layer("r2", "ReLU", ["c2"], ["c2"], "relu_param { negative_slope: 0.1 }")
+            + _layer("c3", "Convolution", ["c2"], ["c3"],
+                     f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 group: 2 {W} }}")
+            + _layer("r3", "ReLU", ["c3"], ["c3"])
+            + _layer("p2", "Pooling", ["c2"], ["p2"], "pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }")
+            + _layer("c4", "Convolution", ["p2"], ["c4"],
+                     f"propagate_down: false convolution_param {{ num_output: 4 kernel_size: 1 {W} }}")
+            + _layer("r4", "ReLU", ["c4"], ["c4"], "relu_param { negative_slope: 0.1 }")
+            + _layer("cf", "Convolution", ["data"], ["cf"],
+                     f"{frozen} convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {W} }}")
+            + _layer("rf", "ReLU", ["cf"], ["cf"])
+            + conv("cn", "c2", "cn", 4) + _layer("rn", "ReLU", ["cn"], ["rn"])
+            + _layer("sum", "Eltwise", ["c3", "c4", "cf", "rn"], ["sum"])
+            + _head("sum"))
+
+
+def test_net_fuses_every_eligible_pair():
+    g = _graph(_vgg_like())
+    assert _fused_pairs(_vgg_like()) == {"r1": "c1", "r2": "c2", "r3": "c3", "r4": "c4", "rf": "cf"}
+    assert not g.node("cf").need_backward and g.node("c4").need_backward
+    assert g.node("c4").propagate_down == [False]
+
+
+@pytest.mark.parametrize("alias", ["1", "0"])
+def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch, alias):
+    monkeypatch.setenv("SUPERNEURONS_DIFF_ALIAS", alias)
+    fused, losses_f, params_f = _train(_vgg_like(), True, monkeypatch)
+    plain, losses_p, params_p = _train(_vgg_like(), False, monkeypatch)
+    assert fused.layer("c2").relu_slope == np.float32(0.1) and plain.layer("c2").relu_slope is None
+    assert (0 in fused.layer("c3").accumulate_bottoms) == (alias == "1")
+    assert losses_f == losses_p
+    assert params_f.keys() == params_p.keys()
+    for key in params_f:
+        np.testing.assert_array_equal(params_f[key], params_p[key], err_msg=key)
+
+
+def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
+    outs = []
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
+        net = Net(_graph(_vgg_like(), pb.TEST), CpuBackend(), train=False, seed=5)
+        net.data["data"].array[...] = np.random.default_rng(3).standard_normal(net.data["data"].shape)
+        net.data["label"].array[...] = 1
+        outs.append((net.forward(), net.blob("ip")))
+    assert outs[0][0] == outs[1][0]
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+def test_every_memory_mode_trains_a_fused_net_like_baseline():
+    """Recomputation replays the fused forward, which rebuilds relu(conv) for the convolution's backward."""
+    assert _fused_pairs(_vgg_like())
+    _check_modes(_vgg_like())
