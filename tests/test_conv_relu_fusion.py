@@ -16,6 +16,7 @@ from test_fusion import _graph, _train
 from test_memory_modes import W, _check_modes, _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.cuda.probe import gpu_available
 from superneurons.backend.geometry import ConvGeometry
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
 from superneurons.memory.plan import make_plan
@@ -210,7 +211,7 @@ def test_pass_leaves_pairs_it_cannot_fuse():
 
 # ---- nets: fused against unfused ------------------------------------------------------------------------
 
-def _vgg_like():
+def _vgg_like(source=_input((4, 3, 6, 6), 4)):
     """Convolutions each followed by an in-place ReLU, in the variations the fusion must reproduce:
     - c1 on the data (no bottom gradient), slope 0, with bias;
     - c2 without bias, leaky (0.1), whose top fans out after the ReLU (a Split feeds c3 and a pooling);
@@ -220,7 +221,7 @@ def _vgg_like():
     - cn whose ReLU is not in place (not fused), beside the others."""
     frozen = "param { lr_mult: 0 } param { lr_mult: 0 }"
     no_bias = f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 bias_term: false {W} }}"
-    return (_input((4, 3, 6, 6), 4)
+    return (source
             + conv("c1", "data", "c1", 4) + _layer("r1", "ReLU", ["c1"], ["c1"])
             + _layer("c2", "Convolution", ["c1"], ["c2"], no_bias)
             + _layer("r2", "ReLU", ["c2"], ["c2"], "relu_param { negative_slope: 0.1 }")
@@ -275,3 +276,89 @@ def test_every_memory_mode_trains_a_fused_net_like_baseline():
     """Recomputation replays the fused forward, which rebuilds relu(conv) for the convolution's backward."""
     assert _fused_pairs(_vgg_like())
     _check_modes(_vgg_like())
+
+
+# ---- on the GPU ------------------------------------------------------------------------------------------
+
+GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")]
+
+
+@GPU_ONLY[0]
+@GPU_ONLY[1]
+@pytest.mark.parametrize("x_shape,m,geom", [
+    ((8, 64, 56, 56), 64, ConvGeometry((3, 3), (1, 1), (1, 1))),   # VGG16 conv2-3 stage: long planes (plain sweep)
+    ((8, 3, 227, 227), 96, ConvGeometry((11, 11), (4, 4))),        # AlexNet conv1: 55x55 planes
+    ((16, 128, 14, 14), 256, ConvGeometry((3, 3), (1, 1), (1, 1))),  # small planes of many channels (the walk)
+    ((4, 32, 15, 15), 64, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), 2)),  # grouped, odd plane
+])
+@pytest.mark.parametrize("slope", [0.0, 0.1])
+@pytest.mark.parametrize("bias_sum", ["own", "cudnn"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpu_fused_op_against_unfused_and_cpu(gpu, rng, monkeypatch, x_shape, m, geom, slope, bias_sum, bias):
+    """Forward equal to the unfused convolution + ReLU on the GPU (the same cuDNN call, then one float32 add and
+    the ReLU); the masked gradient equal; dx, dw, db close (cuDNN's gradients and the float64 bias sums may add
+    in another order); and close to the CPU fused op."""
+    from gpu_harness import close, dev
+
+    monkeypatch.setenv("SUPERNEURONS_CONV_BIAS_SUM", bias_sum)
+    cin = x_shape[1] // geom.group
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal((m, cin) + geom.kernel) / np.sqrt(cin * geom.kernel[0] * geom.kernel[1])).astype(np.float32)
+    b = (rng.standard_normal(m) * 0.3).astype(np.float32) if bias else None
+    y_shape = (x_shape[0], m) + geom.out_size(x_shape[2:])
+    dx_x, dx_w, dx_b = dev(gpu, x), dev(gpu, w), None if b is None else dev(gpu, b)
+    ops = gpu.ops
+    y_plain, y_fused = dev(gpu, np.zeros(y_shape, np.float32)), dev(gpu, np.full(y_shape, np.nan, np.float32))
+    ops.conv_forward(dx_x, dx_w, dx_b, y_plain, geom)
+    ops.relu_forward(y_plain, y_plain, slope)
+    ops.conv_relu_forward(dx_x, dx_w, dx_b, y_fused, geom, slope)
+    y = gpu.to_host(y_fused)
+    np.testing.assert_array_equal(y, gpu.to_host(y_plain))
+    y_cpu = np.empty(y_shape, np.float32)
+    OPS.conv_relu_forward(x, w, b, y_cpu, geom, slope)
+    close(y, y_cpu, rtol=1e-4, atol_scale=1e-4)
+
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    held = [rng.standard_normal(s).astype(np.float32) for s in (x_shape, w.shape, (m,))]
+
+    def grads():
+        return [dev(gpu, held[0]), dev(gpu, held[1]), dev(gpu, held[2]) if bias else None]
+
+    plain, fused = grads(), grads()
+    dy_plain, dy_fused = dev(gpu, dy), dev(gpu, dy)
+    ops.relu_backward(y_fused, dy_plain, dy_plain, slope)
+    ops.conv_backward(dx_x, dx_w, dy_plain, *plain, geom, accumulate_dx=True)
+    ops.conv_relu_backward(dx_x, dx_w, dy_fused, *fused, geom, y_fused, slope, accumulate_dx=True)
+    np.testing.assert_array_equal(gpu.to_host(dy_fused), gpu.to_host(dy_plain))
+    host = [dy.copy(), held[0].copy(), held[1].copy(), held[2].copy() if bias else None]
+    OPS.conv_relu_backward(x, w, host[0], *host[1:], geom, y_cpu, slope, accumulate_dx=True)
+    for name, p, f, c in zip(("dx", "dw", "db"), plain, fused, host[1:]):
+        if c is None:
+            continue
+        got = gpu.to_host(f)
+        close(got, gpu.to_host(p), rtol=1e-5, atol_scale=1e-5)
+        close(got, c, rtol=1e-4, atol_scale=1e-4)
+
+
+GPU_NET_DATA = _layer("data", "DummyData", [], ["data", "label"],
+                      "dummy_data_param { shape { dim: 16 dim: 3 dim: 32 dim: 32 } shape { dim: 16 } "
+                      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 2.99 } }")
+
+
+@GPU_ONLY[0]
+@GPU_ONLY[1]
+def test_gpu_fused_net_against_unfused_and_cpu(gpu, monkeypatch):
+    """One iteration of the VGG-like net (every variation the fusion must reproduce) on the GPU and the CPU,
+    fused and unfused: each GPU net's gradients close to its CPU twin's, and the fused GPU net's to the unfused."""
+    from gpu_harness import assert_param_grads_match, close, one_iteration_on_both
+
+    text = 'name: "vgg_like"\n' + _vgg_like(GPU_NET_DATA)
+    grads = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
+        nets, losses = one_iteration_on_both(gpu, text)
+        assert (nets["cuda"].layer("c2").relu_slope is not None) == (fuse == "1")
+        assert_param_grads_match(nets, losses, f"vgg_like fuse={fuse}")
+        grads[fuse] = [gpu.to_host(d.diff) for d in nets["cuda"].learnable]
+    for f, p in zip(grads["1"], grads["0"]):
+        close(f, p, rtol=1e-4, atol_scale=1e-4)

@@ -28,6 +28,8 @@ NAME = re.compile(r"SUPERNEURONS_[A-Z0-9_]*[A-Z0-9]")
 FUSABLE = CONV_FAN.replace(
     _layer("relu2", "ReLU", ["bn"], ["bn"]),
     _layer("scale", "Scale", ["bn"], ["bn"], "scale_param { bias_term: true }") + _layer("relu2", "ReLU", ["bn"], ["bn"]))
+# The layers fusion folds into another: the chain's Scale and ReLU, and the ReLUs in place on convolutions.
+FOLDED = {"scale", "relu2", "relu1", "relua"}
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +114,7 @@ def _alias_count(graph) -> int:
 def test_memory_param_defaults_are_the_policy():
     assert memory_policy() == memory_policy(pb.MemoryParameter()) == MemoryPolicy()
     graph = _graph()
-    assert _fused(graph) == {"scale", "relu2"} and graph.diff_alias and _alias_count(graph) > 0
+    assert _fused(graph) == FOLDED and graph.diff_alias and _alias_count(graph) > 0
 
 
 def test_memory_param_fields_reach_the_graph_and_the_net():
@@ -145,4 +147,4 @@ def test_solver_builds_its_nets_with_its_memory_param():
     assert _fused(solver.net.graph) == set() and not solver.net.graph.diff_alias
     assert isinstance(solver.net.pool, MallocPool)
     plain = Solver(solver_param("base_lr: 0.1 max_iter: 1", net='name: "t"\n' + FUSABLE), "s.prototxt", log=Quiet())
-    assert _fused(plain.net.graph) == {"scale", "relu2"} and isinstance(plain.net.pool, HeapPool)
+    assert _fused(plain.net.graph) == FOLDED and isinstance(plain.net.pool, HeapPool)

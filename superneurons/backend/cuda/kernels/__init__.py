@@ -106,7 +106,9 @@ class _Launcher:
 
     def __call__(self, *args):
         if not (FAST if FAST is not None else _fast()):
-            return self.cfg(*args)
+            # Configured afresh: the simulator's kernel object keeps only the grid it was last given, so a
+            # kept configuration would launch another launcher's grid.
+            return self.kernel[self.grid, BLOCK](*args)
         key = tuple([(a.__class__, a) if a.__class__ in _SCALARS else id(a) for a in args])
         entry = self.blocks.get(key)
         if entry is not None:
