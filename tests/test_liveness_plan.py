@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -180,7 +181,12 @@ def test_alexnet_budget_picks_auto_mode_or_says_what_is_needed(capsys, tmp_path)
     assert main(["memory", "--model", ALEXNET, "--batch", "200", "--gpu-memory", "2G",
                  "--plot", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr().out
-    assert "--memory auto with 2.0 GiB: offload" in out
+    # Offload and recompute from the Convolution outputs predict within about 10% of each other here (the tie
+    # margin), so which one wins moves with the time model (fusing the ReLUs into the convolutions took 1.1 ms
+    # of ReLU passes off it): check that a candidate is picked and is the one the table marks.
+    picked = re.search(r"--memory auto with 2\.0 GiB: (offload|recompute) \(checkpoints: Convolution\)", out)
+    assert picked, out
+    assert re.search(rf"^{picked.group(1)} +Convolution .*<- auto$", out, re.M), out
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert main(["memory", "--model", ALEXNET, "--batch", "200", "--gpu-memory", "1G"]) == 1
     err = capsys.readouterr().err
