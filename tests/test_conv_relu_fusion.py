@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from harness import _numeric, make_layer
 from test_convolution import ref_conv
-from test_fusion import _graph, _train
+from test_fusion import _graph, _train, assert_test_phase_forward_matches_unfused
 from test_memory_modes import W, _check_modes, _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
@@ -21,7 +21,6 @@ from superneurons.backend.geometry import ConvGeometry
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
 from superneurons.memory.plan import make_plan
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons.runtime.net import Net
 
 OPS = CpuBackend().ops
 
@@ -261,15 +260,7 @@ def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch, alias):
 
 
 def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
-    outs = []
-    for fuse in ("1", "0"):
-        monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
-        net = Net(_graph(_vgg_like(), pb.TEST), CpuBackend(), train=False, seed=5)
-        net.data["data"].array[...] = np.random.default_rng(3).standard_normal(net.data["data"].shape)
-        net.data["label"].array[...] = 1
-        outs.append((net.forward(), net.blob("ip")))
-    assert outs[0][0] == outs[1][0]
-    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert_test_phase_forward_matches_unfused(_vgg_like(), monkeypatch)
 
 
 def test_every_memory_mode_trains_a_fused_net_like_baseline():
@@ -303,7 +294,8 @@ def test_gpu_fused_op_against_unfused_and_cpu(gpu, rng, monkeypatch, x_shape, m,
     monkeypatch.setenv("SUPERNEURONS_CONV_BIAS_SUM", bias_sum)
     cin = x_shape[1] // geom.group
     x = rng.standard_normal(x_shape).astype(np.float32)
-    w = (rng.standard_normal((m, cin) + geom.kernel) / np.sqrt(cin * geom.kernel[0] * geom.kernel[1])).astype(np.float32)
+    fan_in = cin * geom.kernel[0] * geom.kernel[1]
+    w = (rng.standard_normal((m, cin) + geom.kernel) / np.sqrt(fan_in)).astype(np.float32)
     b = (rng.standard_normal(m) * 0.3).astype(np.float32) if bias else None
     y_shape = (x_shape[0], m) + geom.out_size(x_shape[2:])
     dx_x, dx_w, dx_b = dev(gpu, x), dev(gpu, w), None if b is None else dev(gpu, b)

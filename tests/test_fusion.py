@@ -274,21 +274,30 @@ def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch):
     assert fused.baseline_bytes() < plain.baseline_bytes()
 
 
-def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
+def assert_test_phase_forward_matches_unfused(text, monkeypatch, prepare=lambda net: None):
+    """The TEST net of `text` fused and with SUPERNEURONS_FUSE=0, `prepare`d, on one input: the same loss and the
+    same `ip` blob, bit for bit."""
     outs = []
-    for fuse in (True, False):
-        monkeypatch.setenv("SUPERNEURONS_FUSE", "1" if fuse else "0")
-        net = Net(_graph(_resnet_block(), pb.TEST), CpuBackend(), train=False, seed=5)
-        for name in ("bn_1", "bn_2", "bn_s"):  # non-trivial running statistics
-            mean_sum, var_sum, factor = net.layer(name).params
-            mean_sum.data[...] = np.linspace(-1, 1, mean_sum.data.size)
-            var_sum.data[...] = np.linspace(0.5, 2, var_sum.data.size)
-            factor.data[...] = 2.0
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
+        net = Net(_graph(text, pb.TEST), CpuBackend(), train=False, seed=5)
+        prepare(net)
         net.data["data"].array[...] = np.random.default_rng(3).standard_normal(net.data["data"].shape)
         net.data["label"].array[...] = 1
         outs.append((net.forward(), net.blob("ip")))
     assert outs[0][0] == outs[1][0]
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
+    def running_statistics(net):  # non-trivial ones
+        for name in ("bn_1", "bn_2", "bn_s"):
+            mean_sum, var_sum, factor = net.layer(name).params
+            mean_sum.data[...] = np.linspace(-1, 1, mean_sum.data.size)
+            var_sum.data[...] = np.linspace(0.5, 2, var_sum.data.size)
+            factor.data[...] = 2.0
+
+    assert_test_phase_forward_matches_unfused(_resnet_block(), monkeypatch, running_statistics)
 
 
 def test_every_memory_mode_trains_a_fused_net_like_baseline():
