@@ -71,9 +71,9 @@ def conv_relu_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, y, slope: float
 
 
 # The passes of the fused ops over y viewed as (outer, dim, inner) = (N, C, H*W) (not ops of their own: no
-# `__all__` entry). A block of the summing pass takes MIN_BLOCK_ELEMENTS elements at least where the planes
-# allow, as the fused BatchNorm's partial sums do (SUPERNEURONS_BN_MIN_BLOCK's measurement: on small planes a
-# block's sum and atomic cost more than its elements); the forward pass has no sum and takes the plain chunking.
+# `__all__` entry). A block takes MIN_BLOCK_ELEMENTS elements at least where the planes allow, as the fused
+# BatchNorm's passes do (SUPERNEURONS_BN_MIN_BLOCK's measurement: on 7x7 and 14x14 planes, thousands of blocks
+# of one or two elements per thread spent their time starting up and, in the summing pass, reducing).
 MIN_BLOCK_ELEMENTS = 8192
 
 
@@ -81,7 +81,7 @@ def bias_relu(y, b, outer: int, dim: int, inner: int, slope: float) -> None:
     """y = relu(y + b[c]) in place."""
     if not y.size:
         return
-    chunk, blocks = rk.chunking(outer, dim, inner)
+    chunk, blocks = rk.chunking(outer, dim, inner, MIN_BLOCK_ELEMENTS)
     kernel = ck.bias_relu_rows if inner >= ck.ROWS_MIN else ck.bias_relu
     K.launch(kernel, 0, blocks=blocks)(flat(y), flat(b), outer, dim, inner, chunk, scalar(y, slope))
 
