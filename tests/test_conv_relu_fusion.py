@@ -354,3 +354,41 @@ def test_gpu_fused_net_against_unfused_and_cpu(gpu, monkeypatch):
         grads[fuse] = [gpu.to_host(d.diff) for d in nets["cuda"].learnable]
     for f, p in zip(grads["1"], grads["0"]):
         close(f, p, rtol=1e-4, atol_scale=1e-4)
+
+
+# ---- partial runs (pycaffe's forward(start=, end=)) -------------------------------------------------------
+
+CONV_RELU_NET = """name: "cr"
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 }
+                            bias_filler { type: "constant" value: -0.2 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+"""
+
+
+def test_a_partial_run_that_separates_a_fused_pair_is_refused_and_runs_unfused(tmp_path, rng, monkeypatch):
+    """Caffe's forward(end='conv1') leaves conv1's blob before the in-place ReLU; fused, the ReLU is part of the
+    convolution's step, so such a range is one clear error, and SUPERNEURONS_FUSE=0 gives Caffe's blob."""
+    import superneurons as caffe
+    from superneurons.errors import UserError
+
+    model = tmp_path / "cr.prototxt"
+    model.write_text(CONV_RELU_NET)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    net = caffe.Net(str(model), caffe.TEST)
+    for call in (lambda: net.forward(data=x, end="conv1"), lambda: net.forward(start="relu1")):
+        with pytest.raises(UserError, match=r"separates 'conv1' \(Convolution\) from 'relu1' \(ReLU\).*"
+                                            r"SUPERNEURONS_FUSE=0"):
+            call()
+    whole = net.forward(data=x, end="relu1")["conv1"].copy()  # a range holding both runs
+    assert (whole >= 0).all() and whole.any()
+
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+    plain = caffe.Net(str(model), caffe.TEST)
+    plain.params["conv1"][0].data[...] = net.params["conv1"][0].data
+    plain.params["conv1"][1].data[...] = net.params["conv1"][1].data
+    before_relu = plain.forward(data=x, end="conv1")["conv1"]
+    assert (before_relu < 0).any()
+    np.testing.assert_array_equal(np.maximum(before_relu, 0), whole)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterable
 
 import numpy as np
@@ -25,6 +26,7 @@ from superneurons.memory.params import layers_computed_by, param_root
 from superneurons.memory.pool import format_bytes, make_pool, round_up
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.limits import check_fits
+from superneurons.runtime.loss_read import LossReader
 from superneurons.settings import memory_policy
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
@@ -406,6 +408,10 @@ class Net:
     def forward(self, first: int = 0, last: int | None = None) -> float:
         """Run the forward steps, in the route's order; returns the weighted sum of the losses. `first`/`last`:
         only the layers at those prototxt positions (both included), Caffe's Net::ForwardFromTo."""
+        self._queue_forward(first, last)
+        return self.loss_value()
+
+    def _queue_forward(self, first: int = 0, last: int | None = None) -> None:
         partial = self._partial(first, last, "forward over part of the net")
         hooks = self.hooks
         self._use_workspace()
@@ -419,7 +425,6 @@ class Net:
                 h.after_forward(i, step)
         if self._param_fwd is not None:
             self._settle_params()
-        return self.loss_value()
 
     def run_forward_step(self, i: int, replay: bool = False) -> None:
         """Run forward step `i` on its tensors' current arrays, its streamed parameters brought in for it.
@@ -441,6 +446,10 @@ class Net:
             ctx.recomputing = outer
             for store, tensors, changed in streamed:
                 store.release(tensors, () if replay else changed)  # weights are unchanged; running statistics go home
+
+    @cached_property
+    def _loss_reader(self) -> LossReader:
+        return LossReader(self.backend)  # made at the first training pass: a net that only tests needs no stream
 
     def loss_value(self) -> float:
         loss = 0.0
@@ -488,9 +497,11 @@ class Net:
             self._settle_params()
 
     def forward_backward(self) -> float:
-        loss = self.forward()
+        """One training pass; the loss is read while the device runs backward (runtime/loss_read.py)."""
+        self._queue_forward()
+        loss = self._loss_reader.start(self.loss_blobs)
         self.backward()
-        return loss
+        return loss()
 
     def clear_param_diffs(self, already_zero: bool = False) -> None:
         """Zero the learnable parameters' gradients (`already_zero`: the caller has, e.g. the solver's grouped
@@ -553,7 +564,23 @@ class Net:
         partial = first > 0 or (last is not None and last < max(n.layer.layer_index for n in self.graph.nodes))
         if partial:
             self._require_resident(what)
+            self._refuse_split_fusion(first, last, what)
         return partial
+
+    def _refuse_split_fusion(self, first: int, last: int | None, what: str) -> None:
+        """A range that holds a fused layer (graph/fuse.py) without the layer computing it, or the other way
+        round, would run the pair's work whole or not at all: e.g. a Convolution fused with its ReLU ends a
+        range at the convolution with the ReLU applied, where Caffe's blob is still before it."""
+        def inside(layer) -> bool:
+            return first <= layer.layer_index and (last is None or layer.layer_index <= last)
+
+        for node in self.graph.nodes:
+            owner = node.layer.fused_into
+            if owner is not None and inside(owner) != inside(node.layer):
+                raise UserError(f"net {self.name!r}: {what} from layer {first} to {last if last is not None else 'the end'} "
+                                f"separates {owner.name!r} ({owner.type_name}) from {node.layer.name!r} "
+                                f"({node.layer.type_name}), which run fused as one step; include both, or build the "
+                                f"net with SUPERNEURONS_FUSE=0 to run every layer on its own")
 
     def _require_resident(self, what: str) -> None:
         if self.memory.name != "baseline" or self._param_fwd is not None:
