@@ -72,7 +72,9 @@ def test_worker_reports_tracebacks_deaths_and_hangs(tmp_path):
         threading.Timer(1.0, os.kill, (worker.proc.pid, signal.SIGBUS)).start()
         result = worker.run(slow, repo, 60)
         assert (result.outcome, result.detail) == ("signal", "SIGBUS")
-        assert worker.run(slow, repo, 1.0).outcome == "hang"  # a fresh worker, stopped after the limit
+        result = worker.run(slow, repo, 3.0)  # a fresh worker, stopped after the limit
+        assert result.outcome == "hang"
+        assert "its threads:" in result.detail and "commands/time.py" in result.detail  # where it was, for the report
         result = worker.run(missing, tmp_path, 60)
         assert result.outcome == "error" and result.detail.endswith("missing: no such file")
     finally:

@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,9 @@ class Worker:
     def _start(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.repo), os.environ.get("PYTHONPATH", "")]),
                    PYTHONHASHSEED="0")
-        cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), "--max-memory", str(self.max_memory)]
+        self.stacks = Path(tempfile.mkstemp(prefix="sn-fuzz-stacks-")[1])
+        cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), "--max-memory", str(self.max_memory),
+               "--stacks", str(self.stacks)]
         if self.data_workers is not None:
             cmd += ["--data-workers", str(self.data_workers)]
         # Its own session: stopping it also stops what it started (decode processes, their forkserver).
@@ -95,6 +98,19 @@ class Worker:
         line = self.proc.stdout.readline()
         return json.loads(line) if line else "eof"
 
+    def _stacks(self, wait: float = 1.0) -> str:
+        """Every thread's Python stack in the (hung) worker, asked for with SIGUSR1 (worker.py --stacks)."""
+        assert self.proc is not None
+        try:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        time.sleep(wait)
+        try:
+            return self.stacks.read_text(errors="replace")[-6000:].strip()
+        except OSError:
+            return ""
+
     def stop(self) -> None:
         if self.proc is not None:
             try:
@@ -103,6 +119,7 @@ class Worker:
                 pass
             self.proc.wait()
             self.proc = None
+            self.stacks.unlink(missing_ok=True)
 
     def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
         if self.proc is None or self.proc.poll() is not None or self.served >= RESTART_EVERY:
@@ -118,9 +135,11 @@ class Worker:
         if isinstance(answer, dict):
             outcome, detail = classify(answer)
             return Result(outcome, detail, took)
-        if answer == "timeout":  # alive and silent: a hang
+        if answer == "timeout":  # alive and silent: a hang; where its threads are goes into the report
+            stacks = self._stacks()
             self.stop()
-            return Result("hang", f"no answer in {timeout:g} s", took)
+            return Result("hang", f"no answer in {timeout:g} s" + (f"; its threads:\n{stacks}" if stacks else ""),
+                          took)
         code = self.proc.wait()
         self.stop()
         name = signal.Signals(-code).name if code < 0 else f"exit {code}"

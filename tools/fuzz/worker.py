@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import io
 import json
 import os
 import resource
+import signal
 import sys
 import traceback
 
@@ -40,7 +42,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-memory", type=int, default=2 << 30, help="bytes (RLIMIT_DATA)")
     parser.add_argument("--data-workers", type=int, help="as the CLI's --data-workers, for every case")
+    parser.add_argument("--stacks", help="file where SIGUSR1 writes every thread's Python stack (a hang's report)")
     args = parser.parse_args()
+    if args.stacks:
+        stacks = open(args.stacks, "w")  # noqa: SIM115 - open for the life of the process
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     resource.setrlimit(resource.RLIMIT_DATA, (args.max_memory, args.max_memory))
     # The protocol owns the real stdout; stray writes to fd 1/2 (C libraries) go nowhere.
     channel = os.fdopen(os.dup(1), "w", buffering=1)
