@@ -490,3 +490,29 @@ def test_convert_imageset_raw_records_are_bgr_or_gray_pixels(imageset):
             luma = np.asarray(img.convert("L"))
         np.testing.assert_array_equal(datum_to_array(bgr, "t"), rgb[:, :, ::-1].transpose(2, 0, 1))
         np.testing.assert_array_equal(datum_to_array(gray, "t"), luma[None])
+
+
+def test_a_release_from_a_finalizer_during_an_open_waits_for_the_open_instead_of_hanging():
+    """The garbage collector may run a dropped Data layer's finalizer (which releases its database) inside
+    another database's open, on the thread that holds SharedHandles' lock: a fuzz case hung there for good."""
+    import threading
+
+    from superneurons.data.record_db import SharedHandles
+
+    closed = []
+    handles = SharedHandles(closed.append)
+    assert handles.acquire("a", lambda: "A") == "A"
+
+    def open_b():
+        handles.release("a")  # what the finalizer does when the collector runs during this open
+        assert closed == []  # recorded, not done: the open is still under way
+        return "B"
+
+    got = []
+    opener = threading.Thread(target=lambda: got.append(handles.acquire("b", open_b)), daemon=True)
+    opener.start()
+    opener.join(10)
+    assert not opener.is_alive(), "acquire waited for the lock its own thread holds"
+    assert got == ["B"] and closed == ["A"]
+    handles.release("b")
+    assert closed == ["A", "B"]

@@ -125,28 +125,52 @@ def write_database(path: str, records: Iterable[tuple[bytes, bytes]], backend: s
 class SharedHandles:
     """One open handle per database and process, counted: LMDB allows one environment per database and
     process, LevelDB one handle (its LOCK), yet a train and a test net (or two layers) may read the same
-    database. Keys are real paths, resolved once at open (the working directory may change later)."""
+    database. Keys are real paths, resolved once at open (the working directory may change later).
+
+    A reader's close may run from a garbage-collection finalizer (a dropped net's Data layer), and the
+    collector may run inside `open_handle` itself, on the thread that holds the lock: a release there is
+    recorded and done once the open has returned, rather than wait for a lock its own thread holds (which
+    hung a process for good: found by the fuzzer, tools/fuzz).
+    """
 
     def __init__(self, close: Callable[[Any], None]):
         self._close = close
         self._entries: dict[str, list] = {}  # real path -> [handle, number of readers]
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered only by a release from a finalizer during an open
+        self._opening = False
+        self._deferred: list[str] = []  # releases that arrived during an open
 
     def acquire(self, key: str, open_handle: Callable[[], Any]) -> Any:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = [open_handle(), 0]
-            entry[1] += 1
-            return entry[0]
+            try:
+                entry = self._entries.get(key)
+                if entry is None:
+                    self._opening = True
+                    try:
+                        handle = open_handle()
+                    finally:
+                        self._opening = False
+                    entry = self._entries[key] = [handle, 0]
+                entry[1] += 1
+                return entry[0]
+            finally:
+                deferred, self._deferred = self._deferred, []
+                for waiting in deferred:
+                    self._release(waiting)
 
     def release(self, key: str) -> None:
         with self._lock:
-            entry = self._entries[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._entries[key]
-                self._close(entry[0])
+            if self._opening:
+                self._deferred.append(key)
+            else:
+                self._release(key)
+
+    def _release(self, key: str) -> None:
+        entry = self._entries[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._entries[key]
+            self._close(entry[0])
 
 
 def build_folder_atomically(path: str, fill: Callable[[str], int]) -> int:
