@@ -97,8 +97,9 @@ def test_slab_copies_match_numpy(rng, shapes, axis):
 @simulated
 @pytest.mark.parametrize("shapes,axis", [
     ([(7, 1, 3), (7, 2, 3)], 1),  # short rows: each thread's walk wraps over rows many times
-    ([(5, 1, 1100), (5, 2, 1100)], 1),  # one task per row: each block takes several rows
-    ([(3, 4, 1030), (3, 1, 1030)], 1),  # two tasks per row of the first bottom: blocks step part and row
+    ([(5, 1, 1024), (5, 3, 1024)], 1),  # one task per row of the first bottom: each block takes several rows
+    ([(5, 1, 1100), (5, 2, 1100)], 1),  # rows of 1024 + 76 and 1024 + 1024 + 152: blocks step part and row
+    ([(3, 4, 1030), (3, 1, 1030)], 1),  # rows of five tasks, the last of 24 elements
 ])
 @pytest.mark.parametrize("max_blocks", [1, 2, 3])
 def test_grids_smaller_than_the_work(rng, shapes, axis, max_blocks):
@@ -107,7 +108,7 @@ def test_grids_smaller_than_the_work(rng, shapes, axis, max_blocks):
 
 @simulated
 def test_the_walk_each_length_takes(monkeypatch):
-    """Rows below ROWS_MIN take the short-row walk, longer ones copy_rows split into parts of at most PART."""
+    """Rows below ROWS_MIN take the short-row walk, longer ones copy_rows with one block per task."""
     launched = []
     real = gcat.K.launch
 
@@ -116,12 +117,27 @@ def test_the_walk_each_length_takes(monkeypatch):
         return real(kernel, n, blocks=blocks)
 
     monkeypatch.setattr(gcat.K, "launch", recording)
-    src = cuda.to_device(np.zeros((2, 1, sk.ROWS_MIN + sk.PART + 1), np.float32))
-    short = cuda.to_device(np.zeros((2, 1, sk.ROWS_MIN - 1), np.float32))
-    dst = cuda.to_device(np.zeros((2, 2, sk.ROWS_MIN + sk.PART + 1), np.float32))
-    gcat.slab_copy(src, dst, 1, 0, 1, 1)
-    gcat.slab_copy(short, cuda.to_device(np.zeros((2, 3, sk.ROWS_MIN - 1), np.float32)), 1, 0, 2, 1)
-    assert launched == [(sk.copy_rows, 2 * 2), (sk.copy_short_rows, 2)]
+    length = sk.ROWS_MIN + sk.PART + 1
+    gcat.slab_copy(cuda.to_device(np.zeros((2, 1, length), np.float32)),
+                   cuda.to_device(np.zeros((2, 2, length), np.float32)), 1, 0, 1, 1)
+    gcat.slab_copy(cuda.to_device(np.zeros((2, 1, sk.ROWS_MIN - 1), np.float32)),
+                   cuda.to_device(np.zeros((2, 3, sk.ROWS_MIN - 1), np.float32)), 1, 0, 2, 1)
+    assert launched == [(sk.copy_rows, 2 * gcat.row_parts(2, length)[1]), (sk.copy_short_rows, 2)]
+
+
+@pytest.mark.parametrize("outer,length,want", [
+    (64, 193600, (4096, 48)),  # SqueezeNet fire2's bottoms at batch 64: parts of PART
+    (64, 16384, (1024, 16)),  # Inception-C's 256 x 8 x 8 at batch 64: split finer to make TASKS_MIN tasks
+    (4096, 4100, (3072, 2)),  # equal parts in whole trips, not 4096 + 4
+    (1, 4100, (1024, 5)),
+    (3000, 1024, (1024, 1)),
+    (1, 10 ** 8, (4096, 24415)),  # axis 0: one huge row
+])
+def test_row_parts(outer, length, want):
+    part, parts = gcat.row_parts(outer, length)
+    assert (part, parts) == want
+    trip = gcat.K.UNROLL * gcat.K.BLOCK
+    assert part % trip == 0 and part <= sk.PART and (parts - 1) * part < length <= parts * part
 
 
 # ---- on a real device, against the CPU op ------------------------------------------------------------------

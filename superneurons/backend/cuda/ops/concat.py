@@ -9,7 +9,24 @@ from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import slab as sk
 
-__all__ = ["concat_forward", "concat_backward", "slab_copy"]
+__all__ = ["concat_forward", "concat_backward", "slab_copy", "row_parts"]
+
+TASKS_MIN = 2048  # copy_rows tasks from which rows are not split finer than PART (~2 waves of blocks on an H100)
+
+
+def row_parts(outer: int, length: int) -> tuple[int, int]:
+    """(elements per part, parts per row) of copy_rows for `outer` rows of `length` >= ROWS_MIN elements.
+
+    Parts of at most PART elements, smaller (down to one trip of four loads per thread) while there are fewer
+    than TASKS_MIN tasks, so that a small copy (Inception-v4's 8x8 concats) still occupies every SM. Equal
+    parts rounded up to whole trips: among many rows, one of 4100 elements is 3072 + 1028, not 4096 + 4.
+    """
+    trip = K.UNROLL * K.BLOCK
+    parts = -(-length // sk.PART)
+    if outer * parts < TASKS_MIN:
+        parts = max(parts, min(-(-length // trip), -(-TASKS_MIN // outer)))
+    part = -(-length // (parts * trip)) * trip
+    return part, -(-length // part)
 
 
 def slab_copy(src, dst, axis: int, src_offset: int, dst_offset: int, width: int,
@@ -26,10 +43,7 @@ def slab_copy(src, dst, axis: int, src_offset: int, dst_offset: int, width: int,
         quarter = -(-outer * length // K.UNROLL)  # four elements per thread per trip
         K.launch(sk.copy_short_rows, 0, blocks=min(-(-quarter // K.BLOCK), max_blocks))(*args)
         return
-    parts = -(-length // sk.PART)
-    # equal parts rounded up to whole four-load trips (a row of 4100: 3072 + 1028 elements, not 4096 + 4)
-    part = -(-length // (parts * K.UNROLL * K.BLOCK)) * K.UNROLL * K.BLOCK
-    parts = -(-length // part)
+    part, parts = row_parts(outer, length)
     K.launch(sk.copy_rows, 0, blocks=min(outer * parts, max_blocks))(*args, part, parts)
 
 
