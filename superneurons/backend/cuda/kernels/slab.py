@@ -21,7 +21,7 @@ always valid, so the four loads need no branches; only their stores are skipped.
 """
 from __future__ import annotations
 
-from numba import cuda
+from numba import cuda, uint64
 
 from superneurons.backend.cuda.kernels import BLOCK
 from superneurons.backend.cuda.kernels.elementwise import four_indices
@@ -31,18 +31,25 @@ PART = 16 * BLOCK  # the most elements of a row one copy_rows task takes (16 per
 
 
 @cuda.jit(device=True, inline=True)
+def at(i):
+    """Index i (never negative) as unsigned: numba then skips the wrap-around of negative indices, three
+    64-bit instructions per access, a third of what a copied element costs in index arithmetic."""
+    return uint64(i)
+
+
+@cuda.jit(device=True, inline=True)
 def copy_run(src, s, dst, d, i, end):
     """dst[d + j] = src[s + j] for j = i, i + BLOCK, ... < end; four loads per trip."""
     while i < end:
         i1, i2, i3, valid = four_indices(i, end, BLOCK)
-        v0, v1, v2, v3 = src[s + i], src[s + i1], src[s + i2], src[s + i3]
-        dst[d + i] = v0
+        v0, v1, v2, v3 = src[at(s + i)], src[at(s + i1)], src[at(s + i2)], src[at(s + i3)]
+        dst[at(d + i)] = v0
         if valid > 1:
-            dst[d + i1] = v1
+            dst[at(d + i1)] = v1
         if valid > 2:
-            dst[d + i2] = v2
+            dst[at(d + i2)] = v2
         if valid > 3:
-            dst[d + i3] = v3
+            dst[at(d + i3)] = v3
         i += 4 * BLOCK
 
 
@@ -97,12 +104,12 @@ def copy_short_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, l
         s1 = o1 * src_pitch + src_base + r1 if o1 < outer else s0
         s2 = o2 * src_pitch + src_base + r2 if o2 < outer else s0
         s3 = o3 * src_pitch + src_base + r3 if o3 < outer else s0
-        v0, v1, v2, v3 = src[s0], src[s1], src[s2], src[s3]
-        dst[o * dst_pitch + dst_base + r] = v0
+        v0, v1, v2, v3 = src[at(s0)], src[at(s1)], src[at(s2)], src[at(s3)]
+        dst[at(o * dst_pitch + dst_base + r)] = v0
         if valid > 1:
-            dst[o1 * dst_pitch + dst_base + r1] = v1
+            dst[at(o1 * dst_pitch + dst_base + r1)] = v1
         if valid > 2:
-            dst[o2 * dst_pitch + dst_base + r2] = v2
+            dst[at(o2 * dst_pitch + dst_base + r2)] = v2
         if valid > 3:
-            dst[o3 * dst_pitch + dst_base + r3] = v3
+            dst[at(o3 * dst_pitch + dst_base + r3)] = v3
         o, r = next_position(o3, r3, step_o, step_r, length)
