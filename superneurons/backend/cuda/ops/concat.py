@@ -9,7 +9,7 @@ from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import slab as sk
 
-__all__ = ["concat_forward", "concat_backward", "slab_copy", "row_parts"]
+__all__ = ["concat_forward", "concat_backward"]  # the ops (backend.base.collect_ops); slab_copy is this module's helper
 
 TASKS_MIN = 2048  # copy_rows tasks from which rows are not split finer than PART (~2 waves of blocks on an H100)
 
