@@ -227,13 +227,3 @@ def channel_mul(x, s, y, dim, inner):
     """y = x * s[dim] over an (outer, dim, inner) view."""
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
         y[i] = x[i] * s[(i // inner) % dim]
-
-
-@cuda.jit
-def slab_copy(src, dst, outer, src_width, src_offset, dst_width, dst_offset, width, inner):
-    """Copy `width` planes along the middle axis of (outer, *, inner) views: concat and its backward."""
-    block = width * inner
-    for i in range(cuda.grid(1), outer * block, cuda.gridsize(1)):
-        o = i // block
-        r = i - o * block
-        dst[(o * dst_width + dst_offset) * inner + r] = src[(o * src_width + src_offset) * inner + r]

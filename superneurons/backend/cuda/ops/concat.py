@@ -1,4 +1,5 @@
-"""Concatenation along one axis and its inverse, as slab copies over (outer, axis, inner) views."""
+"""Concatenation along one axis and its inverse, as slab copies over (outer, axis, inner) views
+(kernels/slab.py: which walk runs for which row length, and why)."""
 from __future__ import annotations
 
 from math import prod
@@ -6,26 +7,52 @@ from typing import Sequence
 
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
-from superneurons.backend.cuda.kernels import elementwise as ek
+from superneurons.backend.cuda.kernels import slab as sk
 
-__all__ = ["concat_forward", "concat_backward"]
+__all__ = ["concat_forward", "concat_backward"]  # the ops (backend.base.collect_ops); slab_copy is this module's helper
+
+TASKS_MIN = 2048  # copy_rows tasks from which rows are not split finer than PART (~2 waves of blocks on an H100)
 
 
-def _slab(src, dst, axis: int, src_offset: int, dst_offset: int, width: int) -> None:
-    big = src if src.shape[axis] >= dst.shape[axis] else dst
-    outer, inner = prod(big.shape[:axis]), prod(big.shape[axis + 1:])
-    n = outer * width * inner
-    if n:
-        K.launch(ek.slab_copy, n)(flat(src), flat(dst), outer, src.shape[axis], src_offset, dst.shape[axis],
-                                  dst_offset, width, inner)
+def row_parts(outer: int, length: int) -> tuple[int, int]:
+    """(elements per part, parts per row) of copy_rows for `outer` rows of `length` >= ROWS_MIN elements.
+
+    Parts of at most PART elements, smaller (down to one trip of four loads per thread) while there are fewer
+    than TASKS_MIN tasks, so that a small copy (Inception-v4's 8x8 concats) still occupies every SM. Equal
+    parts rounded up to whole trips: among many rows, one of 4100 elements is 3072 + 1028, not 4096 + 4.
+    """
+    trip = K.UNROLL * K.BLOCK
+    parts = -(-length // sk.PART)
+    if outer * parts < TASKS_MIN:
+        parts = max(parts, min(-(-length // trip), -(-TASKS_MIN // outer)))
+    part = -(-length // (parts * trip)) * trip
+    return part, -(-length // part)
+
+
+def slab_copy(src, dst, axis: int, src_offset: int, dst_offset: int, width: int,
+              max_blocks: int = K.MAX_BLOCKS) -> None:
+    """dst[..., dst_offset:dst_offset + width, ...] = src[..., src_offset:src_offset + width, ...] along
+    `axis` (src and dst agree on every other dimension), on a grid of at most `max_blocks` blocks."""
+    outer, inner = prod(src.shape[:axis]), prod(src.shape[axis + 1:])
+    length = width * inner
+    if not outer or not length:
+        return
+    args = (flat(src), flat(dst), outer, src.shape[axis] * inner, src_offset * inner, dst.shape[axis] * inner,
+            dst_offset * inner, length)
+    if length < sk.ROWS_MIN:
+        quarter = -(-outer * length // K.UNROLL)  # four elements per thread per trip
+        K.launch(sk.copy_short_rows, 0, blocks=min(-(-quarter // K.BLOCK), max_blocks))(*args)
+        return
+    part, parts = row_parts(outer, length)
+    K.launch(sk.copy_rows, 0, blocks=min(outer * parts, max_blocks))(*args, part, parts)
 
 
 def concat_forward(bottoms: Sequence, top, axis: int) -> None:
     offset = 0
     for b in bottoms:
-        _slab(b, top, axis, 0, offset, b.shape[axis])
+        slab_copy(b, top, axis, 0, offset, b.shape[axis])
         offset += b.shape[axis]
 
 
 def concat_backward(top_diff, bottom_diff, axis: int, offset: int) -> None:
-    _slab(top_diff, bottom_diff, axis, offset, 0, bottom_diff.shape[axis])
+    slab_copy(top_diff, bottom_diff, axis, offset, 0, bottom_diff.shape[axis])
