@@ -42,8 +42,14 @@ def _install_simulator_device() -> None:
     fake.reshape = lambda a, shape: a.reshape(shape)
     fake.scalar = lambda a, value: a.dtype.type(value)
 
+    class ScratchOnly:
+        """The one Device service the simulated ops may use: float64 scratch (no cuDNN, no streams)."""
+
+        def scratch(self, n):
+            return cuda.device_array(n, np.float64)
+
     def current():
-        raise RuntimeError("no Device under the simulator")
+        return ScratchOnly()
 
     fake.current = current
     sys.modules["superneurons.backend.cuda.device"] = fake
@@ -54,15 +60,15 @@ if IN_SIMULATOR:
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda.ops import (embed as g_embed, eltwise as g_eltwise,  # noqa: E402
-                                           losses_extra as g_loss, lrn as g_lrn, mvn as g_mvn,
+                                           loss as g_softmax_loss, losses_extra as g_loss, lrn as g_lrn, mvn as g_mvn,
                                            neuron_extra as g_neuron, random_fill as g_fill, reduction as g_red,
                                            shape_ops as g_shape)
 from superneurons.backend.geometry import LRNGeometry  # noqa: E402
 from superneurons.errors import UserError  # noqa: E402
 
 CPU = CpuBackend().ops
-GPU = {name: getattr(m, name) for m in (g_embed, g_eltwise, g_loss, g_lrn, g_mvn, g_neuron, g_fill, g_red,
-                                         g_shape) for name in m.__all__}
+GPU = {name: getattr(m, name) for m in (g_embed, g_eltwise, g_softmax_loss, g_loss, g_lrn, g_mvn, g_neuron, g_fill,
+                                         g_red, g_shape) for name in m.__all__}
 
 
 def run_both(op, arrays, *scalars):
@@ -252,6 +258,27 @@ def _loss_pair(op_fwd, op_bwd, inputs, fwd_scalars, bwd_outputs, bwd_scalars, we
     host, dev = run_both(op_bwd, inputs + [np.array(weight)] + bwd_outputs, *bwd_scalars)
     for got, want in zip(dev[-k:], host[-k:]):
         close(got, want)
+
+
+@simulated
+@pytest.mark.parametrize("normalization", ["FULL", "VALID", "BATCH_SIZE", "NONE"])
+@pytest.mark.parametrize("ignore_label", [None, 2])
+def test_softmax_loss_forward_computes_the_loss_on_the_device(rng, normalization, ignore_label):
+    outer, channels, inner = 3, 4, 5
+    logits = rng.standard_normal((outer, channels, inner)).astype(np.float32)
+    prob = (np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)).astype(np.float32)
+    label = rng.integers(0, channels, (outer, inner)).astype(np.float32)
+    (*_, lc), (*_, lg) = run_both("softmax_loss_forward", [prob, label, np.zeros((), np.float32)], ignore_label,
+                                  normalization)
+    assert lc != 0 and lg.dtype == np.float32
+    close(lg, lc, rtol=1e-6, atol=0)  # float64 sums in another order (atomics), divided, rounded into float32
+    label[1, 3] = channels + 7  # a label outside the classes: the CPU op's error, from the GPU op too
+    for op in (CPU.softmax_loss_forward, GPU["softmax_loss_forward"]):
+        arrays = [prob, label, np.zeros((), np.float32)]
+        if op is not CPU.softmax_loss_forward:
+            arrays = [cuda.to_device(a) for a in arrays]
+        with pytest.raises(UserError, match=r"1 label\(s\) outside the 4 classes \[0, 4\), e.g. 11"):
+            op(*arrays, ignore_label, normalization)
 
 
 @simulated

@@ -1,7 +1,7 @@
 """SoftmaxWithLoss and Accuracy kernels over (outer, channels, inner) views with float class labels.
 
-Labels are truncated toward zero (Caffe's static_cast<int>). `stats` is a float64 scratch the host reads:
-[0] the summed loss or correct count, [1] the counted (valid) positions, [2] labels outside the classes.
+Labels are truncated toward zero (Caffe's static_cast<int>). `stats` is a float64 scratch: [0] the summed loss
+or correct count, [1] the counted (valid) positions, [2] labels outside the classes (the host reads it).
 """
 from __future__ import annotations
 
@@ -55,6 +55,14 @@ def normalizer(mode, outer, inner, valid):
         return 1.0
     n = float(outer * inner) if mode == 0 else (valid if mode == 1 else float(outer))
     return max(1.0, n)
+
+
+@cuda.jit
+def softmax_loss_finish(stats, loss, outer, inner, mode):
+    """loss[0] = the summed loss / the normalizer, on the device (float64 division, rounded once into the loss's
+    type, as the CPU op's division then store), so the host need not write it after reading the counters."""
+    if cuda.grid(1) == 0:
+        loss[0] = stats[0] / normalizer(mode, outer, inner, stats[1])
 
 
 @cuda.jit
