@@ -9,26 +9,17 @@ tests at the end run the same ops on a real device against the CPU op.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from numba import config  # noqa: E402
+from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
 
-IN_SIMULATOR = bool(config.ENABLE_CUDASIM)
-simulated = pytest.mark.skipif(not IN_SIMULATOR, reason="runs in test_concat_kernels_under_simulator")
 
 if not IN_SIMULATOR:
     def test_concat_kernels_under_simulator():
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
-                               __file__], env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-        assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+        rerun_under_simulator(__file__)
 
 
 from superneurons.backend.cuda.kernels import slab as sk  # noqa: E402

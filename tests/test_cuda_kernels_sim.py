@@ -9,23 +9,17 @@ import sys
 import numpy as np
 import pytest
 
-import subprocess  # noqa: E402
 
 if "numba" not in sys.modules:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 cuda = pytest.importorskip("numba.cuda")
-from numba import config  # noqa: E402
+from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
 
-if not config.ENABLE_CUDASIM:
-    # numba was imported earlier in this process without the simulator: run this file in a fresh one.
+if not IN_SIMULATOR:
     def test_kernels_under_simulator_in_subprocess():
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                              env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        rerun_under_simulator(__file__)
 
 
-simulated = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="runs in the subprocess test above")
 from superneurons.backend.cpu import dropout as cpu_dropout, pooling as cpu_pool, solver_ops  # noqa: E402
 from superneurons.backend.cuda import kernels as K  # noqa: E402
 from superneurons.backend.cuda.kernels import (  # noqa: E402

@@ -10,8 +10,6 @@ simulator on, so this process's numba stays real for the other test files.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import types
 
@@ -19,20 +17,14 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from numba import config  # noqa: E402
+from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
 
 # Never switch this process to the simulator (other test files need the real numba-cuda): without it, the
 # tests run in a child process that has NUMBA_ENABLE_CUDASIM=1 from the start.
-IN_SIMULATOR = bool(config.ENABLE_CUDASIM)
-simulated = pytest.mark.skipif(not IN_SIMULATOR, reason="runs in test_extra_ops_under_simulator_in_subprocess")
 
 if not IN_SIMULATOR:
     def test_extra_ops_under_simulator_in_subprocess():
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                              env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-        assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+        rerun_under_simulator(__file__)
 
 
 def _install_simulator_device() -> None:

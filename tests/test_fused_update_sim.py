@@ -9,8 +9,6 @@ on, so this process's numba stays real for the other test files. Skipped without
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import types
 
@@ -18,18 +16,12 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from numba import config  # noqa: E402
+from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
 
-IN_SIMULATOR = bool(config.ENABLE_CUDASIM)
-simulated = pytest.mark.skipif(not IN_SIMULATOR, reason="runs in test_multi_update_kernels_in_subprocess")
 
 if not IN_SIMULATOR:
     def test_multi_update_kernels_in_subprocess():
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                              env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-        assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+        rerun_under_simulator(__file__)
 
 
 if IN_SIMULATOR:  # backend/cuda/device.py needs real device arrays: the ops get its helpers over host arrays
