@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import zlib
 
 import numpy as np
@@ -9,6 +10,14 @@ import pytest
 
 # Reproduce a failing random test with `pytest --rng-seed N` or TEST_RNG_SEED=N (the seed its report printed).
 SEED_ENV = "TEST_RNG_SEED"
+
+
+def pytest_configure(config):
+    # A suite started in the background by a shell without job control (`make test &` in a script) inherits
+    # SIGINT ignored, and so does every process it starts until that process sets a handler: a Ctrl-C test
+    # whose signal lands early in a child's start-up would then wait forever. Run as from a terminal.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):
