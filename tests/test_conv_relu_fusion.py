@@ -60,32 +60,10 @@ def test_forward_matches_float64_reference(rng, name, slope, bias):
     np.testing.assert_allclose(y, leaky64(pre, slope), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(GEOMS))
-@pytest.mark.parametrize("slope", [0.0, 0.3])
-def test_op_gradients_by_central_differences(rng, name, slope):
-    """dx, dw and db of sum(weights * relu(conv(x, w) + b)) in float64; dy comes back masked."""
-    x, w, b, y_shape, geom = _arrays(rng, name, np.float64)
-    weights = rng.standard_normal(y_shape)
-    y = np.zeros(y_shape)
-
-    def objective():
-        OPS.conv_relu_forward(x, w, b, y, geom, slope)
-        return float((y * weights).sum())
-
-    objective()
-    dy = weights.copy()
-    dx, dw, db = np.full(x.shape, np.nan), np.zeros(w.shape), np.zeros(b.shape)
-    OPS.conv_relu_backward(x, w, dy, dx, dw, db, geom, y, slope)
-    np.testing.assert_array_equal(dy, weights * np.where(y > 0, 1.0, slope))
-    for analytic, wrt, what in ((dx, x, "x"), (dw, w, "w"), (db, b, "b")):
-        np.testing.assert_allclose(analytic, _numeric(objective, wrt, 1e-6), rtol=1e-4, atol=1e-6, err_msg=what)
-
-
 @pytest.mark.parametrize("slope", [0.0, 0.15])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("grads", ["all", "no dx", "dx only", "accumulate dx, overwrite dw"])
-def test_ops_repeat_the_unfused_arithmetic_bit_for_bit(rng, slope, bias, grads):
-    """conv then ReLU in place; the ReLU's gradient in place, then the convolution's gradients (float32)."""
+def test_forward_op_repeats_the_unfused_arithmetic_bit_for_bit(rng, slope, bias):
+    """conv, then the ReLU in place (float32)."""
     x, w, b, y_shape, geom = _arrays(rng, "strided grouped")
     b = b if bias else None
     want = np.empty(y_shape, np.float32)
@@ -94,29 +72,6 @@ def test_ops_repeat_the_unfused_arithmetic_bit_for_bit(rng, slope, bias, grads):
     got = np.empty(y_shape, np.float32)
     OPS.conv_relu_forward(x, w, b, got, geom, slope)
     np.testing.assert_array_equal(got, want)
-
-    dy = rng.standard_normal(y_shape).astype(np.float32)
-    held_dx, held_dw, held_db = (rng.standard_normal(s).astype(np.float32) for s in (x.shape, w.shape, (y_shape[1],)))
-    flags = {"accumulate_dx": grads.startswith("accumulate"), "overwrite_dw": grads.endswith("overwrite dw")}
-
-    def outputs():
-        dx = None if grads == "no dx" else held_dx.copy()
-        dw = None if grads == "dx only" else held_dw.copy()
-        db = None if grads == "dx only" or b is None else held_db.copy()
-        return dx, dw, db
-
-    expect_dy = dy.copy()
-    OPS.relu_backward(want, expect_dy, expect_dy, slope)
-    expect = outputs()
-    OPS.conv_backward(x, w, expect_dy, *expect, geom, **flags)
-    got_dy = dy.copy()
-    fused = outputs()
-    OPS.conv_relu_backward(x, w, got_dy, *fused, geom, got, slope, **flags)
-    np.testing.assert_array_equal(got_dy, expect_dy)
-    for a, e in zip(fused, expect):
-        assert (a is None) == (e is None)
-        if a is not None:
-            np.testing.assert_array_equal(a, e)
 
 
 def test_fused_layers_gradient_by_central_differences(rng):
@@ -129,7 +84,8 @@ def test_fused_layers_gradient_by_central_differences(rng):
                          rng=rng)
     cv.fuse_relu(relu)
     assert cv.relu_slope == np.float32(0.1) and relu.fused_into is cv
-    assert cv.backward_needs() == frozenset({NEEDS_BOTTOM, NEEDS_TOP}) and relu.backward_needs() == frozenset()
+    # The ReLU keeps its backward (and its need of the top); the convolution's needs are the unfused ones.
+    assert cv.backward_needs() == frozenset({NEEDS_BOTTOM}) and relu.backward_needs() == frozenset({NEEDS_TOP})
     x = rng.standard_normal(x_shape)
     weights = rng.standard_normal(y_shape)
     top = np.zeros(y_shape)
@@ -178,11 +134,11 @@ def test_pass_fuses_a_convolution_and_its_relu(monkeypatch):
     assert _fused_pairs(_conv_relu(), pb.TEST) == {"r": "c"}  # forward only
     g = _graph(_conv_relu(slope=0.25))
     assert g.node("c").layer.relu_slope == 0.25
-    assert g.node("c").layer.backward_needs() == {NEEDS_BOTTOM, NEEDS_TOP}
-    # The planner sees the new need: the convolution's backward step reads its top, the ReLU's reads nothing.
+    assert g.node("c").layer.backward_needs() == {NEEDS_BOTTOM}
+    # The planner sees the unfused needs: the ReLU's backward step reads the top, the convolution's does not.
     program = make_plan(g).program
     steps = {s.node.name: s.uses for s in program.steps[program.n_forward:]}
-    assert "c" in steps["c"] and "c" not in steps["r"]
+    assert "c" in steps["r"] and "c" not in steps["c"]
     monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
     assert _fused_pairs(_conv_relu()) == {}
     assert _graph(_conv_relu()).node("c").layer.relu_slope is None
@@ -263,6 +219,30 @@ def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
     assert_test_phase_forward_matches_unfused(_vgg_like(), monkeypatch)
 
 
+@pytest.mark.parametrize("model", ["vgg_like", "models/vgg16/vgg16_dummy.prototxt"])
+def test_the_fusion_leaves_every_modes_plan_as_unfused(monkeypatch, model):
+    """Memory is what the runtime is for: each mode's peak and streamed peak are the unfused net's (when the
+    ReLU's gradient ran in the convolution's step, VGG16's offload and recompute peaks grew 1176 -> 1568 MiB)."""
+    from pathlib import Path
+
+    from superneurons.graph.build import build_graph
+    from superneurons.io.prototxt import read_net
+
+    def plan():
+        if model == "vgg_like":
+            return make_plan(_graph(_vgg_like()))
+        return make_plan(build_graph(read_net(str(Path(__file__).resolve().parents[1] / model)), pb.TRAIN))
+
+    fused = plan()
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+    unfused = plan()
+    assert set(fused.traces) == set(unfused.traces)
+    for mode in fused.traces:
+        assert fused.peak(mode)[0] == unfused.peak(mode)[0], mode
+        if mode != "baseline":
+            assert fused.streamed_peak(mode) == unfused.streamed_peak(mode), mode
+
+
 def test_every_memory_mode_trains_a_fused_net_like_baseline():
     """Recomputation replays the fused forward, which rebuilds relu(conv) for the convolution's backward."""
     assert _fused_pairs(_vgg_like())
@@ -283,15 +263,12 @@ GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="nee
     ((4, 32, 15, 15), 64, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), 2)),  # grouped, odd plane
 ])
 @pytest.mark.parametrize("slope", [0.0, 0.1])
-@pytest.mark.parametrize("bias_sum", ["own", "cudnn"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gpu_fused_op_against_unfused_and_cpu(gpu, rng, monkeypatch, x_shape, m, geom, slope, bias_sum, bias):
+def test_gpu_fused_op_against_unfused_and_cpu(gpu, rng, x_shape, m, geom, slope, bias):
     """Forward equal to the unfused convolution + ReLU on the GPU (the same cuDNN call, then one float32 add and
-    the ReLU); the masked gradient equal; dx, dw, db close (cuDNN's gradients and the float64 bias sums may add
-    in another order); and close to the CPU fused op."""
+    the ReLU) and close to the CPU fused op."""
     from gpu_harness import close, dev
 
-    monkeypatch.setenv("SUPERNEURONS_CONV_BIAS_SUM", bias_sum)
     cin = x_shape[1] // geom.group
     x = rng.standard_normal(x_shape).astype(np.float32)
     fan_in = cin * geom.kernel[0] * geom.kernel[1]
@@ -309,29 +286,6 @@ def test_gpu_fused_op_against_unfused_and_cpu(gpu, rng, monkeypatch, x_shape, m,
     y_cpu = np.empty(y_shape, np.float32)
     OPS.conv_relu_forward(x, w, b, y_cpu, geom, slope)
     close(y, y_cpu, rtol=1e-4, atol_scale=1e-4)
-
-    dy = rng.standard_normal(y_shape).astype(np.float32)
-    held = [rng.standard_normal(s).astype(np.float32) for s in (x_shape, w.shape, (m,))]
-
-    def grads():
-        return [dev(gpu, held[0]), dev(gpu, held[1]), dev(gpu, held[2]) if bias else None]
-
-    plain, fused = grads(), grads()
-    dy_plain, dy_fused = dev(gpu, dy), dev(gpu, dy)
-    ops.relu_backward(y_fused, dy_plain, dy_plain, slope)
-    ops.conv_backward(dx_x, dx_w, dy_plain, *plain, geom, accumulate_dx=True)
-    ops.conv_relu_backward(dx_x, dx_w, dy_fused, *fused, geom, y_fused, slope, accumulate_dx=True)
-    np.testing.assert_array_equal(gpu.to_host(dy_fused), gpu.to_host(dy_plain))
-    host = [dy.copy(), held[0].copy(), held[1].copy(), held[2].copy() if bias else None]
-    # Masked by the GPU's y: where the pre-activation is within rounding of 0, the CPU's y may have the other
-    # sign, and a gradient masked differently there would differ by (1 - slope) dy, not by rounding.
-    OPS.conv_relu_backward(x, w, host[0], *host[1:], geom, y, slope, accumulate_dx=True)
-    for name, p, f, c in zip(("dx", "dw", "db"), plain, fused, host[1:]):
-        if c is None:
-            continue
-        got = gpu.to_host(f)
-        close(got, gpu.to_host(p), rtol=1e-5, atol_scale=1e-5)
-        close(got, c, rtol=1e-4, atol_scale=1e-4)
 
 
 GPU_NET_DATA = _layer("data", "DummyData", [], ["data", "label"],

@@ -12,13 +12,13 @@ write relu(sum)) and backward one pass (read y and dy, write every bottom gradie
 separately, the ReLU reads and writes the sum again, and its gradient again. The Eltwise then needs its top
 for backward (the ReLU's mask) instead of the ReLU; a replay of its forward (recomputation) rebuilds relu(sum).
 
-**Convolution -> ReLU** (`fuse_conv_relu`). VGG, AlexNet, SqueezeNet and Inception-style nets follow nearly
-every convolution with a ReLU in place on its top. Fused (backend op `conv_relu_forward/backward`), the
-forward adds the bias and applies the ReLU in one pass after the convolution (instead of a bias pass and a
-ReLU pass), and the backward masks the top gradient in place in one pass, summing the bias gradient in the
-same pass where the backend can, before the convolution's own weight and data gradients. The Convolution
-then needs its top for backward (the ReLU's mask) as well as its bottom; a replay of its forward
-(recomputation) rebuilds relu(conv). Deconvolution and InnerProduct stay unfused.
+**Convolution -> ReLU** (`fuse_conv_relu`). VGG, AlexNet and SqueezeNet-style nets follow nearly every
+convolution with a ReLU in place on its top. Fused (backend op `conv_relu_forward`), the forward adds the bias
+and applies the ReLU in one pass after the convolution (instead of a bias pass and a ReLU pass); a replay of
+its forward (recomputation) rebuilds relu(conv). The backward is not fused: the ReLU's gradient stays in the
+ReLU's step (`Layer.runs_absorbed_backward`), because masking it in the convolution's step needs the top
+there beside the bottom, a larger per-step peak for offload and recompute (VGG16's grew from 1176 to 1568
+MiB when it was tried), and memory is what this runtime is for. Deconvolution and InnerProduct stay unfused.
 
 A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the

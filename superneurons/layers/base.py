@@ -167,6 +167,10 @@ class Layer:
         that gradient (Eltwise SUM with coefficient 1): memory/aliases.py may then share the memory."""
         return ()
 
+    # An owner of absorbed layers (graph/fuse.py) runs their backward in its own step (True) or only their
+    # forward, leaving each absorbed layer's backward to that layer's step (False: Convolution, see there).
+    runs_absorbed_backward = True
+
     def absorb_into(self, owner: "Layer") -> None:
         """Become a pass-through: `owner` (graph/fuse.py checked it may) computes this layer's forward and
         backward. Layers that keep buffers for their own backward override this to drop them."""

@@ -1,8 +1,10 @@
 """Convolution (Caffe semantics): 2-D, grouped, dilated, over the axes after `axis`.
 
 graph/fuse.py may fold the ReLU in place on a Convolution's top into it (`fuse_relu`: VGG, AlexNet and
-Inception-style nets): it then writes relu(conv + bias) itself, and its backward masks the top gradient
-with its top before the convolution's gradients, so it needs its top as well as its bottom.
+SqueezeNet-style nets): its forward then writes relu(conv + bias) itself, while the ReLU's backward stays in
+the ReLU's own step (`runs_absorbed_backward = False`). Masking the gradient here would need the top at the
+convolution's backward step beside its bottom, which raises the per-step peak that offload and recompute are
+bounded by (VGG16: 1176 -> 1568 MiB); apart, the two steps need what the unfused layers need.
 
 Also home of `spatial_pair`, the reading of Caffe's "one value for every spatial axis or one per
 axis, or the _h/_w fields" convention that Pooling shares.
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from superneurons.backend.geometry import ConvGeometry, Pair
-from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, canonical_axis, claim_cleared_diff, count, register
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, claim_cleared_diff, count, register
 
 
 def spatial_pair(layer: Layer, msg, what: str, values: Sequence[int], default: int | None, minimum: int) -> Pair:
@@ -83,6 +85,7 @@ def read_conv_param(layer: Layer, shape, what: str) -> tuple[int, int]:
 @register("Convolution")
 class Convolution(Layer):
     can_accumulate_bottom_diff = True
+    runs_absorbed_backward = False  # a fused ReLU's gradient is its own step's (module docstring)
 
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
@@ -118,9 +121,7 @@ class Convolution(Layer):
         relu.absorb_into(self)
 
     def backward_needs(self):
-        # dW needs the input; dx needs only dy and W (a parameter, always resident); a fused ReLU's mask, the top.
-        if self.relu_slope is not None:
-            return frozenset({NEEDS_BOTTOM, NEEDS_TOP})
+        # dW needs the input; dx needs only dy and W (a parameter, always resident).
         return frozenset({NEEDS_BOTTOM})
 
     def forward(self, bottom, top):
@@ -135,15 +136,10 @@ class Convolution(Layer):
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         ops = self.ops
-        x_shape, y_shape = (self.n, self.c, self.h, self.w), (self.n, self.m, self.oh, self.ow)
-        args = (ops.reshape(bottom[0], x_shape), self.weight.data, ops.reshape(top_diff[0], y_shape),
-                ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
-                self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom)
-        accumulate_dx = 0 in self.accumulate_bottoms
-        overwrite_dw = self.weight.diff is not None and claim_cleared_diff(self.weight)
-        if self.relu_slope is not None:
-            # The top gradient is masked in place, as the in-place ReLU's backward did to the same memory.
-            ops.conv_relu_backward(*args, ops.reshape(top[0], y_shape), self.relu_slope,
-                                   accumulate_dx=accumulate_dx, overwrite_dw=overwrite_dw)
-        else:
-            ops.conv_backward(*args, accumulate_dx=accumulate_dx, overwrite_dw=overwrite_dw)
+        x_shape = (self.n, self.c, self.h, self.w)
+        ops.conv_backward(ops.reshape(bottom[0], x_shape), self.weight.data,
+                          ops.reshape(top_diff[0], (self.n, self.m, self.oh, self.ow)),
+                          ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
+                          self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
+                          accumulate_dx=0 in self.accumulate_bottoms,
+                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))

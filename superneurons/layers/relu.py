@@ -1,5 +1,6 @@
-"""ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale or
-Eltwise SUM (`absorb_into`); it is then a pass-through."""
+"""ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale, Eltwise
+SUM or Convolution (`absorb_into`): its forward is then a pass-through, and so is its backward unless the owner
+leaves the backward to this step (`runs_absorbed_backward`: Convolution does)."""
 from __future__ import annotations
 
 from superneurons.layers.base import NEEDS_TOP, Layer, register
@@ -11,8 +12,11 @@ class ReLU(Layer):
         self.slope = float(self.param.relu_param.negative_slope)
         return [bottom_shapes[0]]
 
+    def _backward_done_by_owner(self) -> bool:
+        return self.fused_into is not None and self.fused_into.runs_absorbed_backward
+
     def backward_needs(self):
-        if self.fused_into is not None:
+        if self._backward_done_by_owner():
             return frozenset()
         # y > 0 exactly where x > 0 (for any slope >= 0), so the output suffices and in-place works.
         return frozenset({NEEDS_TOP})
@@ -23,5 +27,5 @@ class ReLU(Layer):
         self.ops.relu_forward(bottom[0], top[0], self.slope)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0] and self.fused_into is None:
+        if propagate_down[0] and not self._backward_done_by_owner():
             self.ops.relu_backward(top[0], top_diff[0], bottom_diff[0], self.slope)

@@ -9,20 +9,19 @@ into chunks so the column matrix stays near `_COL_ELEMENTS` elements: AlexNet's 
 The scratch (padded input, columns) is temporary host memory, like NumPy's own temporaries; on the
 GPU the equivalent is cuDNN's workspace, which the runtime sizes explicitly.
 
-`conv_relu_forward/backward` are a convolution fused with the ReLU in place on its top (graph/fuse.py). They
-repeat the unfused layers' operations in their order (bias add, then ReLU; the ReLU's gradient in place, then
-the convolution's gradients of it), so a fused net trains bit-identically to an unfused one; the CUDA twins
-save the passes.
+`conv_relu_forward` is a convolution fused with the ReLU in place on its top (graph/fuse.py). It repeats the
+unfused layers' operations in their order (bias add, then ReLU), so a fused net trains bit-identically to an
+unfused one; the CUDA twin saves a pass. The ReLU's gradient stays in the ReLU's step (layers/convolution.py).
 """
 from __future__ import annotations
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from superneurons.backend.cpu.activation import relu_backward, relu_forward
+from superneurons.backend.cpu.activation import relu_forward
 from superneurons.backend.geometry import ConvGeometry
 
-__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "conv_relu_backward"]
+__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward"]
 
 _COL_ELEMENTS = 1 << 23  # 32 MiB of float32 columns per chunk
 
@@ -76,15 +75,6 @@ def conv_relu_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.
     """y = relu(conv(x, w) + b) with Caffe's leaky ReLU (slope >= 0)."""
     conv_forward(x, w, b, y, geom)
     relu_forward(y, y, slope)
-
-
-def conv_relu_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
-                       db: np.ndarray | None, geom: ConvGeometry, y: np.ndarray, slope: float,
-                       accumulate_dx: bool = False, overwrite_dw: bool = False) -> None:
-    """conv_backward of the gradient before the ReLU, given conv_relu_forward's output `y`: dy is overwritten
-    with it (dy where y > 0, else dy * slope: y > 0 exactly where the pre-activation is, for slope >= 0)."""
-    relu_backward(y, dy, dy, slope)
-    conv_backward(x, w, dy, dx, dw, db, geom, accumulate_dx, overwrite_dw)
 
 
 def _chunks(x: np.ndarray, y: np.ndarray, geom: ConvGeometry):

@@ -1,9 +1,8 @@
 """2-D convolution through cuDNN (grouped, dilated); plans and algorithms chosen once per shape (see cudnn.py).
 
-Fused with the ReLU in place on its top (graph/fuse.py, `conv_relu_*`), the bias add and the ReLU are one
-pass after cuDNN's convolution (kernels/conv_relu.py), and backward masks the top gradient in one pass that
-also sums the bias gradient where our per-channel sum is the one chosen (`own_bias_sum`), then runs cuDNN's
-gradients on the masked gradient.
+Fused with the ReLU in place on its top (graph/fuse.py, `conv_relu_forward`), the bias add and the ReLU are one
+pass after cuDNN's convolution (kernels/conv_relu.py) instead of cuDNN's bias add and the ReLU's pass. The
+ReLU's gradient stays in the ReLU's own step (layers/convolution.py says why).
 """
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ from superneurons import settings
 from superneurons.backend.cuda import cudnn, kernels as K
 from superneurons.backend.cuda.kernels import conv_relu as ck, reduce as rk
 from superneurons.backend.cuda.ops import activation, basic
-from superneurons.backend.cuda.ops._rows import scratch, zero
 from superneurons.backend.cuda.device import current, flat, scalar
 from superneurons.backend.geometry import ConvGeometry
 
-__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "conv_relu_backward"]
+__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward"]
 
 
 def _plan(x, w, y, geom: ConvGeometry):
@@ -57,23 +55,10 @@ def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float) -> None:
         activation.relu_forward(y, y, slope)
 
 
-def conv_relu_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, y, slope: float, accumulate_dx: bool = False,
-                       overwrite_dw: bool = False) -> None:
-    """conv_backward of the gradient before the ReLU, given conv_relu_forward's output `y`; dy is overwritten
-    with it. Where our per-channel sum computes the bias gradient, the masking pass adds it to db."""
-    n, m, oh, ow = dy.shape
-    if db is not None and own_bias_sum(m, oh * ow):
-        relu_mask_bias_sum(y, dy, db, n, m, oh * ow, slope)
-        db = None
-    else:
-        activation.relu_backward(y, dy, dy, slope)
-    conv_backward(x, w, dy, dx, dw, db, geom, accumulate_dx, overwrite_dw)
-
-
-# The passes of the fused ops over y viewed as (outer, dim, inner) = (N, C, H*W) (not ops of their own: no
+# The pass of the fused forward over y viewed as (outer, dim, inner) = (N, C, H*W) (not an op of its own: no
 # `__all__` entry). A block takes MIN_BLOCK_ELEMENTS elements at least where the planes allow, as the fused
 # BatchNorm's passes do (SUPERNEURONS_BN_MIN_BLOCK's measurement: on 7x7 and 14x14 planes, thousands of blocks
-# of one or two elements per thread spent their time starting up and, in the summing pass, reducing).
+# of one or two elements per thread spent their time starting up).
 MIN_BLOCK_ELEMENTS = 8192
 
 
@@ -84,18 +69,6 @@ def bias_relu(y, b, outer: int, dim: int, inner: int, slope: float) -> None:
     chunk, blocks = rk.chunking(outer, dim, inner, MIN_BLOCK_ELEMENTS)
     kernel = ck.bias_relu_rows if inner >= ck.ROWS_MIN else ck.bias_relu
     K.launch(kernel, 0, blocks=blocks)(flat(y), flat(b), outer, dim, inner, chunk, scalar(y, slope))
-
-
-def relu_mask_bias_sum(y, dy, db, outer: int, dim: int, inner: int, slope: float) -> None:
-    """dy = dy masked by y > 0 (leaky slope) in place; db[c] += the sum of the masked dy over outer and inner."""
-    if not dy.size:
-        return
-    sums = scratch("conv_relu_bias", dim)
-    zero(sums)
-    chunk, blocks = rk.chunking(outer, dim, inner, MIN_BLOCK_ELEMENTS)
-    kernel = ck.relu_mask_sum_rows if inner >= ck.ROWS_MIN else ck.relu_mask_sum
-    K.launch(kernel, 0, blocks=blocks)(flat(y), flat(dy), sums, outer, dim, inner, chunk, scalar(dy, slope))
-    K.launch(rk.channel_finish, dim)(sums, flat(db), True)
 
 
 # tools/bench/conv_bias.py, batch 64 on an H100 (ms): cudnnConvolutionBackwardBias is slow on large planes,
