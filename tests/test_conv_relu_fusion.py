@@ -348,3 +348,70 @@ def test_a_partial_run_that_separates_a_fused_pair_is_refused_and_runs_unfused(t
     before_relu = plain.forward(data=x, end="conv1")["conv1"]
     assert (before_relu < 0).any()
     np.testing.assert_array_equal(np.maximum(before_relu, 0), whole)
+
+
+CONV_RELU_LOSS_NET = """name: "crl"
+force_backward: true
+layer { name: "in" type: "Input" top: "data" top: "target"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 }
+                            bias_filler { type: "uniform" min: -0.3 max: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: 0.2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+def test_a_backward_range_may_split_a_convolution_from_its_relu(tmp_path, rng, monkeypatch):
+    """The fused ReLU keeps its own backward step, so backward(end='relu1') (down to the ReLU, the convolution
+    left out) is allowed and gives Caffe's masked gradient in conv1's diff; forward ranges stay refused."""
+    import superneurons as caffe
+    from superneurons.errors import UserError
+
+    model = tmp_path / "crl.prototxt"
+    model.write_text(CONV_RELU_LOSS_NET)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    t = rng.standard_normal((2, 3)).astype(np.float32)
+
+    def masked_gradient(net):
+        net.forward(data=x, target=t)
+        net.backward(end="relu1")
+        return net.blobs["conv1"].diff.copy(), net.blobs["conv1"].data.copy()
+
+    fused = caffe.Net(str(model), caffe.TRAIN)
+    with pytest.raises(UserError, match="separates 'conv1'"):
+        fused.forward(data=x, target=t, end="conv1")
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+    plain = caffe.Net(str(model), caffe.TRAIN)
+    for name in ("conv1", "ip"):
+        for k, blob in enumerate(fused.params[name]):
+            plain.params[name][k].data[...] = blob.data
+    got, want = masked_gradient(fused), masked_gradient(plain)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert (got[1] < 0).any() and got[0].any()  # leaky negatives: the mask scales some gradients by 0.2
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_the_loss_read_during_backward_is_the_value_at_the_end_of_forward():
+    """LossReader on an asynchronous backend (the CPU transfer with a lag stands in for the GPU's copy stream):
+    the value is the blob's when the copy was queued, though the blob is overwritten right after (backward may
+    reuse its memory), and equals the synchronous weighted sum."""
+    from types import SimpleNamespace
+
+    from superneurons.backend.cpu.transfer import CpuTransfer
+    from superneurons.runtime.loss_read import LossReader, weighted_loss
+
+    cpu = CpuBackend()
+    backend = SimpleNamespace(asynchronous=True, make_transfer=lambda: CpuTransfer(lag=3), to_host=cpu.to_host)
+    rng = np.random.default_rng()
+    blobs = [(SimpleNamespace(array=rng.standard_normal(s).astype(np.float32)), None, w)
+             for s, w in (((), 1.0), ((3,), 0.5))]
+    want = weighted_loss(cpu, blobs)
+    reader = LossReader(backend)
+    value = reader.start(blobs)
+    for data, _diff, _w in blobs:
+        data.array[...] = np.nan  # what backward may write there once the copy has been waited for
+    assert value() == pytest.approx(want, rel=1e-6) and np.isfinite(value())
+    assert LossReader(cpu).start([(SimpleNamespace(array=np.float32(2.5)), None, 2.0)])() == 5.0

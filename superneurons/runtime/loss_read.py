@@ -16,6 +16,11 @@ import numpy as np
 LossBlob = tuple[Any, Any, float]  # (data tensor, diff tensor or None, loss weight), as Net.loss_blobs
 
 
+def weighted_loss(backend: Any, loss_blobs: list[LossBlob]) -> float:
+    """The weighted sum of the loss blobs, read now (what Net.forward returns)."""
+    return sum(w * float(backend.to_host(data.array).sum()) for data, _diff, w in loss_blobs)
+
+
 class LossReader:
     """Starts the copy of a net's loss blobs to the host (`start`), returning a callable that gives the
     weighted loss once the copy has completed."""
@@ -36,7 +41,7 @@ class LossReader:
 
     def start(self, loss_blobs: list[LossBlob]) -> Callable[[], float]:
         if self.transfer is None:  # the host computes: the loss is there already
-            value = sum(w * float(self.backend.to_host(data.array).sum()) for data, _diff, w in loss_blobs)
+            value = weighted_loss(self.backend, loss_blobs)
             return lambda: value
         copies = []
         for slot, (data, _diff, w) in enumerate(loss_blobs):

@@ -26,7 +26,7 @@ from superneurons.memory.params import layers_computed_by, param_root
 from superneurons.memory.pool import format_bytes, make_pool, round_up
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.limits import check_fits
-from superneurons.runtime.loss_read import LossReader
+from superneurons.runtime.loss_read import LossReader, weighted_loss
 from superneurons.settings import memory_policy
 
 # The GPU pool's default size is the device's free memory minus this margin, which stays outside the
@@ -452,16 +452,13 @@ class Net:
         return LossReader(self.backend)  # made at the first training pass: a net that only tests needs no stream
 
     def loss_value(self) -> float:
-        loss = 0.0
-        for data, _diff, w in self.loss_blobs:
-            loss += w * float(self.backend.to_host(data.array).sum())
-        return loss
+        return weighted_loss(self.backend, self.loss_blobs)
 
     def backward(self, first: int = 0, last: int | None = None, seed_losses: bool = True) -> None:
         """Run the backward steps. `first`/`last`: only the layers at those prototxt positions (Caffe's
         Net::BackwardFromTo); `seed_losses=False`: start from the gradients the blobs hold now instead of
         setting each loss blob's gradient to its weight (`seed_loss_diffs`), so a caller may set any top's."""
-        partial = self._partial(first, last, "backward over part of the net")
+        partial = self._partial(first, last, "backward over part of the net", backward=True)
         hooks = self.hooks
         self._use_workspace()
         if seed_losses:
@@ -559,24 +556,27 @@ class Net:
                 self.memory.ensure(diff)
                 self.ops.fill(diff.array, w)
 
-    def _partial(self, first: int, last: int | None, what: str) -> bool:
+    def _partial(self, first: int, last: int | None, what: str, backward: bool = False) -> bool:
         """Whether first..last leaves out some layer; such a run needs every tensor resident."""
         partial = first > 0 or (last is not None and last < max(n.layer.layer_index for n in self.graph.nodes))
         if partial:
             self._require_resident(what)
-            self._refuse_split_fusion(first, last, what)
+            self._refuse_split_fusion(first, last, what, backward)
         return partial
 
-    def _refuse_split_fusion(self, first: int, last: int | None, what: str) -> None:
+    def _refuse_split_fusion(self, first: int, last: int | None, what: str, backward: bool) -> None:
         """A range that holds a fused layer (graph/fuse.py) without the layer computing it, or the other way
         round, would run the pair's work whole or not at all: e.g. a Convolution fused with its ReLU ends a
-        range at the convolution with the ReLU applied, where Caffe's blob is still before it."""
+        range at the convolution with the ReLU applied, where Caffe's blob is still before it. Backward, only
+        owners that run their absorbed layers' backward count (a fused ReLU after a Convolution keeps its own)."""
         def inside(layer) -> bool:
             return first <= layer.layer_index and (last is None or layer.layer_index <= last)
 
         for node in self.graph.nodes:
             owner = node.layer.fused_into
-            if owner is not None and inside(owner) != inside(node.layer):
+            if owner is None or (backward and not owner.runs_absorbed_backward):
+                continue
+            if inside(owner) != inside(node.layer):
                 raise UserError(f"net {self.name!r}: {what} from layer {first} to {last if last is not None else 'the end'} "
                                 f"separates {owner.name!r} ({owner.type_name}) from {node.layer.name!r} "
                                 f"({node.layer.type_name}), which run fused as one step; include both, or build the "
