@@ -133,11 +133,7 @@ def ave_backward_columns(dy, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
     """ave_backward with one thread per (plane, input column) walking down the column (the window bookkeeping
     of max_backward_columns), in float32."""
     for t in range(cuda.grid(1), planes * w, cuda.gridsize(1)):
-        plane = t // w
-        s = t - plane * w
-        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-        src = plane * h * w + s
-        out_plane = plane * oh
+        s, src, out_plane, lo_w, hi_w = _input_column(t, h, w, oh, ow, kw, sw, pw)
         lo = 0
         hi = 0
         for r in range(h):
@@ -151,6 +147,16 @@ def ave_backward_columns(dy, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
                     w0 = qw * sw - pw
                     grad += dy[row + qw] / np.float32(rows * (min(w0 + kw, w + pw) - w0))
             dx[src + r * w] = grad
+
+
+@cuda.jit(device=True)
+def _input_column(t, h, w, oh, ow, kw, sw, pw):
+    """Backward walker t's column: (column s, flat index of its top pixel, first output row of its plane,
+    the output columns [lo_w, hi_w) whose windows hold it)."""
+    plane = t // w
+    s = t - plane * w
+    lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
+    return s, plane * h * w + s, plane * oh, lo_w, hi_w
 
 
 @cuda.jit(device=True)
@@ -197,11 +203,7 @@ def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph,
     range is computed once, and the row range [lo, hi) of the windows holding row r only moves forward as r
     grows, so it advances by comparisons instead of divisions."""
     for t in range(cuda.grid(1), planes * w, cuda.gridsize(1)):
-        plane = t // w
-        s = t - plane * w
-        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-        src = plane * h * w + s
-        out_plane = plane * oh
+        s, src, out_plane, lo_w, hi_w = _input_column(t, h, w, oh, ow, kw, sw, pw)
         lo = 0
         hi = 0
         for r in range(h):
