@@ -15,7 +15,7 @@ from superneurons.io.prototxt import read_net
 from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets, resolve_memory
 from superneurons.memory.cost import DEVICE_BW, FITS_ANYWAY, FLOPS, choose, estimate, forward_seconds
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
-from superneurons.memory.plan import make_plan, offloaded_bytes
+from superneurons.memory.plan import make_plan, offloaded_bytes, replay_count
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
@@ -86,16 +86,19 @@ def test_conv_offload_that_would_move_lots_ranks_below_block_recompute():
     assert not full.fits("liveness", budget) and full.fits("offload", budget)
     calls = []
 
-    def plan_for(types, modes):
-        calls.append((types, tuple(modes)))
-        return full if types == DEFAULT_CHECKPOINTS else make_plan(graph, checkpoint_types=types, modes=modes,
-                                                                    solver_history=1)
+    def plan_for(types, modes, recompute_limit=0):
+        if not recompute_limit:
+            calls.append((types, tuple(modes)))
+        if types == DEFAULT_CHECKPOINTS and not recompute_limit:
+            return full
+        return make_plan(graph, checkpoint_types=types, modes=modes, solver_history=1, recompute_limit=recompute_limit)
 
     choice = choose(budget, checkpoint_sets(graph), plan_for)
     assert calls == [(DEFAULT_CHECKPOINTS, FITS_ANYWAY), (DEFAULT_CHECKPOINTS, ("offload", "recompute")),
                      (BLOCK_CHECKPOINTS, ("offload", "recompute"))]
     assert (choice.mode, choice.checkpoint_types) == ("recompute", BLOCK_CHECKPOINTS)
-    by = {(e.mode, e.checkpoint_types): e for e in choice.candidates}
+    # The candidates that recompute down to max(l_i) (higher replay limits: the tests below).
+    by = {(e.mode, e.checkpoint_types): e for e in choice.candidates if not e.recompute_limit}
     conv_offload, block = by["offload", DEFAULT_CHECKPOINTS], by["recompute", BLOCK_CHECKPOINTS]
     assert conv_offload.transfer_s > conv_offload.compute_s  # transfer-bound
     assert conv_offload.moved_bytes > 4 * block.moved_bytes
@@ -105,6 +108,48 @@ def test_conv_offload_that_would_move_lots_ranks_below_block_recompute():
     # The transfer term is the plan's checkpoint bytes beyond what fits beside its peak, out and back.
     spare = budget - full.peak("offload")[0] - full.param_bytes
     assert conv_offload.moved_bytes == 2 * (offloaded_bytes(full, "offload") - spare)
+
+
+def test_a_higher_replay_limit_replays_each_segment_once_where_it_fits():
+    """Recomputing down to max(l_i) replays the widest segments step by step (memory-centric); a plan
+    allowed more bytes per step keeps them speed-centric (one replay per segment) and replays fewer steps.
+    (The limit steers the strategies; whether the plan fits a budget is its peak's business, which auto checks.)"""
+    net = read_net(RESNET50)
+    set_batch(net, 8)
+    graph = build_graph(net, pb.TRAIN)
+    floor = make_plan(graph, checkpoint_types=BLOCK_CHECKPOINTS, modes=("recompute",))
+    assert "memory" in floor.schedules["recompute"].info["strategies"].values()
+    replays = [replay_count(floor.schedules["recompute"])]
+    for limit in (floor.max_layer[1] * 3 // 2, floor.max_layer[1] * 4):
+        plan = make_plan(graph, checkpoint_types=BLOCK_CHECKPOINTS, modes=("recompute",), recompute_limit=limit)
+        assert plan.recompute_limit == limit
+        replays.append(replay_count(plan.schedules["recompute"]))
+    assert replays[0] > replays[1] >= replays[2]
+    assert set(plan.schedules["recompute"].info["strategies"].values()) == {"speed"}
+    # A limit below max(l_i) is the floor's plan.
+    low = make_plan(graph, checkpoint_types=BLOCK_CHECKPOINTS, modes=("recompute",), recompute_limit=1024)
+    assert low.schedules["recompute"].before == floor.schedules["recompute"].before
+
+
+def test_auto_weighs_replay_limits_and_the_manager_runs_the_chosen_one():
+    """With room beside the block checkpoints, auto picks a replay limit above max(l_i): the manager plans
+    with it, replays fewer steps than the floor's plan, stays within the pool and trains like baseline."""
+    params, plans = _tiny_budgets()
+    conv, block = plans[DEFAULT_CHECKPOINTS], plans[BLOCK_CHECKPOINTS]
+    low, high = params + block.peak("recompute")[0], params + conv.peak("liveness")[0]
+    budget = low + (high - low) * 9 // 10  # recompute still needed, with room to keep replayed segments
+    _, ref, ref_losses = train(RESNET, "baseline")
+    net, got, losses = train(RESNET, "auto", pool_bytes=budget)
+    choice = net.memory.auto
+    assert (net.memory.name, net.checkpoint_types) == ("recompute", BLOCK_CHECKPOINTS)
+    assert choice.recompute_limit > block.max_layer[1] and net.memory.recompute_limit == choice.recompute_limit
+    assert net.memory.plan.recompute_limit == choice.recompute_limit  # the schedule the manager runs
+    assert {e.recompute_limit for e in choice.candidates if e.mode == "recompute"} >= {0, choice.recompute_limit}
+    assert choice.chosen.replays < replay_count(block.schedules["recompute"])
+    assert choice.chosen.seconds < min(e.seconds for e in choice.candidates if e.mode == "recompute"
+                                       and e.checkpoint_types == BLOCK_CHECKPOINTS and not e.recompute_limit)
+    assert got == ref and losses == ref_losses
+    assert max(net.memory.trace) + params <= budget
 
 
 def test_cli_names_the_chosen_types_and_the_candidates(capsys):
@@ -195,7 +240,7 @@ def test_streamed_parameters_fall_back_across_sets():
     # Below every plan with resident parameters, above the streamed recompute plans.
     budget = max(conv.streamed_peak("recompute"), block.streamed_peak("recompute"))
     assert budget < params + min(conv.peak("recompute")[0], block.peak("recompute")[0])
-    choice = choose(budget, list(plans), lambda types, modes: plans[types])
+    choice = choose(budget, list(plans), lambda types, modes, recompute_limit=0: plans[types])
     assert choice.streams_params and all(e.streams_params for e in choice.candidates)
     assert {e.checkpoint_types for e in choice.candidates} == set(plans)
     win = estimate(plans[choice.checkpoint_types], choice.mode, budget, streams_params=True)

@@ -91,7 +91,7 @@ def test_planner_accounts_for_streamed_parameters():
     plan = make_plan(graph, solver_history=1)
 
     def auto(budget):  # auto restricted to this plan's checkpoint set
-        return choose(budget, [plan.checkpoint_types], lambda types, modes: plan)
+        return choose(budget, [plan.checkpoint_types], lambda types, modes, recompute_limit=0: plan)
 
     need = plan.peak("recompute")[0] + plan.param_bytes
     resident = auto(need)

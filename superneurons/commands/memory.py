@@ -75,11 +75,12 @@ def run(args) -> int:
     plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=max(0, args.history))
     doc = to_json(plan, args.batch or _batch_of(graph))
 
-    def plan_for(types: tuple[str, ...], modes) -> MemoryPlan:
+    def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> MemoryPlan:
         """The shown plan (every mode) serves the first set; the others are planned only if auto needs them."""
-        if types == plan.checkpoint_types:
+        if types == plan.checkpoint_types and not recompute_limit:
             return plan
-        return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=max(0, args.history))
+        return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=max(0, args.history),
+                         recompute_limit=recompute_limit)
 
     choice = choose(budget, sets, plan_for) if budget is not None else None
     if choice is not None:
@@ -170,9 +171,11 @@ def auto_doc(choice: Choice) -> dict:
     """The JSON keys of auto's choice: `auto` and `auto_streams_params` as before, plus the checkpoint types
     and every candidate weighed with its predicted cost (none when baseline or liveness fits)."""
     return {"auto": choice.mode, "auto_streams_params": choice.streams_params,
+            "auto_recompute_limit": choice.recompute_limit,
             "auto_checkpoint_types": list(choice.checkpoint_types),
             "auto_candidates": [{"mode": e.mode, "checkpoint_types": list(e.checkpoint_types),
-                                 "streams_params": e.streams_params, "peak_bytes": e.peak_bytes,
+                                 "streams_params": e.streams_params, "recompute_limit": e.recompute_limit,
+                                 "peak_bytes": e.peak_bytes,
                                  "compute_s": e.compute_s, "replay_s": e.replay_s, "replayed_steps": e.replays,
                                  "moved_bytes": e.moved_bytes, "transfer_s": e.transfer_s,
                                  "predicted_s": e.seconds} for e in choice.candidates]}
@@ -184,9 +187,10 @@ def format_choice(choice: Choice) -> str:
     if not choice.candidates:
         return "\n".join(lines)
     best = min(e.seconds for e in choice.candidates)
-    rows = [("mode", "checkpoints", "peak", "compute", "replay", "moved", "transfer", "relative", "")]
+    rows = [("mode", "checkpoints", "replay limit", "peak", "compute", "replay", "moved", "transfer", "relative", "")]
     for e in sorted(choice.candidates, key=lambda e: e.seconds):
-        rows.append((e.mode + (" (streamed)" if e.streams_params else ""), ",".join(e.checkpoint_types),
+        limit = "" if e.mode != "recompute" else format_bytes(e.recompute_limit) if e.recompute_limit else "max(l_i)"
+        rows.append((e.mode + (" (streamed)" if e.streams_params else ""), ",".join(e.checkpoint_types), limit,
                      format_bytes(e.peak_bytes), f"{e.compute_s * 1e3:.1f} ms", f"{e.replay_s * 1e3:.1f} ms",
                      format_bytes(e.moved_bytes), f"{e.transfer_s * 1e3:.1f} ms", f"{e.seconds / best:.2f}x",
                      "<- auto" if e is choice.chosen else ""))

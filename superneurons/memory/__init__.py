@@ -47,9 +47,9 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     update = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
                   for i, d in enumerate(net.learnable)), default=0)
 
-    def plan_for(types: tuple[str, ...], modes) -> Any:
+    def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> Any:
         plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
-                         layout=net.layout)
+                         layout=net.layout, recompute_limit=recompute_limit)
         plan.param_bytes, plan.update_bytes = params, update
         return plan
 
@@ -96,7 +96,7 @@ def make_manager(mode: str | type[MemoryManager], net: NetServices,
     if isinstance(mode, type) and issubclass(mode, MemoryManager):
         manager = mode(net, types)
     elif mode in MANAGERS:
-        manager = MANAGERS[mode](net, types)
+        manager = MANAGERS[mode](net, types, recompute_limit=choice.recompute_limit if choice else 0)
     else:
         raise UserError(f"memory mode {mode!r} is not available; choose one of: {', '.join(MODES)}")
     manager.auto = choice

@@ -14,7 +14,7 @@ ranks candidates for one net; it does not predict absolute times (docs/MEMORY.md
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 from superneurons.graph.build import Graph, Node
 from superneurons.memory.liveness import RUN
@@ -57,6 +57,7 @@ class Estimate:
     replay_s: float  # recomputation
     replays: int  # replayed forward steps
     moved_bytes: int  # over the host link, both ways
+    recompute_limit: int = 0  # the plan's (make_plan): bytes a recompute step may hold before it replays more
 
     @property
     def transfer_s(self) -> float:
@@ -86,7 +87,7 @@ def estimate(plan: MemoryPlan, mode: str, budget: int, streams_params: bool = Fa
     spare = max(0, budget - peak)
     moved = 2 * max(0, offloaded_bytes(plan, mode) - spare) + params_moved
     return Estimate(mode, plan.checkpoint_types, streams_params, peak, compute, sum(fwd[w] for w in runs),
-                    len(runs), moved)
+                    len(runs), moved, plan.recompute_limit if mode == "recompute" else 0)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Choice:
     checkpoint_types: tuple[str, ...]
     budget: int
     streams_params: bool = False
+    recompute_limit: int = 0  # for the recompute manager's plan (make_plan); 0: down to max(l_i)
     candidates: list[Estimate] = field(default_factory=list)
     chosen: Estimate | None = None  # the winning candidate (None when there were none)
 
@@ -113,19 +115,28 @@ class Choice:
         return f"{line} ({'; '.join(notes)})" if notes else line
 
 
-PlanFor = Callable[[tuple[str, ...], Sequence[str]], MemoryPlan]
+# The recompute limits `auto` weighs, as fractions of what the budget leaves beside the resident parameters:
+# a plan may keep a replayed segment's tensors until their last backward use (one replay per segment, as
+# PyTorch's checkpointing does) wherever that fits, instead of replaying step by step down to max(l_i).
+# Higher limits come first: among predictions within TIE they replay less, which the model undercounts.
+RECOMPUTE_LIMITS = (1.0, 0.75, 0.5)
+
+
+class PlanFor(Protocol):
+    def __call__(self, types: tuple[str, ...], modes: Sequence[str], recompute_limit: int = 0) -> MemoryPlan:
+        """The net planned under `modes` with checkpoint `types` (make_plan's `recompute_limit`)."""
 
 
 def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: PlanFor) -> Choice:
     """`auto`: baseline or liveness when one fits beside the resident parameters; otherwise the fastest
-    predicted (mode x checkpoint set) that fits, with the parameters resident if any candidate allows it,
-    else streamed. `plan_for(types, modes)` plans the net (called once per set, and only as needed)."""
+    predicted (mode x checkpoint set x recompute limit) that fits, with the parameters resident if any
+    candidate allows it, else streamed. `plan_for` plans the net (once per set and limit, only as needed)."""
     first = plan_for(checkpoint_sets[0], FITS_ANYWAY)
     for mode in FITS_ANYWAY:
         if first.fits(mode, budget):
             return Choice(mode, checkpoint_sets[0], budget)
     plans = [plan_for(types, MOVING_MODES) for types in checkpoint_sets]
-    ranked = [estimate(p, m, budget) for p in plans for m in MOVING_MODES if p.fits(m, budget)]
+    ranked = [e for p in plans for e in _with_limits(p, budget, plan_for)]
     if not ranked:  # deep nets: stream the parameters (liveness does not depend on the checkpoints)
         ranked = [estimate(p, m, budget, streams_params=True)
                   for p, modes in [(first, ("liveness",))] + [(p, MOVING_MODES) for p in plans]
@@ -134,4 +145,22 @@ def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: Pl
         raise min(plans, key=lambda p: p.peak("recompute")[0]).no_fit_error(budget)
     fastest = min(e.seconds for e in ranked)
     win = next(e for e in ranked if e.seconds <= fastest * (1 + TIE))
-    return Choice(win.mode, win.checkpoint_types, budget, win.streams_params, ranked, win)
+    return Choice(win.mode, win.checkpoint_types, budget, win.streams_params, win.recompute_limit, ranked, win)
+
+
+def _with_limits(plan: MemoryPlan, budget: int, plan_for: PlanFor) -> list[Estimate]:
+    """The candidates of one checkpoint set with resident parameters: offload, then recompute at each limit
+    of RECOMPUTE_LIMITS above max(l_i) and at max(l_i) itself, those that fit; a limit whose plan is the
+    same as a higher one's (same peak, replays and moves) is weighed once."""
+    out = [estimate(plan, "offload", budget)] if plan.fits("offload", budget) else []
+    activations = budget - plan.param_bytes
+    limits = sorted({int(f * activations) for f in RECOMPUTE_LIMITS if f * activations > plan.max_layer[1]},
+                    reverse=True)
+    seen = set()
+    for limited in [plan_for(plan.checkpoint_types, ("recompute",), recompute_limit=x) for x in limits] + [plan]:
+        if limited.fits("recompute", budget):
+            e = estimate(limited, "recompute", budget)
+            if (e.peak_bytes, e.replays, e.moved_bytes) not in seen:
+                seen.add((e.peak_bytes, e.replays, e.moved_bytes))
+                out.append(e)
+    return out

@@ -66,10 +66,13 @@ class MemoryManager(StepHooks, MovementCounters, ABC):
 
     name: ClassVar[str]  # the mode's name, in reports and messages
 
-    def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = ()):
+    def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = (), recompute_limit: int = 0):
         self.net = net
         # The layers whose outputs offload may move and recomputation keeps (reported by every mode).
         self.checkpoint_types: tuple[str, ...] = tuple(checkpoint_types)
+        # The bytes a step of a recompute plan may hold before its segment replays step by step (make_plan's
+        # `recompute_limit`; `auto` sets it from its budget, 0 plans down to max(l_i)); other modes ignore it.
+        self.recompute_limit = recompute_limit
         self.auto: Choice | None = None  # under --memory auto: the choice that picked this manager
         # The store that streams parameters from the host, when this manager decided to (params.py);
         # None: parameters stay where `setup` placed them.

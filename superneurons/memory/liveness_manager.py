@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 class LivenessManager(MemoryManager):
     name = "liveness"
 
-    def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS):
-        super().__init__(net, checkpoint_types)
+    def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
+                 recompute_limit: int = 0):
+        super().__init__(net, checkpoint_types, recompute_limit)
         self.trace: list[int] = []  # peak activation bytes in the pool per global step (this iteration)
         self.on: set[str] = set()  # roots with device memory now
         self.allocs = 0  # tensors given device memory / freed by the schedule (cumulative; `superneurons time`)
@@ -41,7 +42,8 @@ class LivenessManager(MemoryManager):
         self.in_setup = True
         # Planned on the layout the Net built its tensors from: the plan's keys are the Net's tensors.
         self.plan = make_plan(net.graph, train=net.train, modes=(self.name,), plan_backward=False,
-                              checkpoint_types=self.checkpoint_types, layout=net.layout)
+                              checkpoint_types=self.checkpoint_types, layout=net.layout,
+                              recompute_limit=self.recompute_limit)
         self.program = self.plan.program
         schedule = self.plan.schedules[self.name]
         self.tensors = {t.key: t for t in net.tensors}

@@ -43,6 +43,7 @@ class MemoryPlan:
     # Per mode and global step, the most a replay of that step needs with its own layer's parameters
     # streamed in (a recomputation brings in the weights of the forward step it replays).
     replay_peaks: dict[str, list[int]] = field(default_factory=dict)
+    recompute_limit: int = 0  # what make_plan was given (0: recompute plans down to max(l_i))
 
     @property
     def max_layer(self) -> tuple[int, int]:
@@ -144,10 +145,13 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
 
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
               modes: Iterable[str] = PLAN_MODES, solver_history: int = 0,
-              plan_backward: bool | None = None, layout: TensorLayout | None = None) -> MemoryPlan:
+              plan_backward: bool | None = None, layout: TensorLayout | None = None,
+              recompute_limit: int = 0) -> MemoryPlan:
     """Plan `graph` under each of `modes`. A net with no loss is planned as if its outputs fed one
     (unless `plan_backward=False`: the runtime plans exactly the steps its Net will run, and passes the
-    `layout` its tensors were built from)."""
+    `layout` its tensors were built from). `recompute_limit`: the bytes a recompute step may hold before
+    a segment is replayed step by step instead of once (memory-centric); below max(l_i) (0, the default)
+    recompute plans down to max(l_i), the paper's floor."""
     if plan_backward is None:
         plan_backward = train and not graph.loss_blobs
     program = Program(graph, train=train, plan_backward=plan_backward, layout=layout)
@@ -171,7 +175,7 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
             sched.info["offloaded"] = moves
             sched.info["offloadable"] = sorted(backward_reads(program, live, checkpoint_tensors(program, types)))
         elif mode == "recompute":
-            sched = RecomputePlanner(program, live, types, l_peak).plan()
+            sched = RecomputePlanner(program, live, types, max(l_peak, recompute_limit)).plan()
         else:
             raise UserError(f"memory mode {mode!r} has no plan; choose from {', '.join(PLAN_MODES)}")
         seeds_first(program, sched)
@@ -180,7 +184,7 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
     traces = {m: simulate(program, s, forward_window) for m, s in schedules.items()}
     return MemoryPlan(program, live, schedules, traces, layer_bytes,
                       param_bytes(graph, train, solver_history), types, param_window=window, update_bytes=update,
-                      replay_peaks={m: t.replay for m, t in traces.items()})
+                      replay_peaks={m: t.replay for m, t in traces.items()}, recompute_limit=recompute_limit)
 
 
 def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:

@@ -10,11 +10,13 @@ A *segment* is the run of layers from one checkpoint to the next. Per segment:
 - memory-centric: for each backward step, replay only what that step needs and free it right
   after (O(N^2) extra steps, but never more than that step's own l_i in flight).
 The cost-aware choice starts from speed-centric everywhere and switches a segment to
-memory-centric when any step within the span it keeps tensors over exceeds l_peak = max(l_i).
+memory-centric when any step within the span it keeps tensors over exceeds the plan's *limit*: the
+paper's l_peak = max(l_i) by default, which recomputes down to the floor; `auto` passes what its budget
+leaves for activations when that is more, so that it replays no more than the budget needs.
 
 Joins hold gradients too: at a Split or Concat, backward finishes one branch while the gradient the
 other branch will need waits on the device (a DenseNet block's running concat, an Inception stem's
-pooling branch). Where such a wait spans a step over l_peak, the waiting gradient leaves the device
+pooling branch). Where such a wait spans a step over the limit, the waiting gradient leaves the device
 between its two uses like a checkpoint (`_park_waiting_gradients`), and the Tensor Cache keeps it
 when memory suffices.
 
@@ -105,11 +107,11 @@ def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: 
 class RecomputePlanner:
     """Builds the recompute schedule (liveness + drops + replays + checkpoint offload)."""
 
-    def __init__(self, program: Program, live: Liveness, checkpoint_types: Iterable[str], l_peak: int):
+    def __init__(self, program: Program, live: Liveness, checkpoint_types: Iterable[str], limit: int):
         self.p = program
         self.live = live
         self.types = tuple(checkpoint_types)
-        self.l_peak = l_peak
+        self.limit = limit  # bytes a step may hold before a segment trades speed for memory (>= max(l_i))
         self.cps = checkpoint_steps(program, self.types)
         self._classify(checkpoint_tensors(program, self.types) | program.resident | program.pinned)
 
@@ -139,7 +141,7 @@ class RecomputePlanner:
         """A replay needs its inputs on the device at the step that triggers it, often a checkpoint brought
         back sooner than its own use (an Inception stem's max pooling, replayed for its mask, holds the
         convolution output that only the next step reads). Where a step that replays a single layer still
-        exceeds l_peak, what that layer rebuilds is kept and moved instead (a small copy against a large
+        exceeds the limit, what that layer rebuilds is kept and moved instead (a small copy against a large
         early prefetch), and the plan is made again. Longer replays (whole segments) stay: moving all they
         rebuild would cost transfers that recomputation exists to avoid. A round that does not lower the
         peak is undone."""
@@ -152,7 +154,7 @@ class RecomputePlanner:
                 _, sched, spans, strategy = best  # moving did not lower the peak: keep the replays
                 break
             best = (max(trace), sched, spans, strategy)
-            rebuilt = {k for s in range(self.p.n_forward, len(trace)) if trace[s] > self.l_peak
+            rebuilt = {k for s in range(self.p.n_forward, len(trace)) if trace[s] > self.limit
                        and sum(op == RUN for op, _ in sched.before[s]) == 1
                        for op, k in sched.before[s] if op == ALLOC and k in self.drop}
             if not rebuilt:
@@ -171,7 +173,7 @@ class RecomputePlanner:
             sched, spans = self._build(strategy)
             trace = simulate(self.p, sched)
             worse = [g for g, span in spans.items()
-                     if strategy[g] == SPEED and span and max(trace.bytes[s] for s in span) > self.l_peak]
+                     if strategy[g] == SPEED and span and max(trace.bytes[s] for s in span) > self.limit]
             if not worse:
                 break
             for g in worse:
@@ -179,11 +181,11 @@ class RecomputePlanner:
         return sched, spans, strategy
 
     def _park_waiting_gradients(self, sched: Schedule) -> None:
-        """Move each gradient that waits, untouched, across a backward step over l_peak to the host for its
+        """Move each gradient that waits, untouched, across a backward step over the limit to the host for its
         longest such wait (the runtime's cache keeps one host copy per tensor at a time)."""
         p = self.p
         trace = simulate(p, sched).bytes
-        if max(trace[p.n_forward:], default=0) <= self.l_peak:
+        if max(trace[p.n_forward:], default=0) <= self.limit:
             return
         uses: dict[str, list[int]] = {}
         for st in p.steps[p.n_forward:]:
@@ -193,7 +195,7 @@ class RecomputePlanner:
         parked: dict[str, tuple[int, int]] = {}
         for k, at in uses.items():
             waits = [(b - a, a, b) for a, b in zip(at, at[1:])
-                     if b > a + 1 and max(trace[a + 1:b]) > self.l_peak]
+                     if b > a + 1 and max(trace[a + 1:b]) > self.limit]
             if waits:
                 _, a, b = max(waits)
                 parked[k] = (a, b)
@@ -246,7 +248,7 @@ class RecomputePlanner:
         moves = plan_offload(p, live, self.types, reads_at, candidates=self.movable)
         apply_offload(sched, moves)
         due = first_needed(live, reads_at)
-        delay_prefetches(p, sched, moves, {k: due(k) for k in moves}, self.l_peak)
+        delay_prefetches(p, sched, moves, {k: due(k) for k in moves}, self.limit)
         seeds_first(p, sched)  # before the strategies are weighed on its trace
         sched.info.update(extra_forward_steps=extra, offloaded=moves, dropped=sorted(self.drop),
                           offloadable=sorted(self.movable))

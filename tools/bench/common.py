@@ -257,13 +257,14 @@ def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 
     from superneurons.memory.plan import make_plan, offloaded_bytes
 
     graph = train_graph(net, batch)
-    plans: dict[tuple[str, ...], Any] = {}
+    plans: dict[tuple[tuple[str, ...], int], Any] = {}
 
-    def plan_for(types: tuple[str, ...], modes=None) -> Any:
-        # Every mode once per checkpoint set: the host bytes and peaks below read the chosen plan.
-        if types not in plans:
-            plans[types] = make_plan(graph, train=True, solver_history=solver_history(net), checkpoint_types=types)
-        return plans[types]
+    def plan_for(types: tuple[str, ...], modes=None, recompute_limit: int = 0) -> Any:
+        # Every mode once per checkpoint set and limit: the host bytes and peaks below read the chosen plan.
+        if (types, recompute_limit) not in plans:
+            plans[types, recompute_limit] = make_plan(graph, train=True, solver_history=solver_history(net),
+                                                      checkpoint_types=types, recompute_limit=recompute_limit)
+        return plans[types, recompute_limit]
 
     sets = checkpoint_sets(graph, None)
     plan = plan_for(sets[0])
@@ -277,7 +278,7 @@ def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 
         choice = choose(pool, sets, plan_for)  # what `--memory auto` picks (memory/cost.py)
     except UserError:
         return need
-    chosen = plans[choice.checkpoint_types]
+    chosen = plans[choice.checkpoint_types, choice.recompute_limit]
     need.checkpoint_types = choice.checkpoint_types
     need.peaks = {m: chosen.peak(m)[0] for m in chosen.traces}  # the peaks of the plan auto runs
     need.streams = choice.streams_params
@@ -568,7 +569,8 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     mgr = solver.net.memory
     pool = solver.net.pool
     result: dict[str, Any] = {"net": net, "batch": batch, "memory": memory, "memory_mode": mgr.name,
-                              **ours_settings(),
+                              "auto": mgr.auto.summary() if mgr.auto else None,
+                              "recompute_limit": mgr.recompute_limit, **ours_settings(),
                               "pool_bytes": pool.capacity, "pool_class": type(pool).__name__,
                               "history_bytes": history_bytes(solver), "workspace_limit": workspace,
                               "build_s": build_s, "budget": budget}
