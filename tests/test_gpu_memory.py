@@ -99,6 +99,7 @@ class Run:
         self.capacity = net.pool.capacity
         self.streamed = bool(getattr(getattr(net.memory, "param_store", None), "offloaded", False))
         self.replays = int(getattr(net.memory, "replays", 0))
+        self.recompute_limit = net.memory.recompute_limit
         self.checkpoint_types = tuple(getattr(net, "checkpoint_types", ()))
         self.weights = weights
         self.losses = losses
@@ -271,6 +272,33 @@ def test_resnet50_trains_under_a_budget_that_needs_offload(gpu):
     dyn = train(gpu, resnet_graph, "auto", RESNET_ITERS, pool_bytes=budget)
     report("resnet50 auto, dynamic workspace", f"{weight_error(dyn.weights, ref.weights)[0]:.2e}",
            "vs the zero-workspace baseline (different conv algorithms round differently)")
+
+
+def test_auto_replay_limit_on_gpu(gpu):
+    """ResNet-50 in a budget where recompute is needed but leaves room: auto picks a plan with a replay
+    limit (memory/cost.py), which replays fewer steps than the floor's plan; on the GPU its pool trace is
+    the plan's (nothing moves) and its weights are baseline's within the run-to-run noise."""
+    from superneurons.memory import BLOCK_CHECKPOINTS
+    from superneurons.memory.plan import replay_count
+
+    plan = make_plan(resnet_graph(), plan_backward=False, checkpoint_types=BLOCK_CHECKPOINTS)
+    params = plan.param_bytes
+    budget = params + (plan.peak("recompute")[0] + plan.peak("offload")[0]) // 2  # recompute needed, with room
+    with no_workspace():
+        ref = train(gpu, resnet_graph, "baseline", RESNET_ITERS)
+        noise = weight_error(train(gpu, resnet_graph, "baseline", RESNET_ITERS).weights, ref.weights)[0]
+        run = train(gpu, resnet_graph, "auto", RESNET_ITERS, pool_bytes=budget)
+    floor = replay_count(plan.schedules["recompute"])
+    report("resnet50 auto replay limit", run.recompute_limit,
+           f"mode {run.mode} ({','.join(run.checkpoint_types)}), {run.replays / RESNET_ITERS:.0f} replays per "
+           f"iteration against {floor} for the floor's plan; budget {budget}")
+    assert run.mode == "recompute" and run.recompute_limit > 0
+    assert 0 < run.replays / RESNET_ITERS < floor
+    assert run.stats["total"]["bytes_offloaded"] == 0 and run.trace == run.no_move_trace
+    err, where = weight_error(run.weights, ref.weights)
+    tolerance = max(RTOL, 10 * noise)
+    report("weights resnet50 auto (replay limit)", f"{err:.2e}", f"worst tensor #{where}; tolerance {tolerance:.1e}")
+    assert err <= tolerance, f"parameter tensor #{where} differs from baseline by {err:.3e} (tolerance {tolerance:.1e})"
 
 
 # -- (c) a budget that fits: nothing moves -----------------------------------------------------------

@@ -195,7 +195,8 @@ def format_choice(choice: Choice) -> str:
                      format_bytes(e.moved_bytes), f"{e.transfer_s * 1e3:.1f} ms", f"{e.seconds / best:.2f}x",
                      "<- auto" if e is choice.chosen else ""))
     lines += ["candidates that fit (memory/cost.py), predicted time per iteration = max(compute + replay, transfer);",
-              f"within {TIE:.0%} of the fastest is a tie, won by the Convolution checkpoints, then by offload:"]
+              f"within {TIE:.0%} of the fastest is a tie, won by the Convolution checkpoints, then by offload, then by the "
+              "higher replay limit:"]
     lines += _table(rows)
     return "\n".join(lines)
 

@@ -29,8 +29,9 @@ DEVICE_BW = 3e12  # bytes/s an element-wise layer (BatchNorm, ReLU, pooling...) 
 HOST_BW = 50e9  # bytes/s between device and pinned host memory, each way (PCIe 5 x16)
 BACKWARD_FACTOR = 2.0  # a backward step costs ~2x its forward (gradients of the input and of the weights)
 # Predictions within this fraction of the fastest count as a tie, won by the earliest candidate (the
-# paper's CONV set before others, offload before recompute): the model is a coarse ranking, off by up to
-# ~20% on the measured runs, and leaves out the runtime bookkeeping that recomputation adds.
+# paper's CONV set before others, offload before recompute, a higher replay limit before a lower): the model
+# is a coarse ranking, off by up to ~20% on the measured runs, and leaves out the runtime bookkeeping that
+# recomputation adds.
 TIE = 0.10
 
 MOVING_MODES = ("offload", "recompute")  # the modes whose plan depends on the checkpoint types
