@@ -167,6 +167,9 @@ def test_cli_names_the_chosen_types_and_the_candidates(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["auto"] == "recompute" and doc["auto_streams_params"] is False and doc["budget_bytes"] == budget
     assert doc["auto_checkpoint_types"] == list(BLOCK_CHECKPOINTS)
+    chosen = [c for c in doc["auto_candidates"] if c["mode"] == "recompute"
+              and c["checkpoint_types"] == list(BLOCK_CHECKPOINTS) and c["recompute_limit"] == doc["auto_recompute_limit"]]
+    assert len(chosen) == 1 and {c["recompute_limit"] for c in doc["auto_candidates"]} >= {0}
     assert doc["checkpoint_types"] == list(DEFAULT_CHECKPOINTS)  # the plan shown, as before
     assert {(c["mode"], tuple(c["checkpoint_types"])) for c in doc["auto_candidates"]} >= {
         ("offload", DEFAULT_CHECKPOINTS), ("recompute", BLOCK_CHECKPOINTS)}
