@@ -8,6 +8,8 @@ recomputing from ResNet block outputs). So `auto` weighs, per candidate (mode x 
   them: `Layer.forward_flops`, `Layer.forward_bytes`) and backward at ~2x;
 - replay: the forward steps the recompute schedule runs again in backward;
 - transfer: the checkpoint bytes that cannot stay on the device, out and back over the host link.
+Recompute is weighed at several replay limits (RECOMPUTE_LIMITS): where the budget has room, a segment is
+replayed once and its tensors kept until their last use, rather than step by step down to max(l_i).
 Copies overlap compute, so an iteration takes about max(compute + replay, transfer). The model only
 ranks candidates for one net; it does not predict absolute times (docs/MEMORY.md, "How auto chooses").
 """
