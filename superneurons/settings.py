@@ -118,6 +118,13 @@ _DECLARED = (
             "blocks)."),
     Setting("SUPERNEURONS_BN_MIN_BLOCK", INT, 8192,
             "Fused BatchNorm: the fewest elements one block of the partial-sum kernels takes on."),
+    Setting("SUPERNEURONS_BN_CHANNEL_MIN", INT, 256,
+            "Fused BatchNorm: from this many channels (and up to SUPERNEURONS_BN_CHANNEL_MAX elements per "
+            "channel, on planes short of SUPERNEURONS_BN_ROWS_MIN) one block per channel runs forward and "
+            "backward in one launch each; 0 never."),
+    Setting("SUPERNEURONS_BN_CHANNEL_MAX", INT, 65536,
+            "Fused BatchNorm: the most elements per channel (batch x plane) the one-block-per-channel kernels "
+            "take."),
     # -- read by the test suite only
     Setting("SUPERNEURONS_ZOO", TEXT, None,
             "Tests: the folder holding Caffe's model zoo (`caffe/models/bvlc_alexnet/deploy.prototxt`, ...); "

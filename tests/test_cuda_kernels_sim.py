@@ -171,18 +171,23 @@ def test_fused_sgd_matches_cpu_rule():
 @pytest.mark.parametrize("shape,relu,global_stats", [((3, 2, 5, 6), True, False), ((2, 3, 300), False, False),
                                                      ((3, 2, 4, 3), True, True),
                                                      ((2, 2, 33, 40), True, False)])
-@pytest.mark.parametrize("rows_min,min_block", [(256, 0), (0, 0), (256, 2048)], ids=["rows", "walk", "fat_blocks"])
-def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats, rows_min, min_block, monkeypatch):
+@pytest.mark.parametrize("rows_min,min_block,channel_min", [(256, 0, 0), (0, 0, 0), (256, 2048, 0), (0, 0, 1)],
+                         ids=["rows", "walk", "fat_blocks", "block_per_channel"])
+def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats, rows_min, min_block, channel_min,
+                                                   monkeypatch):
     """The CUDA fused op (its kernels run by the simulator on host arrays) against the CPU fused op; the
     shapes cover planes shorter and longer than a block, and a plane over four blocks' worth (several
     four-element trips per thread, the last one partly masked). Planes of `rows_min` or more elements run
-    the plain-sweep kernels (0: the general walk everywhere); `min_block` makes blocks span several planes."""
+    the plain-sweep kernels (0: the general walk everywhere); `min_block` makes blocks span several planes;
+    `channel_min` 1 runs every shape on the one-launch kernels, one block per channel (0: never)."""
     from superneurons.backend.cpu import fused as cpu_fused
     from superneurons.backend.cuda.ops import fused as cuda_fused
 
     monkeypatch.setenv("SUPERNEURONS_BN_ROWS", "1" if rows_min > 0 else "0")
     monkeypatch.setenv("SUPERNEURONS_BN_ROWS_MIN", str(rows_min))
     monkeypatch.setenv("SUPERNEURONS_BN_MIN_BLOCK", str(min_block))
+    monkeypatch.setenv("SUPERNEURONS_BN_CHANNEL_MIN", str(channel_min))
+    assert cuda_fused.one_block_per_channel(*shape[:2], int(np.prod(shape[2:]))) == bool(channel_min)
 
     rng = np.random.default_rng()
     n, c = shape[0], shape[1]

@@ -249,11 +249,12 @@ def test_batch_norm(gpu, rng):
     close(dxg, dxc, rtol=1e-3, atol_scale=1e-4)
 
 
-@pytest.mark.parametrize("dims", [(32, 64, 28 * 28), (16, 256, 7 * 7), (8, 32, 56 * 56 + 5)])
+@pytest.mark.parametrize("dims", [(32, 64, 28 * 28), (16, 256, 7 * 7), (24, 512, 14 * 14), (8, 32, 56 * 56 + 5)])
 @pytest.mark.parametrize("relu,global_stats", [(True, False), (False, False), (True, True)])
 def test_fused_batch_norm_scale_relu(gpu, rng, dims, relu, global_stats):
     """bn_affine_forward/backward against test_fusion's independent float64 reference; the last planes are
-    long enough for the plain-sweep kernels (SUPERNEURONS_BN_ROWS_MIN), with a partial last trip."""
+    long enough for the plain-sweep kernels (SUPERNEURONS_BN_ROWS_MIN), with a partial last trip; the
+    256- and 512-channel shapes run the one-block-per-channel kernels (SUPERNEURONS_BN_CHANNEL_MIN)."""
     from test_fusion import reference, reference_backward
 
     outer, ch, inner = dims

@@ -1,18 +1,20 @@
 """The fused BatchNorm + Scale + ReLU kernels alone, on ResNet-50's BatchNorm shapes (GPU).
 
-    python3 -m tools.bench.bn_kernels [--batch 64] [--repeat 20] [--out DIR]
+    python3 -m tools.bench.bn_kernels [--net resnet50] [--batch 64] [--repeat 20] [--out DIR]
 
-For every fused BatchNorm of models/resnet50/resnet50_dummy.prototxt at --batch, times the forward
+For every fused BatchNorm of --net (models/NET/NET_dummy.prototxt) at --batch, times the forward
 (`bn_affine_forward`: statistics, x_hat and y) and the backward (`bn_affine_backward`) with CUDA events,
-under each of --configs: `NAME=ROWS_MIN:MIN_BLOCK`, the shortest plane the plain-sweep kernels take (0:
-never) and the fewest elements per block (0: the plain 4096-block chunking); see backend/cuda/ops/fused.py.
+under each of --configs: `NAME=ROWS_MIN:MIN_BLOCK[:CHANNEL_MIN[:CHANNEL_MAX]]`, the shortest plane the
+plain-sweep kernels take (0: never), the fewest elements per block (0: the plain 4096-block chunking), and
+the fewest channels and most elements per channel of the one-launch, one-block-per-channel kernels (0 or
+left out: never); see backend/cuda/ops/fused.py.
 Per shape: ms per call, the effective bandwidth (forward 4 passes over the activation: read x twice, write
 x_hat and y; backward 5: read x_hat and dy twice, write dx) against a device-to-device copy measured in the
 same run, and the largest difference from the first configuration's outputs on fresh random data (they
 must agree to rounding). The totals, weighted by how many layers have each shape, are what one training
 iteration spends in these kernels.
 
-Writes bn_kernels.json to --out (default $OUT or .).
+Writes bn_kernels_NET_bBATCH.json to --out (default $OUT or .).
 """
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ from tools.bench import common
 FORWARD_PASSES, BACKWARD_PASSES = 4, 5
 
 
-def bn_shapes(batch: int) -> Counter:
-    """(outer, channels, inner) of every fused BatchNorm of ResNet-50 at `batch`, with multiplicity."""
-    graph = common.train_graph("resnet50", batch)
+def bn_shapes(net: str, batch: int) -> Counter:
+    """(outer, channels, inner) of every fused BatchNorm of `net` at `batch`, with multiplicity."""
+    graph = common.train_graph(net, batch)
     return Counter((n.layer.outer, n.layer.channels, n.layer.inner) for n in graph.nodes
                    if n.layer.type_name == "BatchNorm" and n.layer.affine is not None)
 
@@ -57,17 +59,23 @@ class Timer:
         return float(np.median(times))
 
 
-def parse_configs(text: str) -> dict[str, tuple[int, int]]:
-    """'walk=0:0,rows=1024:0' -> {name: (rows_min_inner, min_block_elements)}."""
+KNOBS = ("SUPERNEURONS_BN_ROWS_MIN", "SUPERNEURONS_BN_MIN_BLOCK", "SUPERNEURONS_BN_CHANNEL_MIN",
+         "SUPERNEURONS_BN_CHANNEL_MAX")
+
+
+def parse_configs(text: str) -> dict[str, tuple[int, int, int, int]]:
+    """'walk=0:0,chan=1024:8192:256' -> {name: (rows_min_inner, min_block_elements, channel_min, channel_max)}."""
     out = {}
     for item in filter(None, text.split(",")):
         name, _, values = item.partition("=")
-        rows_min, _, min_block = values.partition(":")
-        out[name] = (int(rows_min), int(min_block or 0))
+        numbers = [int(v) for v in values.split(":")]
+        if not 2 <= len(numbers) <= 4:
+            raise SystemExit(f"--configs: {item!r} is not NAME=ROWS_MIN:MIN_BLOCK[:CHANNEL_MIN[:CHANNEL_MAX]]")
+        out[name] = tuple(numbers + [0, 1 << 30][len(numbers) - 2:])
     return out
 
 
-def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int]], repeat: int, timer: Timer,
+def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int, int, int]], repeat: int, timer: Timer,
               rng) -> dict:
     from numba import cuda
 
@@ -81,10 +89,10 @@ def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int]], 
     beta = cuda.to_device(rng.standard_normal(c).astype(np.float32))
     out: dict = {"shape": list(shape), "mbytes": 4 * n / 1e6, "configs": {}}
     first = None
-    knobs = ("SUPERNEURONS_BN_ROWS", "SUPERNEURONS_BN_ROWS_MIN", "SUPERNEURONS_BN_MIN_BLOCK")
+    knobs = ("SUPERNEURONS_BN_ROWS", *KNOBS)
     saved = {k: os.environ.get(k) for k in knobs}
-    for name, (rows_min, min_block) in configs.items():
-        os.environ.update(zip(knobs, ("1" if rows_min > 0 else "0", str(rows_min), str(min_block))))
+    for name, numbers in configs.items():
+        os.environ.update(zip(knobs, ("1" if numbers[0] > 0 else "0", *map(str, numbers))))
         y, x_hat, dx = (cuda.device_array(n, np.float32) for _ in range(3))
         stats = [cuda.device_array(c, np.float32) for _ in range(3)]
         running = [cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32)),
@@ -102,6 +110,7 @@ def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int]], 
         got = [y.copy_to_host(), x_hat.copy_to_host(), dx.copy_to_host()]
         first = first or got
         out["configs"][name] = {"forward_ms": fwd, "backward_ms": bwd,
+                                "one_block_per_channel": fused.one_block_per_channel(outer, c, inner),
                                 "forward_gbs": FORWARD_PASSES * 4 * n / fwd / 1e6,
                                 "backward_gbs": BACKWARD_PASSES * 4 * n / bwd / 1e6,
                                 "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(got, first))}
@@ -126,17 +135,18 @@ def copy_gbs(timer: Timer, repeat: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--net", default="resnet50")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--configs", default="walk=0:0,rows256=256:0,rows1024=1024:0,rows1024_min2k=1024:2048,"
-                    "rows1024_min4k=1024:4096,rows1024_min8k=1024:8192")
+    ap.add_argument("--configs", default="spread=1024:8192,chan128=1024:8192:128:65536,"
+                    "chan256=1024:8192:256:65536,chan256_max256k=1024:8192:256:262144")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     configs = parse_configs(args.configs)
     timer = Timer()
     rng = np.random.default_rng()
     ceiling = copy_gbs(timer, args.repeat)
-    shapes = bn_shapes(args.batch)
+    shapes = bn_shapes(args.net, args.batch)
     totals = {name: [0.0, 0.0] for name in configs}
     raw, rows = [], []
     for shape, layers in sorted(shapes.items(), key=lambda kv: -kv[0][2]):
@@ -152,14 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(["x".join(map(str, shape)), layers, *cells, diff])
     rows.append(["all (x layers)", sum(shapes.values()), *[f"{f:.2f}/{b:.2f}" for f, b in totals.values()], None])
     header = ["outer x C x inner", "layers", *[f"{name} fwd/bwd ms" for name in configs], "max |diff|"]
-    print(f"\nFused BatchNorm+Scale+ReLU kernels, ResNet-50 batch {args.batch}; device copy {ceiling:.0f} GB/s")
+    print(f"\nFused BatchNorm+Scale+ReLU kernels, {args.net} batch {args.batch}; device copy {ceiling:.0f} GB/s")
     print(common.text_table(header, rows))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bn_kernels.json").write_text(json.dumps({"batch": args.batch, "copy_gbs": ceiling, "configs": configs,
+    (out / f"bn_kernels_{args.net}_b{args.batch}.json").write_text(json.dumps({"net": args.net, "batch": args.batch, "copy_gbs": ceiling, "configs": configs,
                                                      "shapes": raw, "totals_ms": totals,
                                                      "device": common.device_info()}, indent=1))
-    print(f"wrote {out / 'bn_kernels.json'}")
+    print(f"wrote {out / f'bn_kernels_{args.net}_b{args.batch}.json'}")
     return 0
 
 

@@ -100,12 +100,9 @@ def add_channel_sums(s0, s1, shared, sums, c, dim):
         cuda.atomic.add(sums, dim + c, t1)
 
 
-@cuda.jit
-def stats_partials(x, sums, outer, dim, inner, chunk):
-    """sums[c] += sum of x, sums[dim + c] += sum of x*x over this block's planes of channel c."""
-    shared = cuda.shared.array(PAIR_SCRATCH, float64)
-    c, n0, planes = block_region(outer, chunk)
-    q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
+@cuda.jit(device=True, inline=True)
+def stats_walk(x, q, r, p, planes, inner, step_q, step_r, jump, wrap):
+    """This thread's (sum of x, sum of x*x) over its positions from (q, r, p) in the block's planes."""
     s0 = 0.0
     s1 = 0.0
     while q < planes:
@@ -116,6 +113,16 @@ def stats_partials(x, sums, outer, dim, inner, chunk):
         v3 = float64(x[i3]) if valid > 3 else 0.0
         s0 += (v0 + v1) + (v2 + v3)
         s1 += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+    return s0, s1
+
+
+@cuda.jit
+def stats_partials(x, sums, outer, dim, inner, chunk):
+    """sums[c] += sum of x, sums[dim + c] += sum of x*x over this block's planes of channel c."""
+    shared = cuda.shared.array(PAIR_SCRATCH, float64)
+    c, n0, planes = block_region(outer, chunk)
+    q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
+    s0, s1 = stats_walk(x, q, r, p, planes, inner, step_q, step_r, jump, wrap)
     add_channel_sums(s0, s1, shared, sums, c, dim)
 
 
@@ -128,25 +135,44 @@ def channel_stats(sums, mean_sum, var_sum, scale_factor, mean, var, inv, m, eps,
     times `correction`, m / (m - 1)), as Caffe's BatchNorm does.
     """
     dim = mean.size
-    factor = 0.0
-    if mode == GLOBAL:
-        f = float64(scale_factor[0])
-        factor = 0.0 if f == 0 else 1.0 / f
+    factor = global_factor(scale_factor, mode)
     for c in range(cuda.grid(1), dim, cuda.gridsize(1)):
-        if mode == GLOBAL:
-            mu = mean_sum[c] * factor
-            v = var_sum[c] * factor
-        else:
-            mu = sums[c] / m
-            v = max(sums[dim + c] / m - mu * mu, 0.0)
-            if mode == BATCH_UPDATE:
-                mean_sum[c] = mean_sum[c] * maf + mu
-                var_sum[c] = var_sum[c] * maf + correction * v
-        mean[c] = mu
-        var[c] = v
-        inv[c] = 1.0 / math.sqrt(var[c] + eps)  # from the stored (rounded) var, as the CPU op computes it
+        sum_x = 0.0
+        sum_xx = 0.0
+        if mode != GLOBAL:  # under GLOBAL statistics `sums` is any array (the op passes mean_sum)
+            sum_x = sums[c]
+            sum_xx = sums[dim + c]
+        store_channel_stats(c, sum_x, sum_xx, factor, mean_sum, var_sum, mean, var, inv, m, eps, maf, correction,
+                            mode)
     if mode == BATCH_UPDATE and cuda.grid(1) == 0:
         scale_factor[0] = scale_factor[0] * maf + 1
+
+
+@cuda.jit(device=True, inline=True)
+def global_factor(scale_factor, mode):
+    """1 / scale_factor under GLOBAL statistics (0 while nothing was accumulated); unused otherwise."""
+    if mode != GLOBAL:
+        return 0.0
+    f = float64(scale_factor[0])
+    return 0.0 if f == 0 else 1.0 / f
+
+
+@cuda.jit(device=True, inline=True)
+def store_channel_stats(c, sum_x, sum_xx, factor, mean_sum, var_sum, mean, var, inv, m, eps, maf, correction,
+                        mode):
+    """channel_stats for channel c, given its sums of x and x*x (unused under GLOBAL statistics)."""
+    if mode == GLOBAL:
+        mu = mean_sum[c] * factor
+        v = var_sum[c] * factor
+    else:
+        mu = sum_x / m
+        v = max(sum_xx / m - mu * mu, 0.0)
+        if mode == BATCH_UPDATE:
+            mean_sum[c] = mean_sum[c] * maf + mu
+            var_sum[c] = var_sum[c] * maf + correction * v
+    mean[c] = mu
+    var[c] = v
+    inv[c] = 1.0 / math.sqrt(var[c] + eps)  # from the stored (rounded) var, as the CPU op computes it
 
 
 @cuda.jit(device=True, inline=True)
@@ -165,8 +191,14 @@ def normalize_store(v, i, mu, s, g, b, x_hat, y, keep, relu, slope):
 def forward_apply(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, chunk, keep, relu, slope):
     """x_hat = (x - mean) * inv (stored if `keep`); y = relu(gamma * x_hat + beta). y may be x."""
     c, n0, planes = block_region(outer, chunk)
-    mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
     q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
+    apply_walk(x, mean[c], inv[c], gamma[c], beta[c], x_hat, y, keep, relu, slope, q, r, p, planes, inner, step_q,
+               step_r, jump, wrap)
+
+
+@cuda.jit(device=True, inline=True)
+def apply_walk(x, mu, s, g, b, x_hat, y, keep, relu, slope, q, r, p, planes, inner, step_q, step_r, jump, wrap):
+    """normalize_store over this thread's positions from (q, r, p) in the block's planes."""
     while q < planes:
         i0, i1, i2, i3, valid, q, r, p = four_positions(q, r, p, planes, inner, step_q, step_r, jump, wrap)
         # all four loaded before any store: y may be x, and masked positions read element i0
@@ -185,8 +217,15 @@ def backward_partials(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, re
     """sums[c] += sum of dy', sums[dim + c] += sum of dy' * x_hat (dy' = dy through the ReLU mask)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
-    g, b = gamma[c], beta[c]
     q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
+    s0, s1 = grad_sums_walk(x_hat, gamma[c], beta[c], dy, relu, slope, q, r, p, planes, inner, step_q, step_r,
+                            jump, wrap)
+    add_channel_sums(s0, s1, shared, sums, c, dim)
+
+
+@cuda.jit(device=True, inline=True)
+def grad_sums_walk(x_hat, g, b, dy, relu, slope, q, r, p, planes, inner, step_q, step_r, jump, wrap):
+    """This thread's (sum of dy', sum of dy' * x_hat) over its positions from (q, r, p) in the block's planes."""
     s0 = 0.0
     s1 = 0.0
     while q < planes:
@@ -199,7 +238,7 @@ def backward_partials(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, re
         d3 = float64(pre_relu_grad(g3, g * h3 + b, relu, slope)) if valid > 3 else 0.0
         s0 += (d0 + d1) + (d2 + d3)
         s1 += (d0 * h0 + d1 * h1) + (d2 * h2 + d3 * h3)
-    add_channel_sums(s0, s1, shared, sums, c, dim)
+    return s0, s1
 
 
 @cuda.jit(device=True, inline=True)
@@ -208,19 +247,19 @@ def input_grad(h, gy, g, b, k, avg_dy, avg_dyh, relu, slope):
 
 
 @cuda.jit(device=True, inline=True)
-def apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch, param_grads):
-    """Channel c's constants for the dx pass: gamma, beta, gamma * inv_std and the two means of the
-    backward sums (0 under global statistics); the channel's first block also adds the Scale's parameter
+def apply_constants(c, n0, inv, gamma, beta, sum_dy, sum_dyh, dgamma, dbeta, m, batch, param_grads):
+    """Channel c's constants for the dx pass: gamma, beta, gamma * inv_std and the means of its backward
+    sums (0 under global statistics); the channel's first block also adds the Scale's parameter
     gradients (if `param_grads`)."""
     g, b = gamma[c], beta[c]
     avg_dy = 0.0
     avg_dyh = 0.0
     if batch:
-        avg_dy = sums[c] / m
-        avg_dyh = sums[dim + c] / m
+        avg_dy = sum_dy / m
+        avg_dyh = sum_dyh / m
     if param_grads and n0 == 0 and cuda.threadIdx.x == 0:
-        dbeta[c] += sums[c]
-        dgamma[c] += sums[dim + c]
+        dbeta[c] += sum_dy
+        dgamma[c] += sum_dyh
     return g, b, g * inv[c], avg_dy, avg_dyh
 
 
@@ -231,9 +270,17 @@ def backward_apply(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, 
     gamma * inv * dy' (global); dx may be dy. The first block of each channel also adds the Scale's
     parameter gradients (if `param_grads`): dbeta[c] += sum(dy'), dgamma[c] += sum(dy' x_hat)."""
     c, n0, planes = block_region(outer, chunk)
-    g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch,
-                                               param_grads)
+    g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums[c], sums[dim + c], dgamma, dbeta, m,
+                                               batch, param_grads)
     q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
+    grad_apply_walk(x_hat, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, planes, inner, step_q, step_r,
+                    jump, wrap)
+
+
+@cuda.jit(device=True, inline=True)
+def grad_apply_walk(x_hat, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, planes, inner, step_q, step_r,
+                    jump, wrap):
+    """dx = input_grad(...) over this thread's positions from (q, r, p) in the block's planes."""
     while q < planes:
         i0, i1, i2, i3, valid, q, r, p = four_positions(q, r, p, planes, inner, step_q, step_r, jump, wrap)
         # all four loaded before any store: dx may be dy, and masked positions read element i0
@@ -340,8 +387,8 @@ def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, ou
                         relu, slope, param_grads):
     """backward_apply for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     c, n0, planes = block_region(outer, chunk)
-    g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums, dgamma, dbeta, dim, m, batch,
-                                               param_grads)
+    g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums[c], sums[dim + c], dgamma, dbeta, m,
+                                               batch, param_grads)
     for n in range(n0, n0 + planes):
         i, end = plane_start(n, c, dim, inner)
         while i + 3 * BLOCK < end:
@@ -355,3 +402,46 @@ def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, ou
         while i < end:
             dx[i] = input_grad(x_hat[i], dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
             i += BLOCK
+
+
+# ---- one block per channel (SUPERNEURONS_BN_CHANNEL_MIN channels or more, short planes) ------------
+# Forward and backward each in one launch: the block sums its channel, reduces within itself, and runs the
+# apply pass over the same elements, which its first pass has just brought into L2. The multi-block path
+# needs four launches forward (zero the sums, partial sums, channel_stats, apply) and three backward, and
+# its float64 atomics; on ResNet's 14x14 and 7x7 layers (a few MB each) those launches, not the bytes,
+# were the time (tools/bench/bn_kernels.py).
+@cuda.jit
+def forward_channel(x, mean_sum, var_sum, scale_factor, mean, var, inv, gamma, beta, x_hat, y, outer, dim, inner,
+                    m, eps, maf, correction, mode, keep, relu, slope):
+    """stats_partials + channel_stats + forward_apply for channel blockIdx.x. y may be x."""
+    shared = cuda.shared.array(PAIR_SCRATCH, float64)
+    c = cuda.blockIdx.x
+    q, r, p, step_q, step_r, jump, wrap = walk_start(0, c, dim, inner)
+    t0 = 0.0
+    t1 = 0.0
+    if mode != GLOBAL:  # the same for every thread: all of them reach block_sum2's barriers
+        s0, s1 = stats_walk(x, q, r, p, outer, inner, step_q, step_r, jump, wrap)
+        t0, t1 = block_sum2(s0, s1, shared)
+    if cuda.threadIdx.x == 0:
+        store_channel_stats(c, t0, t1, global_factor(scale_factor, mode), mean_sum, var_sum, mean, var, inv, m,
+                            eps, maf, correction, mode)
+        if mode == BATCH_UPDATE and c == 0:
+            scale_factor[0] = scale_factor[0] * maf + 1
+    cuda.syncthreads()  # mean[c], inv[c] stored: read back as float32, as forward_apply reads them
+    apply_walk(x, mean[c], inv[c], gamma[c], beta[c], x_hat, y, keep, relu, slope, q, r, p, outer, inner, step_q,
+               step_r, jump, wrap)
+
+
+@cuda.jit
+def backward_channel(x_hat, inv, gamma, beta, dy, dx, dgamma, dbeta, outer, dim, inner, m, batch, relu, slope,
+                     param_grads):
+    """backward_partials + backward_apply for channel blockIdx.x. dx may be dy."""
+    shared = cuda.shared.array(PAIR_SCRATCH, float64)
+    c = cuda.blockIdx.x
+    q, r, p, step_q, step_r, jump, wrap = walk_start(0, c, dim, inner)
+    s0, s1 = grad_sums_walk(x_hat, gamma[c], beta[c], dy, relu, slope, q, r, p, outer, inner, step_q, step_r, jump,
+                            wrap)
+    t0, t1 = block_sum2(s0, s1, shared)
+    g, b, k, avg_dy, avg_dyh = apply_constants(c, 0, inv, gamma, beta, t0, t1, dgamma, dbeta, m, batch, param_grads)
+    grad_apply_walk(x_hat, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, outer, inner, step_q, step_r,
+                    jump, wrap)

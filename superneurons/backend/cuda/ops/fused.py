@@ -1,5 +1,7 @@
 """BatchNorm + Scale (+ ReLU) fused (see backend/cpu/fused.py): two passes over the activation forward
-(statistics; x_hat and y) and two backward (sums of dy' and dy' x_hat; dx), on numba kernels."""
+(statistics; x_hat and y) and two backward (sums of dy' and dy' x_hat; dx), on numba kernels: in one launch
+each way where a block per channel fills the GPU (`one_block_per_channel`), else spread over several
+blocks per channel with partial sums between launches."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,6 +27,16 @@ _sums: dict = {}  # channels -> float64 device array of 2 * channels partial sum
 
 def _min_block() -> int:
     return settings.get("SUPERNEURONS_BN_MIN_BLOCK")
+
+
+def one_block_per_channel(outer: int, channels: int, inner: int) -> bool:
+    """Whether the one-launch kernels (kernels/fused.py: forward_channel, backward_channel) take this shape:
+    enough channels to fill the GPU with one block each, few enough elements per channel for one block to
+    sweep twice, and planes short of the plain-sweep kernels' (SUPERNEURONS_BN_CHANNEL_MIN, _MAX)."""
+    least = settings.get("SUPERNEURONS_BN_CHANNEL_MIN")
+    if not least or channels < least or outer * inner > settings.get("SUPERNEURONS_BN_CHANNEL_MAX"):
+        return False
+    return not (settings.get("SUPERNEURONS_BN_ROWS") and inner >= settings.get("SUPERNEURONS_BN_ROWS_MIN"))
 
 
 def _kernels(inner: int):
@@ -53,36 +65,47 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
                       moving_average_fraction: float, var_correction: float, relu_slope: float | None) -> None:
     if not y.size:
         return
+    mode = fk.GLOBAL if use_global_stats else fk.BATCH_UPDATE if update_running else fk.BATCH
+    relu, slope = _slope(relu_slope, y)
+    fy = flat(y)
+    fh = flat(x_hat) if x_hat is not None else fy
+    stats = (flat(mean_sum), flat(var_sum), flat(scale_factor), flat(mean), flat(var), flat(inv_std))
+    constants = (float(outer * inner), float(eps), float(moving_average_fraction), float(var_correction), mode)
+    if one_block_per_channel(outer, channels, inner):
+        K.launch(fk.forward_channel, 0, blocks=channels)(flat(x), *stats, flat(gamma), flat(beta), fh, fy, outer,
+                                                         channels, inner, *constants, x_hat is not None, relu,
+                                                         slope)
+        return
     chunk, blocks = rk.chunking(outer, channels, inner, _min_block())
     stats_kernel, apply_kernel, _, _ = _kernels(inner)
     if use_global_stats:
-        sums, mode = mean_sum, fk.GLOBAL  # sums unused
+        sums = mean_sum  # unused
     else:
         sums = _zeroed_sums(channels)
         K.launch(stats_kernel, 0, blocks=blocks)(flat(x), sums, outer, channels, inner, chunk)
-        mode = fk.BATCH_UPDATE if update_running else fk.BATCH
-    K.launch(fk.channel_stats, channels)(sums, flat(mean_sum), flat(var_sum), flat(scale_factor), flat(mean),
-                                         flat(var), flat(inv_std), float(outer * inner), float(eps),
-                                         float(moving_average_fraction), float(var_correction), mode)
-    relu, slope = _slope(relu_slope, y)
-    fy = flat(y)
-    K.launch(apply_kernel, 0, blocks=blocks)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta),
-                                                 flat(x_hat) if x_hat is not None else fy, fy, outer, channels,
-                                                 inner, chunk, x_hat is not None, relu, slope)
+    K.launch(fk.channel_stats, channels)(sums, *stats, *constants)
+    K.launch(apply_kernel, 0, blocks=blocks)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta), fh, fy,
+                                             outer, channels, inner, chunk, x_hat is not None, relu, slope)
 
 
 def bn_affine_backward(x_hat, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int, inner: int,
                        use_global_stats: bool, relu_slope: float | None) -> None:
     if not dy.size:
         return
+    relu, slope = _slope(relu_slope, dy)
+    fh, fdy = flat(x_hat), flat(dy)
+    grads = dgamma is not None and dbeta is not None
+    if dx is not None and one_block_per_channel(outer, channels, inner):
+        K.launch(fk.backward_channel, 0, blocks=channels)(
+            fh, flat(inv_std), flat(gamma), flat(beta), fdy, flat(dx), flat(dgamma) if grads else fh,
+            flat(dbeta) if grads else fh, outer, channels, inner, float(outer * inner), not use_global_stats, relu,
+            slope, grads)
+        return
     chunk, blocks = rk.chunking(outer, channels, inner, _min_block())
     _, _, sums_kernel, apply_kernel = _kernels(inner)
-    relu, slope = _slope(relu_slope, dy)
     sums = _zeroed_sums(channels)
-    fh, fdy = flat(x_hat), flat(dy)
     K.launch(sums_kernel, 0, blocks=blocks)(fh, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
                                                      chunk, relu, slope)
-    grads = dgamma is not None and dbeta is not None
     if dx is None:
         if grads:
             K.launch(fk.param_grads, channels)(sums, flat(dgamma), flat(dbeta))
