@@ -75,8 +75,12 @@ def test_predicted_deepest_resnet_is_the_planner_edge():
 
 def test_bn_kernel_configs_and_shapes():
     bn_kernels = importlib.import_module("tools.bench.bn_kernels")
-    assert bn_kernels.parse_configs("walk=0:0,rows=1024") == {"walk": (0, 0), "rows": (1024, 0)}
-    shapes = bn_kernels.bn_shapes(64)
+    never = 1 << 30
+    assert bn_kernels.parse_configs("walk=0:0,rows=1024:0,chan=1024:8192:256") == {
+        "walk": (0, 0, 0, never), "rows": (1024, 0, 0, never), "chan": (1024, 8192, 256, never)}
+    with pytest.raises(SystemExit, match="NAME=ROWS_MIN:MIN_BLOCK"):
+        bn_kernels.parse_configs("rows=1024")
+    shapes = bn_kernels.bn_shapes("resnet50", 64)
     assert sum(shapes.values()) == 53 and shapes[(64, 64, 12544)] == 1  # every fused BatchNorm; bn_conv1 alone
     convs = importlib.import_module("tools.bench.conv_algos").conv_shapes("resnet50", 64)
     assert sum(convs.values()) == 53 and len(convs) == 20

@@ -206,7 +206,14 @@ def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats, ro
                              1.1, slope)
         dx = dy.copy()
         dgamma, dbeta = np.ones(c, np.float32), np.zeros(c, np.float32)
-        op.bn_affine_backward(x_hat, stats[2], gamma, beta, dx, dx, dgamma, dbeta, *dims, global_stats, slope)
+        op.bn_affine_backward(x_hat, None, stats[2], gamma, beta, dx, dx, dgamma, dbeta, *dims, global_stats, slope)
+        # the same from x (an out-of-place BatchNorm keeps its input): x_hat normalized again, the same bits
+        dx_from_x = dy.copy()
+        dgamma_x, dbeta_x = np.ones(c, np.float32), np.zeros(c, np.float32)
+        op.bn_affine_backward(x, stats[0], stats[2], gamma, beta, dx_from_x, dx_from_x, dgamma_x, dbeta_x, *dims,
+                              global_stats, slope)
+        for from_x_hat, from_x in ((dx, dx_from_x), (dgamma, dgamma_x), (dbeta, dbeta_x)):
+            np.testing.assert_array_equal(from_x, from_x_hat)
         results.append([y, x_hat, *stats, *running, dx, dgamma, dbeta])
     names = ["y", "x_hat", "mean", "var", "inv_std", "mean_sum", "var_sum", "scale_factor", "dx", "dgamma", "dbeta"]
     for name, got, want in zip(names, results[1], results[0]):

@@ -286,11 +286,17 @@ def test_fused_batch_norm_scale_relu(gpu, rng, dims, relu, global_stats):
                                                    dy.astype(np.float64), relu, inv_std, not global_stats)
     dg0, db0 = randn(rng, ch), randn(rng, ch)  # param diffs accumulate
     ddy, ddg, ddb = dev(gpu, dy), dev(gpu, dg0), dev(gpu, db0)
-    gpu.ops.bn_affine_backward(d["x_hat"], d["inv"], d["gamma"], d["beta"], ddy, ddy, ddg, ddb, outer, ch, inner,
-                               global_stats, slope)
+    gpu.ops.bn_affine_backward(d["x_hat"], None, d["inv"], d["gamma"], d["beta"], ddy, ddy, ddg, ddb, outer, ch,
+                               inner, global_stats, slope)
     err = close(gpu.to_host(ddy), want_dx, rtol=1e-3, atol_scale=1e-4)
     close(gpu.to_host(ddg), dg0 + want_dg, rtol=1e-4, atol_scale=1e-4)
     close(gpu.to_host(ddb), db0 + want_db, rtol=1e-4, atol_scale=1e-4)
+    # From the kept input x instead of x_hat (the BatchNorm out of place): x_hat normalized again, the same bits.
+    xdy, xdg, xdb = dev(gpu, dy), dev(gpu, dg0), dev(gpu, db0)
+    gpu.ops.bn_affine_backward(dev(gpu, x), d["mean"], d["inv"], d["gamma"], d["beta"], xdy, xdy, xdg, xdb, outer,
+                               ch, inner, global_stats, slope)
+    for a, b in ((xdy, ddy), (xdg, ddg), (xdb, ddb)):
+        np.testing.assert_array_equal(gpu.to_host(a), gpu.to_host(b))
     print(f"fused bn {dims} relu={relu} global={global_stats}: max |dx err| {err:.2e}")
 
 

@@ -14,6 +14,8 @@ from test_memory_modes import _check_modes, _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
 from superneurons.graph.build import build_graph
+from superneurons.layers.base import NEEDS_BOTTOM
+from superneurons.memory.tensors import declare_tensors
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
@@ -73,7 +75,9 @@ class Fused:
     def backward(self, dy, dx=None):
         dx = np.zeros(self.shape, self.dtype) if dx is None else dx
         dgamma, dbeta = np.full(self.shape[1], 0.25, self.dtype), np.full(self.shape[1], -0.5, self.dtype)
-        OPS.bn_affine_backward(self.x_hat, self.inv_std, self.gamma, self.beta, dy, dx, dgamma, dbeta, *self.dims,
+        # x_hat where forward kept it, else x (which forward then must not have overwritten) and the mean
+        kept, mean = (self.x_hat, None) if self.x_hat is not None else (self.x, self.mean)
+        OPS.bn_affine_backward(kept, mean, self.inv_std, self.gamma, self.beta, dy, dx, dgamma, dbeta, *self.dims,
                                self.global_stats, 0.0 if self.relu else None)
         return dx, dgamma - self.dtype(0.25), dbeta + self.dtype(0.5)  # diffs accumulate: remove the start values
 
@@ -236,6 +240,43 @@ def test_pass_leaves_chains_it_cannot_fuse():
     assert _fused(_graph(after)) == {"bn": ("sc", None)}
 
 
+def test_pass_takes_the_batch_norm_out_of_place_on_its_producers_top():
+    """A fused BatchNorm in place on a convolution's top reads a blob of its own and keeps it (not x_hat), and
+    its gradient shares memory with the top's; TEST nets and BatchNorms on a net input stay in place."""
+    g = _graph(_resnet_block())
+    assert g.internal_blobs == {"c1/bn_input": "c1", "c2/bn_input": "c2", "cs/bn_input": "cs"}
+    assert g.node("c1").tops == ["c1/bn_input"] and g.node("c2").bottoms == ["c1"]
+    assert (g.node("bn_1").bottoms, g.node("bn_1").tops) == (["c1/bn_input"], ["c1"])
+    assert g.blob_shapes["c1/bn_input"] == g.blob_shapes["c1"]
+    layer = g.node("bn_1").layer
+    assert layer.keeps_input and not layer.in_place and "x_hat" not in layer.buffers
+    assert layer.backward_needs() == frozenset({NEEDS_BOTTOM})
+    assert layer.buffers["mean"].for_backward and layer.buffers["inv_std"].for_backward
+    layout = declare_tensors(g, train=True)
+    assert {t: layout.aliases.views.get(t) for t in ("c1", "c2", "cs")} == {
+        "c1": "c1/bn_input", "c2": "c2/bn_input", "cs": "cs/bn_input"}
+
+    test = _graph(_resnet_block(), pb.TEST)
+    assert test.internal_blobs == {} and test.node("bn_1").bottoms == ["c1"]
+    on_input = _graph("force_backward: true\n" + _input((2, 3, 4, 4), 2) + _bn_chain("a", "data")
+                      + conv("c", "data", "c", 3, k=4, pad=0)
+                      + _layer("loss", "SoftmaxWithLoss", ["c", "label"], ["loss"]))
+    assert on_input.node("bn_a").need_backward
+    assert on_input.internal_blobs == {} and on_input.node("bn_a").bottoms == ["data"]
+    assert "x_hat" in on_input.node("bn_a").layer.buffers and not on_input.node("bn_a").layer.keeps_input
+
+
+def test_fused_op_backward_from_x_is_bit_identical_to_from_x_hat(rng):
+    for relu, global_stats in ((True, False), (False, True)):
+        f = Fused(rng, (3, 4, 2, 5), np.float32, relu, global_stats)
+        f.forward(update=False)
+        dy = rng.standard_normal(f.shape).astype(np.float32)
+        from_x_hat = f.backward(dy)
+        f.x_hat = None  # backward now reads x and the mean
+        for a, b in zip(f.backward(dy), from_x_hat):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_test_phase_is_fused_without_saved_x_hat():
     g = _graph(_resnet_block(), pb.TEST)
     layer = g.node("bn_1").layer
@@ -349,3 +390,45 @@ def test_recomputed_fused_forward_leaves_running_stats_unchanged(monkeypatch):
     net.forward()
     assert net.layer("bn_1").params[2].data[0] != stats[2][0]
 
+
+
+BN_TRAIN_NET = """name: "bnt"
+force_backward: true
+layer { name: "in" type: "Input" top: "data" top: "target"
+        input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } shape { dim: 2 dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+def test_pycaffe_shows_the_prototxts_blobs_and_refuses_a_range_inside_the_split(tmp_path, rng):
+    """The blob split off for the BatchNorm (conv1/bn_input) stays out of pycaffe's view: blobs and top names
+    are the prototxt's, conv1 holds the chain's result, and a range that would stop between the convolution
+    and the BatchNorm (where Caffe's conv1 holds the convolution's output) is refused."""
+    import superneurons as caffe
+    from superneurons.errors import UserError
+
+    model = tmp_path / "bnt.prototxt"
+    model.write_text(BN_TRAIN_NET)
+    assert build_graph(text_format.Parse(BN_TRAIN_NET, pb.NetParameter())).internal_blobs == {
+        "conv1/bn_input": "conv1"}
+    net = caffe.Net(str(model), caffe.TRAIN)
+    assert list(net.blobs) == ["data", "target", "conv1", "ip", "loss"]
+    assert net.top_names["conv1"] == ["conv1"] and net.bottom_names["bn1"] == ["conv1"]
+    x = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    t = rng.standard_normal((2, 3)).astype(np.float32)
+    for call in (lambda: net.forward(data=x, target=t, end="conv1"), lambda: net.forward(start="bn1")):
+        with pytest.raises(UserError, match=r"separates 'conv1' \(Convolution\) from 'bn1' \(BatchNorm\).*"
+                                            r"SUPERNEURONS_FUSE=0"):
+            call()
+    after = net.forward(data=x, target=t, end="relu1")["conv1"]
+    assert (after >= 0).all() and after.any()
+    net.forward(data=x, target=t)
+    net.backward()
+    assert net.blobs["conv1"].diff.any()  # the gradient at the convolution's output (shared memory)

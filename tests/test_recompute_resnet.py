@@ -1,8 +1,9 @@
 """ResNet-style in-place chains under every memory mode (issue #4, PROBLEM 1 of the memory runtime):
 conv -> BatchNorm -> Scale -> ReLU all write one blob, the blocks join through Eltwise, and BatchNorm keeps
-a buffer for backward. Fused (graph/fuse.py: BatchNorm keeps x_hat, Scale and ReLU keep nothing) and not
-(SUPERNEURONS_FUSE=0: BatchNorm and Scale each keep a copy of their input), every mode must train
-byte-identically to baseline, also with copies that lag and in pools that force tensors off the device."""
+a buffer for backward. Fused (graph/fuse.py: the BatchNorm goes out of place and keeps the convolution's
+output, now a blob of its own, `<blob>/bn_input`; Scale and ReLU keep nothing) and not (SUPERNEURONS_FUSE=0:
+BatchNorm and Scale each keep a copy of their input), every mode must train byte-identically to baseline,
+also with copies that lag and in pools that force tensors off the device."""
 from __future__ import annotations
 
 import pytest
@@ -51,11 +52,13 @@ def fusion(request, monkeypatch):
 
 
 def test_fusion_setting_changes_the_buffers(fusion):
-    buffers = {k for k, t in make_plan(_graph(RESNET)).program.tensors.items() if t.kind == "buffer"}
+    tensors = make_plan(_graph(RESNET)).program.tensors
+    buffers = {k for k, t in tensors.items() if t.kind == "buffer"}
     if fusion == "fused":
-        assert "bn_conv1#x_hat" in buffers and "scale_conv1#x" not in buffers
+        assert not {"bn_conv1#x_hat", "bn_conv1#x", "scale_conv1#x"} & buffers
+        assert tensors["conv1/bn_input"].kind == "data"
     else:
-        assert {"bn_conv1#x", "scale_conv1#x"} <= buffers and "bn_conv1#x_hat" not in buffers
+        assert {"bn_conv1#x", "scale_conv1#x"} <= buffers and "conv1/bn_input" not in tensors
 
 
 def test_resnet_block_all_modes_identical(fusion):
@@ -81,8 +84,9 @@ def test_checkpoint_buffers_move_and_the_rest_is_dropped_or_moved(fusion):
     rec = plan.schedules["recompute"].info
     movable, dropped = set(rec["offloadable"]), set(rec["dropped"])
     # The buffers in-place layers keep on a convolution's output can only be rebuilt by re-running the
-    # convolution: they leave the device like the convolution's output itself.
-    chain_buffers = {"bn_res2a_2a#x_hat"} if fusion == "fused" else {"bn_res2a_2a#x", "scale_res2a_2a#x"}
+    # convolution: they leave the device like the convolution's output itself. Fused, the BatchNorm keeps the
+    # convolution's output itself (res2a_2a/bn_input), and res2a_2a is the chain's result.
+    chain_buffers = {"res2a_2a/bn_input"} if fusion == "fused" else {"bn_res2a_2a#x", "scale_res2a_2a#x"}
     assert chain_buffers | {"res2a_2a", "data"} <= movable
     assert chain_buffers <= set(plan.schedules["offload"].info["offloadable"])
     # Every tensor backward reads either leaves the device, is rebuilt by a replay, or is an output.
@@ -109,7 +113,7 @@ def test_a_pool_at_the_recompute_plan_moves_buffers_and_trains_identically(fusio
     mm = net.memory
     assert mm.bytes_offloaded > 0 and mm.bytes_prefetched > 0
     assert max(mm.trace) <= mm.net.pool.capacity - params
-    x_hat = "bn_res2a_2a#x_hat" if fusion == "fused" else "bn_res2a_2a#x"
-    assert x_hat in evicted and "res2a_2a" in evicted  # a BatchNorm buffer and a convolution's output left
+    kept = "res2a_2a/bn_input" if fusion == "fused" else "bn_res2a_2a#x"
+    assert kept in evicted and "res2a_2a" in evicted  # what the BatchNorm keeps and the chain's result left
     if fusion == "unfused":  # pool1 reads conv1's final value, which ReLU's backward keeps: replayed, not moved
         assert mm.replays > 0 and "pool1" not in evicted

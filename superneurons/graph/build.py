@@ -46,6 +46,8 @@ class Graph:
     param: pb.NetParameter | None = None
     # Whether gradients may share memory (memory/aliases.py), so the planner and the Net agree.
     diff_alias: bool = True
+    # Blobs graph/fuse.py split off a blob of the prototxt (a fused BatchNorm's input): name -> that blob.
+    internal_blobs: dict[str, str] = field(default_factory=dict)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -90,8 +92,10 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
     _mark_backward(nodes, bool(net.force_backward))
+    internal_blobs: dict[str, str] = {}
     if policy.fuse_layers:
-        fuse_batch_norm_chains(nodes)  # needs need_backward; changes buffers before any Net declares tensors
+        # needs need_backward; changes buffers (and may split blobs) before any Net declares tensors
+        fuse_batch_norm_chains(nodes, shapes, internal_blobs)
         fuse_eltwise_relu(nodes)
         fuse_conv_relu(nodes)
     consumed = {b for n in nodes for b in n.bottoms}
@@ -100,7 +104,8 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         for t in n.tops:
             if t not in consumed and t not in outputs:
                 outputs.append(t)
-    return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias)
+    return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
+                 internal_blobs=internal_blobs)
 
 
 def unique_layer_names(names: list[str]) -> list[str]:

@@ -4,7 +4,12 @@
 convolution with `BatchNorm` (in place or not), then a per-channel `Scale` with bias in place on the
 BatchNorm's top, then usually a `ReLU` in place on the same blob. Run separately they make 6-8 passes over
 the activation each way and copy it twice for backward; fused (backend op `bn_affine_forward/backward`)
-they make two each way and keep one copy (x_hat).
+they make two each way and keep one copy: the BatchNorm's input x, from which backward normalizes x_hat again.
+The zoo writes the chain in place on the convolution's top, so the pass gives the convolution a top of its
+own (`<blob>/bn_input`, `Graph.internal_blobs`) and the BatchNorm writes y into the blob the net names;
+without a producer to split from (in place on a net input, say) the BatchNorm keeps x_hat instead, which
+forward writes beside y: one pass more. pycaffe shows the prototxt's blob names, and a range that runs the
+convolution without the BatchNorm (or the other way round) is refused, as for the fused pairs below.
 
 **Eltwise SUM -> ReLU** (`fuse_eltwise_relu`). A ResNet's residual joins sum two blobs and apply a ReLU in
 place on the sum. Fused (backend op `eltwise_sum_relu(_backward)`), forward is one pass (read the bottoms,
@@ -47,8 +52,11 @@ if TYPE_CHECKING:
     from superneurons.layers.base import Layer
 
 
-def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
-    """Fuse every eligible chain in `nodes` (route order); returns the fused chains' layer names."""
+def fuse_batch_norm_chains(nodes: list["Node"], shapes: dict[str, tuple[int, ...]],
+                           internal_blobs: dict[str, str]) -> list[tuple[str, ...]]:
+    """Fuse every eligible chain in `nodes` (route order); returns the fused chains' layer names. A fused
+    BatchNorm in place on its producer's top is taken out of place (`_separate_input`): the new blobs go
+    into `shapes` and `internal_blobs` (new name -> the blob it was split from)."""
     fused = []
     for i, bn in enumerate(nodes):
         if bn.layer.type_name != "BatchNorm" or len(bn.tops) != 1:
@@ -60,11 +68,43 @@ def fuse_batch_norm_chains(nodes: list["Node"]) -> list[tuple[str, ...]]:
         scale = nodes[j]
         k = _next_toucher(nodes, j, blob)
         relu = nodes[k] if k is not None and _is_fusable_relu(bn, nodes[k], blob) else None
-        # Nets of the TEST phase never run backward (runtime.Net(train=phase == TRAIN)): keep no x_hat.
-        bn.layer.fuse_affine(scale.layer, relu.layer if relu is not None else None,
-                             keep_for_backward=bn.need_backward and bn.layer.phase == pb.TRAIN)
+        # Nets of the TEST phase never run backward (runtime.Net(train=phase == TRAIN)): keep nothing.
+        keep = bn.need_backward and bn.layer.phase == pb.TRAIN
+        separate = keep and _separate_input(nodes, i, shapes, internal_blobs)
+        bn.layer.fuse_affine(scale.layer, relu.layer if relu is not None else None, keep_for_backward=keep,
+                             separate_bottom=separate)
         fused.append(tuple(n.name for n in (bn, scale, relu) if n is not None))
     return fused
+
+
+def _separate_input(nodes: list["Node"], i: int, shapes: dict[str, tuple[int, ...]],
+                    internal_blobs: dict[str, str]) -> bool:
+    """Take BatchNorm node `i` out of place where the layer before it on its blob made the blob: that
+    producer's top and the BatchNorm's bottom become a new blob, `<blob>/bn_input`. The BatchNorm then
+    keeps its input for backward instead of writing x_hat beside y (one pass less forward, the same bytes
+    kept), and the two gradients still share memory (BatchNorm.diff_in_place_bottoms). Not where the
+    producer is a net input, or writes the blob in place or as a view of its own bottom."""
+    bn = nodes[i]
+    blob = bn.tops[0]
+    if not _in_place_on(bn, blob):
+        return False
+    j = _previous_toucher(nodes, i, blob)
+    if j is None:
+        return False
+    producer = nodes[j]
+    # A layer without bottoms makes a net input (Input, Data, ...), which the caller fills by its name.
+    if not producer.bottoms or blob in producer.bottoms or producer.tops.count(blob) != 1 \
+            or producer.layer.views_bottom_data or producer.layer.fused_into is not None:
+        return False
+    name, n = f"{blob}/bn_input", 1
+    while name in shapes:
+        n += 1
+        name = f"{blob}/bn_input{n}"
+    producer.tops[producer.tops.index(blob)] = name
+    bn.bottoms[0] = name
+    shapes[name] = shapes[blob]
+    internal_blobs[name] = blob
+    return True
 
 
 def fuse_eltwise_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
@@ -95,6 +135,14 @@ def _fuse_trailing_relu(nodes: list["Node"], owns: Callable[["Layer"], bool]) ->
 def _next_toucher(nodes: list["Node"], i: int, blob: str) -> int | None:
     """The first node after `i` in route order that reads or writes `blob`."""
     for j in range(i + 1, len(nodes)):
+        if blob in nodes[j].bottoms or blob in nodes[j].tops:
+            return j
+    return None
+
+
+def _previous_toucher(nodes: list["Node"], i: int, blob: str) -> int | None:
+    """The last node before `i` in route order that reads or writes `blob`."""
+    for j in range(i - 1, -1, -1):
         if blob in nodes[j].bottoms or blob in nodes[j].tops:
             return j
     return None

@@ -146,7 +146,8 @@ class Layer:
         self.fused_into: Layer | None = None
         # Set by the runtime from memory/aliases.py. `diff_alias`: for a layer that `sums_top_diffs`, the top
         # whose gradient memory is also the bottom's; for one with `identity_diff_bottoms`, the bottom whose
-        # gradient is the top gradient's memory (backward writes nothing for it); None: no shared memory.
+        # gradient is the top gradient's memory (backward writes nothing for it; with `diff_in_place_bottoms`
+        # it writes over it); None: no shared memory.
         self.diff_alias: int | None = None
         # The tops whose consumers added their gradient into the summed bottom gradient themselves.
         self.added_by_consumers: tuple[int, ...] = ()
@@ -165,6 +166,12 @@ class Layer:
     def identity_diff_bottoms(self) -> tuple[int, ...]:
         """Bottoms whose gradient backward may write straight into top 0's gradient memory, because it is
         that gradient (Eltwise SUM with coefficient 1): memory/aliases.py may then share the memory."""
+        return ()
+
+    def diff_in_place_bottoms(self) -> tuple[int, ...]:
+        """Bottoms whose gradient backward may compute over top 0's gradient, reading each element of it
+        before writing that element (the fused BatchNorm out of place): memory/aliases.py may then share
+        the memory, as an in-place layer's gradients do."""
         return ()
 
     # An owner of absorbed layers (graph/fuse.py) runs their backward in its own step (True) or only their

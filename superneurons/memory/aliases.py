@@ -1,11 +1,15 @@
 """Gradient aliasing: layers whose backward only forwards or sums gradients write no gradient of their own.
 
-The layers say which they are (`Layer.sums_top_diffs`, `Layer.identity_diff_bottoms`):
+The layers say which they are (`Layer.sums_top_diffs`, `Layer.identity_diff_bottoms`,
+`Layer.diff_in_place_bottoms`):
 - **Summing top gradients** (Split; bottom b, tops t_0..t_n-1): b's gradient is the sum of the tops'
   gradients. The bottom gradient shares the memory of one top gradient t_a@diff and the others are added
   into it (Caffe overwrites bottom gradients, so the sum *is* the value it would have written).
 - **Passing the top gradient on** (Eltwise SUM with coefficient 1 for bottom j): bottom j's gradient equals
   the top gradient, so it is the top gradient's memory and backward writes nothing for it.
+- **Computing over the top gradient** (the fused BatchNorm out of place, `Layer.diff_in_place_bottoms`):
+  backward writes the bottom gradient over the top gradient, which it reads element by element first, as
+  in place; the same views as passing it on.
 - **Accumulating consumers of a Split top**: a consumer that can add its bottom gradient into memory
   (`Layer.can_accumulate_bottom_diff`: Convolution, cuDNN's beta = 1) and runs after top a's consumers in
   backward writes straight into the bottom gradient, which then already holds top a's share; Split skips
@@ -108,7 +112,7 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
         pdown = propagate_down[n.name]
         if not need_backward[n.name] or n.layer.in_place:
             continue
-        passed_on = layer.identity_diff_bottoms()
+        passed_on = layer.identity_diff_bottoms() or layer.diff_in_place_bottoms()
         if layer.sums_top_diffs and len(n.tops) >= 2 and pdown[0]:
             b = n.bottoms[0]
             if b in seeded or not last_consumer(b, i):

@@ -19,6 +19,7 @@ from typing import Any, Hashable, Iterable
 from superneurons.errors import UserError
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule
 from superneurons.memory.pool import HeapPool, format_bytes, round_up
+from superneurons.memory.tensors import DATA, tensor_key
 
 DEFAULT_CHECKPOINTS: tuple[str, ...] = ("Convolution",)
 
@@ -39,13 +40,17 @@ def checkpoint_tensors(program: Program, types: Iterable[str]) -> set[str]:
     """What offload may move and recompute never drops: roots first written by a checkpoint layer, and
     the buffers of the layers that rewrite such a root in place (a BatchNorm or Scale after a
     convolution, fused or not). Those layers read an intermediate value of the root, which only re-running
-    the checkpoint layer could produce again, so their buffers cannot be rebuilt cheaply either."""
+    the checkpoint layer could produce again, so their buffers cannot be rebuilt cheaply either.
+    Likewise the blob a fused BatchNorm writes where graph/fuse.py took it out of place on a checkpoint's
+    top (`Graph.internal_blobs`): it is the value the prototxt's in-place chain leaves in that top."""
     cps = set(checkpoint_steps(program, types))
     roots = {k for k, ws in program.writers.items() if ws[0] in cps}
     steps = program.steps
     chained = {b for k in roots if program.tensors[k].kind == "data" for w in program.writers[k]
                for b in steps[w].writes if program.tensors[b].kind == "buffer"}
-    return roots | chained
+    split_from = program.graph.internal_blobs
+    rejoined = {tensor_key(DATA, split_from[k]) for k in roots if k in split_from}
+    return roots | chained | (rejoined & program.writers.keys())
 
 
 def backward_reads(program: Program, live: Liveness, keys: Iterable[str]) -> set[str]:

@@ -196,9 +196,13 @@ class Net:
         nodes = list(runtime.layers_in_prototxt_order())
         self._layer_names = [n.name for n in nodes]
         self._nodes = {n.name: n for n in nodes}
+        # Blobs by the prototxt's names: one the runtime split off for a fused BatchNorm (graph/fuse.py) is
+        # shown as the blob it came from, which holds the value Caffe's in-place blob ends with.
+        public = runtime.graph.internal_blobs
+        names = lambda blobs: [public.get(b, b) for b in blobs]  # noqa: E731
         self.blobs: OrderedDict[str, Blob] = OrderedDict()
         for n in nodes:
-            for top in n.tops:
+            for top in names(n.tops):
                 if top not in self.blobs:
                     self.blobs[top] = self._blob(top)
         self.layer_dict: OrderedDict[str, Layer] = OrderedDict(
@@ -208,8 +212,8 @@ class Net:
         self.layers = list(self.layer_dict.values())
         self.params: OrderedDict[str, list[Blob]] = OrderedDict(
             (name, layer.blobs) for name, layer in self.layer_dict.items() if layer.blobs)
-        self.top_names = OrderedDict((n.name, list(n.tops)) for n in nodes)
-        self.bottom_names = OrderedDict((n.name, list(n.bottoms)) for n in nodes)
+        self.top_names = OrderedDict((n.name, names(n.tops)) for n in nodes)
+        self.bottom_names = OrderedDict((n.name, names(n.bottoms)) for n in nodes)
         self.inputs = [t for n in nodes if n.layer.type_name == "Input" for t in n.tops]
         self.outputs = list(runtime.graph.outputs)
         self.blob_loss_weights = OrderedDict((b, 0.0) for b in self.blobs)
@@ -252,7 +256,7 @@ class Net:
         """`end=` names a layer; pycaffe returns the blob of the same name (else the layer's first top)."""
         if name in self.blobs or name not in self._nodes:
             return name
-        return self._nodes[name].tops[0]
+        return self.top_names[name][0]
 
     def forward(self, blobs: Iterable[str] | None = None, start: str | None = None, end: str | None = None,
                 **kwargs: np.ndarray) -> dict[str, np.ndarray]:

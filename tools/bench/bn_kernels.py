@@ -1,18 +1,20 @@
-"""The fused BatchNorm + Scale + ReLU kernels alone, on ResNet-50's BatchNorm shapes (GPU).
+"""The fused BatchNorm + Scale + ReLU kernels alone, on a net's BatchNorm shapes (GPU).
 
     python3 -m tools.bench.bn_kernels [--net resnet50] [--batch 64] [--repeat 20] [--out DIR]
 
 For every fused BatchNorm of --net (models/NET/NET_dummy.prototxt) at --batch, times the forward
-(`bn_affine_forward`: statistics, x_hat and y) and the backward (`bn_affine_backward`) with CUDA events,
-under each of --configs: `NAME=ROWS_MIN:MIN_BLOCK[:CHANNEL_MIN[:CHANNEL_MAX]]`, the shortest plane the
-plain-sweep kernels take (0: never), the fewest elements per block (0: the plain 4096-block chunking), and
-the fewest channels and most elements per channel of the one-launch, one-block-per-channel kernels (0 or
-left out: never); see backend/cuda/ops/fused.py.
-Per shape: ms per call, the effective bandwidth (forward 4 passes over the activation: read x twice, write
-x_hat and y; backward 5: read x_hat and dy twice, write dx) against a device-to-device copy measured in the
-same run, and the largest difference from the first configuration's outputs on fresh random data (they
-must agree to rounding). The totals, weighted by how many layers have each shape, are what one training
-iteration spends in these kernels.
+(`bn_affine_forward`: statistics and y) and the backward (`bn_affine_backward` from the kept input x, as the
+out-of-place fused BatchNorm runs) with CUDA events, under each of --configs:
+`NAME=ROWS_MIN:MIN_BLOCK[:CHANNEL_MIN[:CHANNEL_MAX]]`, the shortest plane the plain-sweep kernels take (0:
+never), the fewest elements per block (0: the plain 4096-block chunking), and the fewest channels and most
+elements per channel of the one-launch, one-block-per-channel kernels (0 or left out: never); see
+backend/cuda/ops/fused.py.
+
+Per shape: ms per call, the effective bandwidth (forward 3 passes over the activation: read x twice, write
+y; backward 5: read x and dy twice, write dx) against a device-to-device copy measured in the same run, and
+the largest difference from the first configuration's outputs on fresh random data (they must agree to
+rounding). The totals, weighted by how many layers have each shape, are what one training iteration spends
+in these kernels.
 
 Writes bn_kernels_NET_bBATCH.json to --out (default $OUT or .).
 """
@@ -29,7 +31,7 @@ import numpy as np
 
 from tools.bench import common
 
-FORWARD_PASSES, BACKWARD_PASSES = 4, 5
+FORWARD_PASSES, BACKWARD_PASSES = 3, 5
 
 
 def bn_shapes(net: str, batch: int) -> Counter:
@@ -93,21 +95,22 @@ def run_shape(shape: tuple[int, int, int], configs: dict[str, tuple[int, int, in
     saved = {k: os.environ.get(k) for k in knobs}
     for name, numbers in configs.items():
         os.environ.update(zip(knobs, ("1" if numbers[0] > 0 else "0", *map(str, numbers))))
-        y, x_hat, dx = (cuda.device_array(n, np.float32) for _ in range(3))
+        y, dx = (cuda.device_array(n, np.float32) for _ in range(2))
         stats = [cuda.device_array(c, np.float32) for _ in range(3)]
         running = [cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32)),
                    cuda.to_device(np.zeros(1, np.float32))]
         dgamma, dbeta = cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32))
 
         def forward():
-            fused.bn_affine_forward(x, y, x_hat, *stats, gamma, beta, *running, outer, c, inner, 1e-5, False, True,
+            fused.bn_affine_forward(x, y, None, *stats, gamma, beta, *running, outer, c, inner, 1e-5, False, True,
                                     0.9, 1.0, 0.0)
 
         def backward():
-            fused.bn_affine_backward(x_hat, stats[2], gamma, beta, dy, dx, dgamma, dbeta, outer, c, inner, False, 0.0)
+            fused.bn_affine_backward(x, stats[0], stats[2], gamma, beta, dy, dx, dgamma, dbeta, outer, c, inner,
+                                     False, 0.0)
 
         fwd, bwd = timer.ms(forward, repeat), timer.ms(backward, repeat)
-        got = [y.copy_to_host(), x_hat.copy_to_host(), dx.copy_to_host()]
+        got = [y.copy_to_host(), dx.copy_to_host()]
         first = first or got
         out["configs"][name] = {"forward_ms": fwd, "backward_ms": bwd,
                                 "one_block_per_channel": fused.one_block_per_channel(outer, c, inner),

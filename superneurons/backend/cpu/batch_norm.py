@@ -50,6 +50,12 @@ def bn_normalize(x: np.ndarray, mean: np.ndarray, var: np.ndarray, eps: float, i
     np.add(var, var.dtype.type(eps), out=inv_std)
     np.sqrt(inv_std, out=inv_std)
     np.reciprocal(inv_std, out=inv_std)
+    bn_normalized(x, mean, inv_std, y, outer, channels, inner)
+
+
+def bn_normalized(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, y: np.ndarray, outer: int, channels: int,
+                  inner: int) -> None:
+    """y = (x - mean) * inv_std (x_hat); `y` may be `x`."""
     y3 = _view(y, outer, channels, inner)
     np.subtract(_view(x, outer, channels, inner), mean.reshape(1, channels, 1), out=y3)
     y3 *= inv_std.reshape(1, channels, 1)

@@ -3,8 +3,9 @@
     x_hat = (x - mean) * inv_std                 (batch or global statistics, Caffe's BatchNorm)
     y     = relu(gamma * x_hat + beta)           (Scale with bias; the ReLU is optional)
 
-Only x_hat is kept for backward (the pre-ReLU value, hence the ReLU mask, is recomputed from it), so
-the fused layer's backward reads neither its bottom nor its top.
+Backward needs x_hat (the pre-ReLU value, hence the ReLU mask, is recomputed from it): the layer keeps
+either x_hat itself (in place, where x is overwritten by y) or x, from which backward recomputes x_hat
+with the forward's own arithmetic (`mean` given), so both give the same bits.
 
 This NumPy version performs exactly the operations of the unfused BatchNorm, Scale and ReLU ops in the
 same order, so on the CPU a fused net trains bit-identically to the unfused one; the CUDA version
@@ -17,7 +18,7 @@ import numpy as np
 from superneurons.backend.cpu.activation import relu_backward, relu_forward
 from superneurons.backend.cpu.basic import add_bias, bias_backward
 from superneurons.backend.cpu.batch_norm import (backward_from_x_hat, bn_batch_stats, bn_global_stats,
-                                                 bn_normalize, bn_running_update)
+                                                 bn_normalize, bn_normalized, bn_running_update)
 from superneurons.backend.cpu.scale import channel_mul, channel_mul_grad
 
 __all__ = ["bn_affine_forward", "bn_affine_backward"]
@@ -48,12 +49,18 @@ def bn_affine_forward(x: np.ndarray, y: np.ndarray, x_hat: np.ndarray | None, me
         relu_forward(y, y, relu_slope)
 
 
-def bn_affine_backward(x_hat: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray, beta: np.ndarray, dy: np.ndarray,
-                       dx: np.ndarray | None, dgamma: np.ndarray | None, dbeta: np.ndarray | None, outer: int,
-                       channels: int, inner: int, use_global_stats: bool, relu_slope: float | None) -> None:
+def bn_affine_backward(kept: np.ndarray, mean: np.ndarray | None, inv_std: np.ndarray, gamma: np.ndarray,
+                       beta: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dgamma: np.ndarray | None,
+                       dbeta: np.ndarray | None, outer: int, channels: int, inner: int, use_global_stats: bool,
+                       relu_slope: float | None) -> None:
     """dx = the gradient through ReLU, Scale and BatchNorm (overwritten; may be `dy`; None: skipped);
-    dgamma, dbeta += Scale's parameter gradients (None: skipped)."""
+    dgamma, dbeta += Scale's parameter gradients (None: skipped). `kept` is x_hat (`mean` None) or the
+    forward's input x (`mean` the forward's mean)."""
     dims = (outer, channels, inner)
+    x_hat = kept
+    if mean is not None:
+        x_hat = np.empty_like(kept)
+        bn_normalized(kept, mean, inv_std, x_hat, *dims)
     g = dx if dx is not None else np.empty_like(dy)  # dy', then d x_hat, then dx, in place
     if relu_slope is not None:
         pre_relu = np.empty_like(x_hat)

@@ -1,8 +1,9 @@
 """Kernels of the fused BatchNorm + Scale (+ ReLU) op (see backend/cpu/fused.py for the math).
 
 Forward: `stats_partials` (sum x, x*x per channel) -> `channel_stats` (mean, var, inv_std, running sums)
--> `forward_apply` (x_hat and y in one pass). Backward: `backward_partials` (sum dy', dy'*x_hat, with dy'
-the gradient after the ReLU mask) -> `backward_apply` (dx in one pass, and the Scale's parameter gradients).
+-> `forward_apply` (y, and x_hat if the layer keeps it, in one pass). Backward: `backward_partials` (sum dy',
+dy'*x_hat, with dy' the gradient after the ReLU mask) -> `backward_apply` (dx in one pass, and the Scale's
+parameter gradients); backward reads the kept x_hat, or the kept x and normalizes it again (`normalized`).
 
 The three passes over the activation run one block per (channel, chunk of whole planes) of an
 (outer, dim, inner) view, as kernels/reduce.py's channel_partials does: the per-channel constants sit in
@@ -81,6 +82,15 @@ def four_positions(q, r, p, planes, inner, step_q, step_r, jump, wrap):
     valid = 1 + (q1 < planes) + (q2 < planes) + (q3 < planes)
     return (p, p1 if q1 < planes else p, p2 if q2 < planes else p, p3 if q3 < planes else p, valid,
             qn, rn, pn)
+
+
+@cuda.jit(device=True, inline=True)
+def normalized(v, mu, s, from_x):
+    """x_hat from what forward kept for backward: x_hat itself, or x (`from_x`), normalized with the same
+    float32 arithmetic as normalize_store, so both give the same bits."""
+    if from_x:
+        return (v - mu) * s
+    return v
 
 
 @cuda.jit(device=True, inline=True)
@@ -213,24 +223,26 @@ def apply_walk(x, mu, s, g, b, x_hat, y, keep, relu, slope, q, r, p, planes, inn
 
 
 @cuda.jit
-def backward_partials(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
-    """sums[c] += sum of dy', sums[dim + c] += sum of dy' * x_hat (dy' = dy through the ReLU mask)."""
+def backward_partials(kept, mean, inv, from_x, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
+    """sums[c] += sum of dy', sums[dim + c] += sum of dy' * x_hat (dy' = dy through the ReLU mask); x_hat is
+    `kept`, or normalized from it (`from_x`)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
     q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
-    s0, s1 = grad_sums_walk(x_hat, gamma[c], beta[c], dy, relu, slope, q, r, p, planes, inner, step_q, step_r,
-                            jump, wrap)
+    s0, s1 = grad_sums_walk(kept, mean[c], inv[c], from_x, gamma[c], beta[c], dy, relu, slope, q, r, p, planes,
+                            inner, step_q, step_r, jump, wrap)
     add_channel_sums(s0, s1, shared, sums, c, dim)
 
 
 @cuda.jit(device=True, inline=True)
-def grad_sums_walk(x_hat, g, b, dy, relu, slope, q, r, p, planes, inner, step_q, step_r, jump, wrap):
+def grad_sums_walk(kept, mu, s, from_x, g, b, dy, relu, slope, q, r, p, planes, inner, step_q, step_r, jump, wrap):
     """This thread's (sum of dy', sum of dy' * x_hat) over its positions from (q, r, p) in the block's planes."""
     s0 = 0.0
     s1 = 0.0
     while q < planes:
         i0, i1, i2, i3, valid, q, r, p = four_positions(q, r, p, planes, inner, step_q, step_r, jump, wrap)
-        h0, h1, h2, h3 = x_hat[i0], x_hat[i1], x_hat[i2], x_hat[i3]
+        h0, h1 = normalized(kept[i0], mu, s, from_x), normalized(kept[i1], mu, s, from_x)
+        h2, h3 = normalized(kept[i2], mu, s, from_x), normalized(kept[i3], mu, s, from_x)
         g0, g1, g2, g3 = dy[i0], dy[i1], dy[i2], dy[i3]
         d0 = float64(pre_relu_grad(g0, g * h0 + b, relu, slope))
         d1 = float64(pre_relu_grad(g1, g * h1 + b, relu, slope)) if valid > 1 else 0.0
@@ -264,8 +276,8 @@ def apply_constants(c, n0, inv, gamma, beta, sum_dy, sum_dyh, dgamma, dbeta, m, 
 
 
 @cuda.jit
-def backward_apply(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
-                   relu, slope, param_grads):
+def backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m,
+                   batch, relu, slope, param_grads):
     """dx = gamma * inv * (dy' - sum(dy')/m - x_hat * sum(dy' x_hat)/m) (batch statistics) or
     gamma * inv * dy' (global); dx may be dy. The first block of each channel also adds the Scale's
     parameter gradients (if `param_grads`): dbeta[c] += sum(dy'), dgamma[c] += sum(dy' x_hat)."""
@@ -273,18 +285,19 @@ def backward_apply(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, 
     g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums[c], sums[dim + c], dgamma, dbeta, m,
                                                batch, param_grads)
     q, r, p, step_q, step_r, jump, wrap = walk_start(n0, c, dim, inner)
-    grad_apply_walk(x_hat, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, planes, inner, step_q, step_r,
-                    jump, wrap)
+    grad_apply_walk(kept, mean[c], inv[c], from_x, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, planes,
+                    inner, step_q, step_r, jump, wrap)
 
 
 @cuda.jit(device=True, inline=True)
-def grad_apply_walk(x_hat, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, planes, inner, step_q, step_r,
-                    jump, wrap):
+def grad_apply_walk(kept, mu, s, from_x, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, planes, inner,
+                    step_q, step_r, jump, wrap):
     """dx = input_grad(...) over this thread's positions from (q, r, p) in the block's planes."""
     while q < planes:
         i0, i1, i2, i3, valid, q, r, p = four_positions(q, r, p, planes, inner, step_q, step_r, jump, wrap)
         # all four loaded before any store: dx may be dy, and masked positions read element i0
-        h0, h1, h2, h3 = x_hat[i0], x_hat[i1], x_hat[i2], x_hat[i3]
+        h0, h1 = normalized(kept[i0], mu, s, from_x), normalized(kept[i1], mu, s, from_x)
+        h2, h3 = normalized(kept[i2], mu, s, from_x), normalized(kept[i3], mu, s, from_x)
         g0, g1, g2, g3 = dy[i0], dy[i1], dy[i2], dy[i3]
         dx[i0] = input_grad(h0, g0, g, b, k, avg_dy, avg_dyh, relu, slope)
         if valid > 1:
@@ -354,17 +367,18 @@ def forward_apply_rows(x, mean, inv, gamma, beta, x_hat, y, outer, dim, inner, c
 
 
 @cuda.jit
-def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
+def backward_partials_rows(kept, mean, inv, from_x, gamma, beta, dy, sums, outer, dim, inner, chunk, relu, slope):
     """backward_partials for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c, n0, planes = block_region(outer, chunk)
-    g, b = gamma[c], beta[c]
+    g, b, mu, s = gamma[c], beta[c], mean[c], inv[c]
     s0 = 0.0
     s1 = 0.0
     for n in range(n0, n0 + planes):
         i, end = plane_start(n, c, dim, inner)
         while i + 3 * BLOCK < end:
-            h0, h1, h2, h3 = x_hat[i], x_hat[i + BLOCK], x_hat[i + 2 * BLOCK], x_hat[i + 3 * BLOCK]
+            h0, h1 = normalized(kept[i], mu, s, from_x), normalized(kept[i + BLOCK], mu, s, from_x)
+            h2, h3 = normalized(kept[i + 2 * BLOCK], mu, s, from_x), normalized(kept[i + 3 * BLOCK], mu, s, from_x)
             g0, g1, g2, g3 = dy[i], dy[i + BLOCK], dy[i + 2 * BLOCK], dy[i + 3 * BLOCK]
             d0 = float64(pre_relu_grad(g0, g * h0 + b, relu, slope))
             d1 = float64(pre_relu_grad(g1, g * h1 + b, relu, slope))
@@ -374,7 +388,7 @@ def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chun
             s1 += (d0 * h0 + d1 * h1) + (d2 * h2 + d3 * h3)
             i += 4 * BLOCK
         while i < end:
-            h0 = x_hat[i]
+            h0 = normalized(kept[i], mu, s, from_x)
             d0 = float64(pre_relu_grad(dy[i], g * h0 + b, relu, slope))
             s0 += d0
             s1 += d0 * h0
@@ -383,16 +397,18 @@ def backward_partials_rows(x_hat, gamma, beta, dy, sums, outer, dim, inner, chun
 
 
 @cuda.jit
-def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk, m, batch,
-                        relu, slope, param_grads):
+def backward_apply_rows(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, dgamma, dbeta, outer, dim, inner, chunk,
+                        m, batch, relu, slope, param_grads):
     """backward_apply for planes swept plainly (SUPERNEURONS_BN_ROWS_MIN elements or more)."""
     c, n0, planes = block_region(outer, chunk)
     g, b, k, avg_dy, avg_dyh = apply_constants(c, n0, inv, gamma, beta, sums[c], sums[dim + c], dgamma, dbeta, m,
                                                batch, param_grads)
+    mu, s = mean[c], inv[c]
     for n in range(n0, n0 + planes):
         i, end = plane_start(n, c, dim, inner)
         while i + 3 * BLOCK < end:
-            h0, h1, h2, h3 = x_hat[i], x_hat[i + BLOCK], x_hat[i + 2 * BLOCK], x_hat[i + 3 * BLOCK]
+            h0, h1 = normalized(kept[i], mu, s, from_x), normalized(kept[i + BLOCK], mu, s, from_x)
+            h2, h3 = normalized(kept[i + 2 * BLOCK], mu, s, from_x), normalized(kept[i + 3 * BLOCK], mu, s, from_x)
             g0, g1, g2, g3 = dy[i], dy[i + BLOCK], dy[i + 2 * BLOCK], dy[i + 3 * BLOCK]  # all read before dx (may be dy)
             dx[i] = input_grad(h0, g0, g, b, k, avg_dy, avg_dyh, relu, slope)
             dx[i + BLOCK] = input_grad(h1, g1, g, b, k, avg_dy, avg_dyh, relu, slope)
@@ -400,7 +416,7 @@ def backward_apply_rows(x_hat, inv, gamma, beta, sums, dy, dx, dgamma, dbeta, ou
             dx[i + 3 * BLOCK] = input_grad(h3, g3, g, b, k, avg_dy, avg_dyh, relu, slope)
             i += 4 * BLOCK
         while i < end:
-            dx[i] = input_grad(x_hat[i], dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
+            dx[i] = input_grad(normalized(kept[i], mu, s, from_x), dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
             i += BLOCK
 
 
@@ -433,15 +449,16 @@ def forward_channel(x, mean_sum, var_sum, scale_factor, mean, var, inv, gamma, b
 
 
 @cuda.jit
-def backward_channel(x_hat, inv, gamma, beta, dy, dx, dgamma, dbeta, outer, dim, inner, m, batch, relu, slope,
-                     param_grads):
+def backward_channel(kept, mean, inv, from_x, gamma, beta, dy, dx, dgamma, dbeta, outer, dim, inner, m, batch, relu,
+                     slope, param_grads):
     """backward_partials + backward_apply for channel blockIdx.x. dx may be dy."""
     shared = cuda.shared.array(PAIR_SCRATCH, float64)
     c = cuda.blockIdx.x
+    mu, s = mean[c], inv[c]
     q, r, p, step_q, step_r, jump, wrap = walk_start(0, c, dim, inner)
-    s0, s1 = grad_sums_walk(x_hat, gamma[c], beta[c], dy, relu, slope, q, r, p, outer, inner, step_q, step_r, jump,
-                            wrap)
+    s0, s1 = grad_sums_walk(kept, mu, s, from_x, gamma[c], beta[c], dy, relu, slope, q, r, p, outer, inner, step_q,
+                            step_r, jump, wrap)
     t0, t1 = block_sum2(s0, s1, shared)
     g, b, k, avg_dy, avg_dyh = apply_constants(c, 0, inv, gamma, beta, t0, t1, dgamma, dbeta, m, batch, param_grads)
-    grad_apply_walk(x_hat, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, outer, inner, step_q, step_r,
-                    jump, wrap)
+    grad_apply_walk(kept, mu, s, from_x, dy, dx, g, b, k, avg_dy, avg_dyh, relu, slope, q, r, p, outer, inner, step_q,
+                    step_r, jump, wrap)

@@ -88,29 +88,31 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
                                              outer, channels, inner, chunk, x_hat is not None, relu, slope)
 
 
-def bn_affine_backward(x_hat, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int, inner: int,
-                       use_global_stats: bool, relu_slope: float | None) -> None:
+def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int,
+                       inner: int, use_global_stats: bool, relu_slope: float | None) -> None:
+    """`kept`: x_hat (`mean` None) or the forward's input x (backend/cpu/fused.py)."""
     if not dy.size:
         return
     relu, slope = _slope(relu_slope, dy)
-    fh, fdy = flat(x_hat), flat(dy)
+    fkept, fdy, finv = flat(kept), flat(dy), flat(inv_std)
+    from_x = mean is not None
+    kept_args = (fkept, flat(mean) if from_x else finv, finv, from_x)  # the placeholder mean is never read
     grads = dgamma is not None and dbeta is not None
+    fg, fb = (flat(dgamma), flat(dbeta)) if grads else (finv, finv)
     if dx is not None and one_block_per_channel(outer, channels, inner):
-        K.launch(fk.backward_channel, 0, blocks=channels)(
-            fh, flat(inv_std), flat(gamma), flat(beta), fdy, flat(dx), flat(dgamma) if grads else fh,
-            flat(dbeta) if grads else fh, outer, channels, inner, float(outer * inner), not use_global_stats, relu,
-            slope, grads)
+        K.launch(fk.backward_channel, 0, blocks=channels)(*kept_args, flat(gamma), flat(beta), fdy, flat(dx), fg, fb,
+                                                          outer, channels, inner, float(outer * inner),
+                                                          not use_global_stats, relu, slope, grads)
         return
     chunk, blocks = rk.chunking(outer, channels, inner, _min_block())
     _, _, sums_kernel, apply_kernel = _kernels(inner)
     sums = _zeroed_sums(channels)
-    K.launch(sums_kernel, 0, blocks=blocks)(fh, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
-                                                     chunk, relu, slope)
+    K.launch(sums_kernel, 0, blocks=blocks)(*kept_args, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
+                                            chunk, relu, slope)
     if dx is None:
         if grads:
-            K.launch(fk.param_grads, channels)(sums, flat(dgamma), flat(dbeta))
+            K.launch(fk.param_grads, channels)(sums, fg, fb)
         return
-    fg = flat(dgamma) if grads else fh
-    K.launch(apply_kernel, 0, blocks=blocks)(fh, flat(inv_std), flat(gamma), flat(beta), sums, fdy, flat(dx),
-                                                  fg, flat(dbeta) if grads else fh, outer, channels, inner, chunk,
-                                                  float(outer * inner), not use_global_stats, relu, slope, grads)
+    K.launch(apply_kernel, 0, blocks=blocks)(*kept_args, flat(gamma), flat(beta), sums, fdy, flat(dx), fg, fb, outer,
+                                             channels, inner, chunk, float(outer * inner), not use_global_stats,
+                                             relu, slope, grads)
