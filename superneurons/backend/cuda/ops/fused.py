@@ -1,5 +1,6 @@
 """BatchNorm + Scale (+ ReLU) fused (see backend/cpu/fused.py): two passes over the activation forward
-(statistics; x_hat and y) and two backward (sums of dy' and dy' x_hat; dx), on numba kernels: in one launch
+(statistics; y, and x_hat where the layer keeps it) and two backward (sums of dy' and dy' x_hat; dx, with
+x_hat read or normalized again from x), on numba kernels: in one launch
 each way where a block per channel fills the GPU (`one_block_per_channel`), else spread over several
 blocks per channel with partial sums between launches."""
 from __future__ import annotations
