@@ -200,6 +200,7 @@ def test_net_fuses_every_eligible_pair():
     assert _fused_pairs(_vgg_like()) == {"r1": "c1", "r2": "c2", "r3": "c3", "r4": "c4", "rf": "cf"}
     assert not g.node("cf").need_backward and g.node("c4").need_backward
     assert g.node("c4").propagate_down == [False]
+    assert not any(n.layer.backward_taken_by for n in g.nodes)  # p2 reads r2's output through a Split
 
 
 @pytest.mark.parametrize("alias", ["1", "0"])
@@ -219,18 +220,21 @@ def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
     assert_test_phase_forward_matches_unfused(_vgg_like(), monkeypatch)
 
 
-@pytest.mark.parametrize("model", ["vgg_like", "models/vgg16/vgg16_dummy.prototxt"])
-def test_the_fusion_leaves_every_modes_plan_as_unfused(monkeypatch, model):
-    """Memory is what the runtime is for: each mode's peak and streamed peak are the unfused net's (when the
-    ReLU's gradient ran in the convolution's step, VGG16's offload and recompute peaks grew 1176 -> 1568 MiB)."""
+@pytest.mark.parametrize("model", ["vgg_like", "relu_pools", "models/vgg16/vgg16_dummy.prototxt",
+                                   "models/squeezenet/squeezenet_dummy.prototxt"])
+def test_the_fusion_grows_no_modes_plan(monkeypatch, model):
+    """Memory is what the runtime is for: no mode's peak or streamed peak exceeds the unfused net's (when the
+    ReLU's gradient ran in the convolution's step, VGG16's offload and recompute peaks grew 1176 -> 1568 MiB).
+    A max pooling that takes its ReLU's backward leaves the ReLU's output unread in backward: VGG16's liveness
+    peak falls (2058 -> 1341 MiB at batch 64)."""
     from pathlib import Path
 
     from superneurons.graph.build import build_graph
     from superneurons.io.prototxt import read_net
 
     def plan():
-        if model == "vgg_like":
-            return make_plan(_graph(_vgg_like()))
+        if model in ("vgg_like", "relu_pools"):
+            return make_plan(_graph(_vgg_like() if model == "vgg_like" else _relu_pools()))
         return make_plan(build_graph(read_net(str(Path(__file__).resolve().parents[1] / model)), pb.TRAIN))
 
     fused = plan()
@@ -238,9 +242,44 @@ def test_the_fusion_leaves_every_modes_plan_as_unfused(monkeypatch, model):
     unfused = plan()
     assert set(fused.traces) == set(unfused.traces)
     for mode in fused.traces:
-        assert fused.peak(mode)[0] == unfused.peak(mode)[0], mode
+        assert fused.peak(mode)[0] <= unfused.peak(mode)[0], mode
         if mode != "baseline":
-            assert fused.streamed_peak(mode) == unfused.streamed_peak(mode), mode
+            assert fused.streamed_peak(mode) <= unfused.streamed_peak(mode), mode
+    if "vgg16" in model:
+        assert fused.peak("liveness")[0] < 0.7 * unfused.peak("liveness")[0]
+
+
+def _relu_pools():
+    """Convolution -> ReLU -> max pooling, VGG's pattern, where the pooling takes the ReLU's backward: a 2x2
+    stride-2 pooling after a plain ReLU, an overlapping 3x3 stride-2 (ceil-mode) one after a leaky ReLU, and
+    one the pass leaves alone (1x1: its argmax buffer is as large as the activation it would free)."""
+    pool = "pooling_param {{ pool: MAX kernel_size: {} stride: {} }}"
+    return (_input((4, 3, 8, 8), 4)
+            + conv("c1", "data", "c1", 4) + _layer("r1", "ReLU", ["c1"], ["c1"])
+            + _layer("p1", "Pooling", ["c1"], ["p1"], pool.format(2, 2))
+            + conv("c2", "p1", "c2", 4) + _layer("r2", "ReLU", ["c2"], ["c2"], "relu_param { negative_slope: 0.1 }")
+            + _layer("p2", "Pooling", ["c2"], ["p2"], pool.format(3, 2))
+            + conv("c3", "p2", "c3", 4) + _layer("r3", "ReLU", ["c3"], ["c3"])
+            + _layer("p3", "Pooling", ["c3"], ["p3"], pool.format(1, 1))
+            + _head("p3"))
+
+
+def test_max_pooling_takes_the_backward_of_the_relu_it_reads(monkeypatch):
+    g = _graph(_relu_pools())
+    assert {n.name: n.layer.backward_taken_by.name for n in g.nodes if n.layer.backward_taken_by} == {
+        "r1": "p1", "r2": "p2"}
+    assert g.node("p2").layer.relu_slope == np.float32(0.1) and g.node("p3").layer.relu_slope is None
+    assert g.node("r1").layer.backward_needs() == frozenset() == g.node("p1").layer.backward_needs()
+    # Nothing reads c1 in backward any more: liveness frees it after p1's forward.
+    program = make_plan(g).program
+    assert not any("c1" in st.uses for st in program.steps[program.n_forward:])
+    fused, losses_f, params_f = _train(_relu_pools(), True, monkeypatch)
+    plain, losses_p, params_p = _train(_relu_pools(), False, monkeypatch)
+    assert losses_f == losses_p and params_f.keys() == params_p.keys()
+    for key in params_f:
+        np.testing.assert_array_equal(params_f[key], params_p[key], err_msg=key)
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "1")
+    _check_modes(_relu_pools())
 
 
 def test_every_memory_mode_trains_a_fused_net_like_baseline():
@@ -415,3 +454,36 @@ def test_the_loss_read_during_backward_is_the_value_at_the_end_of_forward():
         data.array[...] = np.nan  # what backward may write there once the copy has been waited for
     assert value() == pytest.approx(want, rel=1e-6) and np.isfinite(value())
     assert LossReader(cpu).start([(SimpleNamespace(array=np.float32(2.5)), None, 2.0)])() == 5.0
+
+
+CONV_RELU_POOL_NET = """name: "crp"
+force_backward: true
+layer { name: "in" type: "Input" top: "data" top: "target"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+def test_a_backward_range_that_separates_a_pooling_from_the_relu_it_masks_for_is_refused(tmp_path, rng):
+    """pool1 runs relu1's backward: backward(end='pool1') would leave conv1's gradient masked, where Caffe's
+    is not yet; refused with a line naming both. Ranges holding both, and the whole pass, run."""
+    import superneurons as caffe
+    from superneurons.errors import UserError
+
+    model = tmp_path / "crp.prototxt"
+    model.write_text(CONV_RELU_POOL_NET)
+    net = caffe.Net(str(model), caffe.TRAIN)
+    net.forward(data=rng.standard_normal((2, 3, 6, 6)).astype(np.float32),
+                target=rng.standard_normal((2, 3)).astype(np.float32))
+    with pytest.raises(UserError, match=r"separates 'pool1' \(Pooling\) from 'relu1' \(ReLU\), whose backward runs "
+                                        r"in 'pool1''s.*SUPERNEURONS_FUSE=0"):
+        net.backward(end="pool1")
+    net.backward(end="relu1")
+    masked = net.blobs["conv1"].diff.copy()
+    assert masked.any() and not masked[net.blobs["conv1"].data <= 0].any()

@@ -20,7 +20,8 @@ if not IN_SIMULATOR:
         rerun_under_simulator(__file__)
 
 
-from superneurons.backend.cpu import dropout as cpu_dropout, pooling as cpu_pool, solver_ops  # noqa: E402
+from superneurons.backend.cpu import (  # noqa: E402
+    activation as cpu_activation, dropout as cpu_dropout, pooling as cpu_pool, solver_ops)
 from superneurons.backend.cuda import kernels as K  # noqa: E402
 from superneurons.backend.cuda.kernels import (  # noqa: E402
     dropout as dk, elementwise as ek, pooling as pk, solver as sk)
@@ -50,12 +51,12 @@ def test_max_pool_ceil_mode_forward_and_backward():
     cpu_pool.pool_forward(x, y, mask, geom)
     dims = (6, 6, 3, 3, 3, 3, 2, 2, 0, 0)
     yg, mg = np.empty_like(y), np.empty_like(mask)
-    K.launch(pk.max_forward, y.size)(x.ravel(), yg.ravel(), mg.ravel(), *dims)
+    K.launch(pk.max_forward, y.size)(x.ravel(), yg.ravel(), mg.ravel(), *dims, False)
     assert np.array_equal(yg, y) and np.array_equal(mg, mask)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     dx, dxg = np.empty_like(x), np.empty_like(x)
     cpu_pool.pool_backward(dy, mask, dx, geom)
-    K.launch(pk.max_backward, x.size)(dy.ravel(), mask.ravel(), dxg.ravel(), *dims)
+    K.launch(pk.max_backward, x.size)(dy.ravel(), mask.ravel(), dxg.ravel(), *dims, False, np.float32(0))
     np.testing.assert_allclose(dxg, dx, rtol=1e-6)
 
 
@@ -66,9 +67,11 @@ def test_max_pool_ceil_mode_forward_and_backward():
     ((1, 2, 6, 5), (2, 3), (2, 1), (1, 0)),  # overlapping along one axis only
     ((2, 1, 5, 5), (2, 2), (3, 3), (0, 0)),  # stride over the kernel: some pixels in no window
 ])
-def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad):
+@pytest.mark.parametrize("relu_slope", [None, 0.0, 0.25], ids=["plain", "relu", "leaky"])
+def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slope):
     """The column-walking forward and backward (the ones the op launches) against the CPU op, on geometries
-    that exercise their window-range bookkeeping."""
+    that exercise their window-range bookkeeping; with `relu_slope`, the pooling reads a ReLU's output and its
+    backward goes on through that ReLU (the CPU op then equals pool_backward + relu_backward bit for bit)."""
     rng = np.random.default_rng()
     geom = PoolGeometry("max", kernel, stride, pad)
 
@@ -78,17 +81,30 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad):
 
     oh, ow = (pooled(*a) for a in zip(x_shape[2:], kernel, stride, pad))
     x = rng.standard_normal(x_shape).astype(np.float32)
+    if relu_slope is not None:  # the pooling's bottom is the ReLU's output, often all non-positive in a window
+        x -= 1.5
+        cpu_activation.relu_forward(x, x, relu_slope)
     y, mask = np.empty((*x_shape[:2], oh, ow), np.float32), np.empty((*x_shape[:2], oh, ow), np.int32)
-    cpu_pool.pool_forward(x, y, mask, geom)
+    signed = relu_slope is not None
+    cpu_pool.pool_forward(x, y, mask, geom, signed_mask=signed)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     want, got = np.empty_like(x), np.full_like(x, np.nan)
-    cpu_pool.pool_backward(dy, mask, want, geom)
+    cpu_pool.pool_backward(dy, mask, want, geom, relu_slope)
+    if signed:  # the same bits as the pooling's backward and then the ReLU's, on the plain mask
+        assert (mask < 0).any() and (mask >= 0).any()
+        plain_mask, separate = np.empty_like(mask), np.empty_like(x)
+        cpu_pool.pool_forward(x, np.empty_like(y), plain_mask, geom)
+        np.testing.assert_array_equal(np.where(mask >= 0, mask, ~mask), plain_mask)
+        cpu_pool.pool_backward(dy, plain_mask, separate, geom)
+        cpu_activation.relu_backward(x, separate, separate, relu_slope)
+        np.testing.assert_array_equal(want, separate)
     planes = x_shape[0] * x_shape[1]
     dims = (x_shape[2], x_shape[3], oh, ow, *kernel, *stride, *pad)
     y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
-    K.launch(pk.max_forward_columns, planes * ow)(x.ravel(), y_got.ravel(), mask_got.ravel(), planes, *dims)
+    K.launch(pk.max_forward_columns, planes * ow)(x.ravel(), y_got.ravel(), mask_got.ravel(), planes, *dims, signed)
     assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
-    K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims)
+    K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims,
+                                                           signed, np.float32(relu_slope or 0))
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 

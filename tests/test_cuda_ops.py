@@ -164,6 +164,12 @@ def test_pooling(gpu, rng, method, kernel, stride, pad, ceil_extra):
     dy = randn(rng, *y.shape)
     (_, _, dxc), (_, _, dxg) = run_both(gpu, "pool_backward", [dy, mc, np.zeros_like(x)], geom)
     close(dxg, dxc)
+    if method == "max":  # taking the backward of a (leaky) ReLU before it: the mask signed, the gradient masked
+        relu_out = np.where(x > 0.5, x, 0.1 * x).astype(f32)
+        (_, _, sc), (_, _, sg) = run_both(gpu, "pool_forward", [relu_out, y, mask], geom, None, True)
+        assert (sg == sc).all() and (sc < 0).any()
+        (_, _, dxc), (_, _, dxg) = run_both(gpu, "pool_backward", [dy, sc, np.zeros_like(x)], geom, 0.1)
+        close(dxg, dxc)
 
 
 @pytest.mark.parametrize("across", [True, False])

@@ -64,3 +64,10 @@ class LRNGeometry:
     def coeff(self) -> float:
         # alpha is spread over the window: / size across channels, / size^2 within a channel (the average).
         return self.alpha / (self.size if self.across else self.size * self.size)
+
+
+def check_signed_mask(signed_mask: bool, top_mask) -> None:
+    """A signed max-pooling mask (the pooling runs its ReLU's backward, graph/fuse.py) is never Caffe's mask top,
+    which holds the plain argmax: the fusion skips poolings with that top."""
+    if signed_mask and top_mask is not None:
+        raise ValueError("a signed max-pooling mask cannot also be the layer's mask top")

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superneurons.errors import UserError
-from superneurons.graph.fuse import fuse_batch_norm_chains, fuse_conv_relu, fuse_eltwise_relu
+from superneurons.graph.fuse import (fuse_batch_norm_chains, fuse_conv_relu, fuse_eltwise_relu,
+                                     fuse_relu_backward_into_max_pool)
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
@@ -98,6 +99,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         fuse_batch_norm_chains(nodes, shapes, internal_blobs)
         fuse_eltwise_relu(nodes)
         fuse_conv_relu(nodes)
+        fuse_relu_backward_into_max_pool(nodes)
     consumed = {b for n in nodes for b in n.bottoms}
     outputs = []
     for n in nodes:

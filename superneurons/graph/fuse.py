@@ -25,6 +25,19 @@ ReLU's step (`Layer.runs_absorbed_backward`), because masking it in the convolut
 there beside the bottom, a larger per-step peak for offload and recompute (VGG16's grew from 1176 to 1568
 MiB when it was tried), and memory is what this runtime is for. Deconvolution and InnerProduct stay unfused.
 
+**ReLU -> max Pooling, backward** (`fuse_relu_backward_into_max_pool`). VGG, AlexNet and SqueezeNet pool
+the output of a ReLU in place on a convolution's top. The pooling's backward routes each gradient to its
+window's chosen pixel; fused, it also applies the ReLU's mask there (op `pool_backward` with `relu_slope`):
+a chosen pixel holds its window's maximum, whose sign the forward keeps in the argmax buffer (~argmax where
+the maximum is not above 0: `pool_forward`'s `signed_mask`), and the pixels no window chose get no gradient
+either way. The ReLU's backward step (a pass reading the activation and its gradient, writing the gradient)
+then does nothing, and nothing reads the activation in backward any more, so liveness frees it after the
+pooling's forward: no plan grows, and VGG16's liveness peak falls by a third. The ReLU's forward is
+untouched (fused into the convolution or not). Only for a ReLU whose backward runs in its own step (not one
+a BatchNorm or Eltwise owns), in place, with negative_slope >= 0, whose output a max Pooling with one top
+(no mask top, which holds Caffe's plain argmax) is the only and last reader of, and only where the pooling
+shrinks the activation: recompute may keep the argmax buffer where it used to keep the activation.
+
 A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the
   next layer touching the first layer's top blob is the next of the chain (BatchNorm: the Scale, then the
@@ -39,12 +52,13 @@ A layer is fused only when the fused layer computes exactly what the separate la
 
 Params stay owned by their layers (caffemodel files and the solver see no change); the absorbed Scale and
 ReLU stay in the graph as pass-through steps, so logs and the profiler list Caffe's layers.
-graph.build runs all three unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
+graph.build runs all four unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from superneurons.layers.base import count
 from superneurons.proto import superneurons_pb2 as pb
 
 if TYPE_CHECKING:
@@ -116,6 +130,31 @@ def fuse_eltwise_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
 def fuse_conv_relu(nodes: list["Node"]) -> list[tuple[str, str]]:
     """Fuse every Convolution whose top is next touched by an in-place ReLU; returns (convolution, relu) names."""
     return _fuse_trailing_relu(nodes, lambda layer: layer.type_name == "Convolution")
+
+
+def fuse_relu_backward_into_max_pool(nodes: list["Node"]) -> list[tuple[str, str]]:
+    """Give every eligible ReLU's backward to the max Pooling that reads its output; returns (relu, pooling)
+    names."""
+    fused = []
+    for i, relu in enumerate(nodes):
+        if relu.layer.type_name != "ReLU" or len(relu.tops) != 1 or not relu.need_backward:
+            continue
+        blob = relu.tops[0]
+        owner = relu.layer.fused_into
+        if not _in_place_on(relu, blob) or relu.layer.slope < 0 or (owner is not None and owner.runs_absorbed_backward):
+            continue
+        j = _next_toucher(nodes, i, blob)
+        if j is None or _next_toucher(nodes, j, blob) is not None:
+            continue  # the pooling must be the blob's last reader
+        pool = nodes[j]
+        if pool.layer.type_name != "Pooling" or pool.layer.geom.method != "max" or pool.bottoms != [blob] \
+                or len(pool.tops) != 1 or not pool.need_backward or not pool.propagate_down[0]:
+            continue
+        if count(pool.top_shapes[0]) >= count(nodes[i].top_shapes[0]):
+            continue  # its argmax buffer, which replays may keep instead of the activation, would be no smaller
+        pool.layer.take_relu_backward(relu.layer)
+        fused.append((relu.name, pool.name))
+    return fused
 
 
 def _fuse_trailing_relu(nodes: list["Node"], owns: Callable[["Layer"], bool]) -> list[tuple[str, str]]:

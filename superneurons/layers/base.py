@@ -144,6 +144,9 @@ class Layer:
         self.copy_data = False
         # Set by graph/fuse.py (`absorb_into`): the layer that computes this one; its own steps then pass through.
         self.fused_into: Layer | None = None
+        # Set by graph/fuse.py (`leave_backward_to`): a later layer whose backward computes this one's (a max
+        # Pooling takes the backward of the ReLU it reads); this layer's backward step then passes through.
+        self.backward_taken_by: Layer | None = None
         # Set by the runtime from memory/aliases.py. `diff_alias`: for a layer that `sums_top_diffs`, the top
         # whose gradient memory is also the bottom's; for one with `identity_diff_bottoms`, the bottom whose
         # gradient is the top gradient's memory (backward writes nothing for it; with `diff_in_place_bottoms`
@@ -182,6 +185,11 @@ class Layer:
         """Become a pass-through: `owner` (graph/fuse.py checked it may) computes this layer's forward and
         backward. Layers that keep buffers for their own backward override this to drop them."""
         self.fused_into = owner
+
+    def leave_backward_to(self, layer: "Layer") -> None:
+        """Let `layer`'s backward compute this layer's too (graph/fuse.py checked it may); the layer's own
+        backward must then do nothing and need nothing (ReLU does)."""
+        self.backward_taken_by = layer
 
     @property
     def views_bottom_data(self) -> bool:

@@ -1,6 +1,7 @@
 """ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale, Eltwise
 SUM or Convolution (`absorb_into`): its forward is then a pass-through, and so is its backward unless the owner
-leaves the backward to this step (`runs_absorbed_backward`: Convolution does)."""
+leaves the backward to this step (`runs_absorbed_backward`: Convolution does). Its backward may also go to the
+max Pooling that reads its output (`leave_backward_to`), which then masks the gradient it writes."""
 from __future__ import annotations
 
 from superneurons.layers.base import NEEDS_TOP, Layer, register
@@ -13,6 +14,8 @@ class ReLU(Layer):
         return [bottom_shapes[0]]
 
     def _backward_done_by_owner(self) -> bool:
+        if self.backward_taken_by is not None:
+            return True
         return self.fused_into is not None and self.fused_into.runs_absorbed_backward
 
     def backward_needs(self):

@@ -568,12 +568,19 @@ class Net:
         """A range that holds a fused layer (graph/fuse.py) without the layer computing it, or the other way
         round, would run the pair's work whole or not at all: e.g. a Convolution fused with its ReLU ends a
         range at the convolution with the ReLU applied, where Caffe's blob is still before it. Backward, only
-        owners that run their absorbed layers' backward count (a fused ReLU after a Convolution keeps its own)."""
+        owners that run their absorbed layers' backward count (a fused ReLU after a Convolution keeps its own),
+        and layers that take another's backward (a max Pooling the ReLU's it reads)."""
         def inside(layer) -> bool:
             return first <= layer.layer_index and (last is None or layer.layer_index <= last)
 
         span = f"{what} from layer {first} to {last if last is not None else 'the end'}"
         for node in self.graph.nodes:
+            taker = node.layer.backward_taken_by
+            if backward and taker is not None and inside(taker) != inside(node.layer):
+                raise UserError(f"net {self.name!r}: {span} separates {taker.name!r} ({taker.type_name}) from "
+                                f"{node.layer.name!r} ({node.layer.type_name}), whose backward runs in "
+                                f"{taker.name!r}'s; include both, or build the net with SUPERNEURONS_FUSE=0 to run "
+                                f"every layer on its own")
             owner = node.layer.fused_into
             if owner is None or (backward and not owner.runs_absorbed_backward):
                 continue

@@ -17,20 +17,26 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from superneurons.backend.geometry import PoolGeometry
+from superneurons.backend.cpu.activation import relu_backward
+from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 
 __all__ = ["pool_forward", "pool_backward"]
 
 
 def pool_forward(x: np.ndarray, y: np.ndarray, mask: np.ndarray | None, geom: PoolGeometry,
-                 top_mask: np.ndarray | None = None) -> None:
+                 top_mask: np.ndarray | None = None, signed_mask: bool = False) -> None:
     """y = pool(x). For "max", `mask` (int32, shape of y) receives the argmax and `top_mask`, if given,
-    the same indices as floats (Caffe's optional second top)."""
+    the same indices as floats (Caffe's optional second top). `signed_mask`: where a window's maximum is not
+    above 0, the mask holds ~argmax (-1 - argmax) instead, which tells backward the ReLU's mask there (see
+    pool_backward)."""
     window = geom.kernel + geom.stride + geom.pad
     if geom.method == "max":
+        check_signed_mask(signed_mask, top_mask)
         _max_forward(x, y, mask, *window)
         if top_mask is not None:
             np.copyto(top_mask, mask, casting="unsafe")
+        if signed_mask:
+            np.copyto(mask, ~mask, where=~(y > 0))
     elif geom.method == "ave":
         _ave_forward(x, y, *window)
     elif geom.method == "stochastic":
@@ -39,10 +45,25 @@ def pool_forward(x: np.ndarray, y: np.ndarray, mask: np.ndarray | None, geom: Po
         raise ValueError(f"unknown pooling method {geom.method!r}")
 
 
-def pool_backward(dy: np.ndarray, mask: np.ndarray | None, dx: np.ndarray, geom: PoolGeometry) -> None:
-    """dx = the gradient of pool_forward (overwritten); "max" routes each dy to its mask pixel."""
+def pool_backward(dy: np.ndarray, mask: np.ndarray | None, dx: np.ndarray, geom: PoolGeometry,
+                  relu_slope: float | None = None) -> None:
+    """dx = the gradient of pool_forward (overwritten); "max" routes each dy to its mask pixel.
+
+    `relu_slope` (max only; the mask then signed by pool_forward): the ReLU in place on the pooling's bottom
+    leaves its backward to the pooling (graph/fuse.py), so dx goes on through that ReLU too, as relu_backward
+    would apply it. A pixel that a window chose holds that window's maximum, whose sign the mask keeps; the
+    pixels no window chose get no gradient either way."""
     if geom.method == "max":
-        _max_backward(dy, mask, dx)
+        if relu_slope is None:
+            _max_backward(dy, mask, dx)
+            return
+        chosen = np.where(mask >= 0, mask, ~mask)
+        _max_backward(dy, chosen, dx)
+        positive = np.zeros(dx.shape, bool)
+        planes = positive.reshape(dx.shape[0] * dx.shape[1], -1)
+        np.put_along_axis(planes, chosen.reshape(planes.shape[0], -1), (mask >= 0).reshape(planes.shape[0], -1),
+                          axis=1)
+        relu_backward(positive, dx, dx, relu_slope)
     elif geom.method == "ave":
         _ave_backward(dy, dx, *(geom.kernel + geom.stride + geom.pad))
     else:

@@ -15,14 +15,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 FLT_MIN = 1.1754943508222875e-38
 FLT_MIN32 = np.float32(FLT_MIN)
 
 
+@cuda.jit(device=True, inline=True)
+def _mask_entry(arg, best, signed):
+    """The argmax as the mask keeps it: ~arg (-1 - arg) where `signed` and the maximum is not above 0."""
+    if signed and not best > 0:
+        return -1 - arg
+    return arg
+
+
 @cuda.jit
-def max_forward(x, y, mask, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+def max_forward(x, y, mask, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
         qw = i % ow
         qh = (i // ow) % oh
@@ -40,11 +48,11 @@ def max_forward(x, y, mask, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
                     best = v
                     arg = r * w + s
         y[i] = best
-        mask[i] = arg
+        mask[i] = _mask_entry(arg, best, signed)
 
 
 @cuda.jit
-def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
     """max_forward with one thread per (plane, output column) walking down the column: the column's window
     columns and the plane offsets are computed once (one division per thread instead of three per output),
     and each output row's window starts sh rows further down."""
@@ -68,7 +76,7 @@ def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw
                         best = v
                         arg = r * w + s
             y[dst] = best
-            mask[dst] = arg
+            mask[dst] = _mask_entry(arg, best, signed)
             dst += ow
             h0 += sh
 
@@ -179,8 +187,27 @@ def _out_range(p, pad, k, stride, n_out):
     return lo, hi
 
 
+@cuda.jit(device=True, inline=True)
+def _chosen(entry, signed):
+    """(the pixel a mask entry names, whether the window's maximum was above 0) (see _mask_entry)."""
+    if signed and entry < 0:
+        return -1 - entry, False
+    return entry, True
+
+
+@cuda.jit(device=True, inline=True)
+def _through_relu(grad, positive, relu, slope):
+    """The pixel's gradient, rounded to float32 (where a separate ReLU step would read it), and with `relu`
+    through the ReLU whose output the pooling read: `positive` is the sign of a choosing window's maximum,
+    False where no window chose the pixel (the gradient is 0 then, either way)."""
+    g = float32(grad)
+    if relu and not positive:
+        return g * slope
+    return g
+
+
 @cuda.jit
-def max_backward(dy, mask, dx, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+def max_backward(dy, mask, dx, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
     for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
         s = i % w
         r = (i // w) % h
@@ -189,19 +216,23 @@ def max_backward(dy, mask, dx, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
         lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
         me = r * w + s
         grad = 0.0
+        positive = False
         for qh in range(lo_h, hi_h):
             for qw in range(lo_w, hi_w):
                 o = (plane * oh + qh) * ow + qw
-                if mask[o] == me:
+                pixel, above = _chosen(mask[o], relu)
+                if pixel == me:
                     grad += dy[o]
-        dx[i] = grad
+                    positive = above
+        dx[i] = _through_relu(grad, positive, relu, slope)
 
 
 @cuda.jit
-def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
     """max_backward with one thread per (plane, input column) walking down the column: the column's output
     range is computed once, and the row range [lo, hi) of the windows holding row r only moves forward as r
-    grows, so it advances by comparisons instead of divisions."""
+    grows, so it advances by comparisons instead of divisions. With `relu` (the mask signed by the forward),
+    the gradient goes on through the ReLU in place on the pooling's bottom."""
     for t in range(cuda.grid(1), planes * w, cuda.gridsize(1)):
         s, src, out_plane, lo_w, hi_w = _input_column(t, h, w, oh, ow, kw, sw, pw)
         lo = 0
@@ -210,12 +241,15 @@ def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph,
             lo, hi = _rows_holding(r, lo, hi, oh, kh, sh, ph)
             me = r * w + s
             grad = 0.0
+            positive = False
             for qh in range(lo, hi):
                 row = (out_plane + qh) * ow
                 for qw in range(lo_w, hi_w):
-                    if mask[row + qw] == me:
+                    pixel, above = _chosen(mask[row + qw], relu)
+                    if pixel == me:
                         grad += dy[row + qw]
-            dx[src + r * w] = grad
+                        positive = above
+            dx[src + r * w] = _through_relu(grad, positive, relu, slope)
 
 
 @cuda.jit

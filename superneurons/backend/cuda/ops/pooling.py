@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from superneurons.backend.cuda import kernels as K
-from superneurons.backend.cuda.device import flat
+from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import pooling as pk
 from superneurons.backend.cuda.ops.basic import copy
-from superneurons.backend.geometry import PoolGeometry
+from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 
 __all__ = ["pool_forward", "pool_backward"]
 
@@ -15,11 +15,14 @@ def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
     return (x_shape[2], x_shape[3], y_shape[2], y_shape[3], *geom.kernel, *geom.stride, *geom.pad)
 
 
-def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None) -> None:
+def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: bool = False) -> None:
+    """`signed_mask`: see backend/cpu/pooling.py."""
     dims = _dims(x.shape, y.shape, geom)
     if geom.method == "max":
+        check_signed_mask(signed_mask, top_mask)
         planes = y.shape[0] * y.shape[1]
-        K.launch(pk.max_forward_columns, planes * y.shape[3])(flat(x), flat(y), flat(mask), planes, *dims)
+        K.launch(pk.max_forward_columns, planes * y.shape[3])(flat(x), flat(y), flat(mask), planes, *dims,
+                                                              signed_mask)
         if top_mask is not None:
             copy(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
@@ -30,11 +33,13 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None) -> None:
         raise ValueError(f"unknown pooling method {geom.method!r}")
 
 
-def pool_backward(dy, mask, dx, geom: PoolGeometry) -> None:
+def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = None) -> None:
+    """`relu_slope`: see backend/cpu/pooling.py (max only)."""
     dims = _dims(dx.shape, dy.shape, geom)
     if geom.method == "max":
         planes = dx.shape[0] * dx.shape[1]
-        K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims)
+        K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims,
+                                                                relu_slope is not None, scalar(dx, relu_slope or 0.0))
     elif geom.method == "ave":
         planes = dx.shape[0] * dx.shape[1]
         K.launch(pk.ave_backward_columns, planes * dx.shape[3])(flat(dy), flat(dx), planes, *dims)
