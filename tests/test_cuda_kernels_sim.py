@@ -66,6 +66,7 @@ def test_max_pool_ceil_mode_forward_and_backward():
     ((1, 2, 7, 7), (3, 3), (2, 2), (1, 1)),  # ResNet's pool1 geometry
     ((1, 2, 6, 5), (2, 3), (2, 1), (1, 0)),  # overlapping along one axis only
     ((2, 1, 5, 5), (2, 2), (3, 3), (0, 0)),  # stride over the kernel: some pixels in no window
+    ((2, 2, 8, 6), (2, 2), (2, 2), (0, 0)),  # VGG's windows, tiling the planes: max_backward_tiles too
 ])
 @pytest.mark.parametrize("relu_slope", [None, 0.0, 0.25], ids=["plain", "relu", "leaky"])
 def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slope):
@@ -106,6 +107,11 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slop
     K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims,
                                                            signed, np.float32(relu_slope or 0))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+    if kernel == stride and pad == (0, 0) and (oh * kernel[0], ow * kernel[1]) == x_shape[2:]:
+        tiles = np.full_like(x, np.nan)
+        K.launch(pk.max_backward_tiles, y.size)(dy.ravel(), mask.ravel(), tiles.ravel(), *dims[:6], signed,
+                                                np.float32(relu_slope or 0))
+        np.testing.assert_array_equal(tiles, got)
 
 
 @simulated

@@ -142,12 +142,13 @@ def test_conv_bias_gradient_by_either_kernel(gpu, rng, choice, channels, plane, 
     close(gpu.to_host(db), want.astype(f32), rtol=1e-5, atol_scale=1e-5)
 
 
-@pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra", [
-    ("max", (3, 3), (2, 2), (0, 0), True), ("max", (2, 2), (2, 2), (0, 0), False),
-    ("ave", (3, 3), (2, 2), (1, 1), True), ("stochastic", (3, 3), (2, 2), (0, 0), True),
+@pytest.mark.parametrize("method,kernel,stride,pad,ceil_extra,size", [
+    ("max", (3, 3), (2, 2), (0, 0), True, 27), ("max", (2, 2), (2, 2), (0, 0), False, 27),
+    ("max", (2, 2), (2, 2), (0, 0), False, 28),  # windows tiling the planes: max_backward_tiles
+    ("ave", (3, 3), (2, 2), (1, 1), True, 27), ("stochastic", (3, 3), (2, 2), (0, 0), True, 27),
 ])
-def test_pooling(gpu, rng, method, kernel, stride, pad, ceil_extra):
-    n, c, h, w = 16, 32, 27, 27
+def test_pooling(gpu, rng, method, kernel, stride, pad, ceil_extra, size):
+    n, c, h, w = 16, 32, size, size
     geom = PoolGeometry(method, kernel, stride, pad)
     oh = -(-(h + 2 * pad[0] - kernel[0]) // stride[0]) + 1 if ceil_extra else (h + 2 * pad[0] - kernel[0]) // stride[0] + 1
     x = randn(rng, n, c, h, w)

@@ -253,6 +253,26 @@ def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph,
 
 
 @cuda.jit
+def max_backward_tiles(dy, mask, dx, h, w, oh, ow, kh, kw, relu, slope):
+    """max_backward where the windows tile the planes exactly (kernel == stride, no padding, h == oh * kh and
+    w == ow * kw: VGG's 2x2 stride-2 poolings): every pixel lies in one window, so one thread per output
+    writes its window, the gradient at the chosen pixel and 0 elsewhere. dy and the mask are read once
+    (the column walker reads them per pixel of the window) and one division per output replaces the walk."""
+    for o in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
+        row = o // ow  # plane * oh + window row
+        qw = o - row * ow
+        base = row * kh * w + qw * kw  # flat index of the window's top-left pixel
+        plane_start = (row // oh) * h * w
+        pixel, positive = _chosen(mask[o], relu)
+        chosen = plane_start + pixel
+        g = _through_relu(dy[o], positive, relu, slope)
+        for i in range(kh):
+            for j in range(kw):
+                k = base + i * w + j
+                dx[k] = g if k == chosen else float32(0.0)
+
+
+@cuda.jit
 def ave_backward(dy, dx, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
     for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
         s = i % w

@@ -15,6 +15,12 @@ def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
     return (x_shape[2], x_shape[3], y_shape[2], y_shape[3], *geom.kernel, *geom.stride, *geom.pad)
 
 
+def _tiles(x_shape, y_shape, geom: PoolGeometry) -> bool:
+    """Whether the windows tile the planes exactly (kernels/pooling.py: max_backward_tiles)."""
+    return (geom.kernel == geom.stride and geom.pad == (0, 0) and x_shape[2] == y_shape[2] * geom.kernel[0]
+            and x_shape[3] == y_shape[3] * geom.kernel[1])
+
+
 def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: bool = False) -> None:
     """`signed_mask`: see backend/cpu/pooling.py."""
     dims = _dims(x.shape, y.shape, geom)
@@ -37,9 +43,12 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
     """`relu_slope`: see backend/cpu/pooling.py (max only)."""
     dims = _dims(dx.shape, dy.shape, geom)
     if geom.method == "max":
+        relu = (relu_slope is not None, scalar(dx, relu_slope or 0.0))
+        if _tiles(dx.shape, dy.shape, geom):
+            K.launch(pk.max_backward_tiles, dy.size)(flat(dy), flat(mask), flat(dx), *dims[:6], *relu)
+            return
         planes = dx.shape[0] * dx.shape[1]
-        K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims,
-                                                                relu_slope is not None, scalar(dx, relu_slope or 0.0))
+        K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims, *relu)
     elif geom.method == "ave":
         planes = dx.shape[0] * dx.shape[1]
         K.launch(pk.ave_backward_columns, planes * dx.shape[3])(flat(dy), flat(dx), planes, *dims)
