@@ -7,7 +7,10 @@ arithmetic made the per-pixel versions compute-bound (~1.5 ms for ResNet-50's po
 an H200; average pooling took 27 of Inception-v4's 133 ms step on an H100, twice PyTorch's). Average pooling
 sums and divides in float32, as Caffe's Dtype arithmetic does (float64 division is slower still). The
 per-pixel `max_forward`, `max_backward`, `ave_forward`, `ave_backward` remain as the plain statements of the
-rules the column walkers implement (the simulator tests check each pair against the CPU op).
+rules the column walkers implement (the simulator tests check each pair against the CPU op). Where the
+windows tile the planes (kernel == stride, no padding), max backward runs one thread per output instead
+(`max_backward_tiles`). A signed mask (`signed`, `relu`: the pooling runs the backward of the ReLU it reads,
+graph/fuse.py) holds -1 - argmax where the window's maximum is not above 0.
 Shapes arrive as ints: n*c planes of (h, w) in, (oh, ow) out.
 """
 from __future__ import annotations
