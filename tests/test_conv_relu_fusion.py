@@ -270,6 +270,10 @@ def test_max_pooling_takes_the_backward_of_the_relu_it_reads(monkeypatch):
         "r1": "p1", "r2": "p2"}
     assert g.node("p2").layer.relu_slope == np.float32(0.1) and g.node("p3").layer.relu_slope is None
     assert g.node("r1").layer.backward_needs() == frozenset() == g.node("p1").layer.backward_needs()
+    # A ReLU told not to propagate to its bottom leaves the convolution the pooling's unmasked gradient.
+    told = _graph(_relu_pools().replace('name: "r1" type: "ReLU" bottom: "c1" top: "c1" ',
+                                        'name: "r1" type: "ReLU" bottom: "c1" top: "c1" propagate_down: false', 1))
+    assert told.node("r1").propagate_down == [False] and told.node("r1").layer.backward_taken_by is None
     # Nothing reads c1 in backward any more: liveness frees it after p1's forward.
     program = make_plan(g).program
     assert not any("c1" in st.uses for st in program.steps[program.n_forward:])
@@ -359,7 +363,8 @@ layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 }
                             bias_filler { type: "constant" value: -0.2 } } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 """
 
 
@@ -463,7 +468,8 @@ layer { name: "in" type: "Input" top: "data" top: "target"
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.5 } } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip"
         inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }

@@ -32,11 +32,11 @@ a chosen pixel holds its window's maximum, whose sign the forward keeps in the a
 the maximum is not above 0: `pool_forward`'s `signed_mask`), and the pixels no window chose get no gradient
 either way. The ReLU's backward step (a pass reading the activation and its gradient, writing the gradient)
 then does nothing, and nothing reads the activation in backward any more, so liveness frees it after the
-pooling's forward: no plan grows, and VGG16's liveness peak falls by a third. The ReLU's forward is
-untouched (fused into the convolution or not). Only for a ReLU whose backward runs in its own step (not one
-a BatchNorm or Eltwise owns), in place, with negative_slope >= 0, whose output a max Pooling with one top
-(no mask top, which holds Caffe's plain argmax) is the only and last reader of, and only where the pooling
-shrinks the activation: recompute may keep the argmax buffer where it used to keep the activation.
+pooling's forward: VGG16's liveness peak falls by a third. The ReLU's forward is untouched (fused into the
+convolution or not). Only for a ReLU whose backward runs in its own step (not one a BatchNorm or Eltwise
+owns) that propagates to its bottom, in place, with negative_slope >= 0, whose output a max Pooling with
+one top (no mask top, which holds Caffe's plain argmax) is the only and last reader of, and only where the
+pooling shrinks the activation: recompute may keep the argmax buffer where it used to keep the activation.
 
 A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the
@@ -137,11 +137,13 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"]) -> list[tuple[str, str
     names."""
     fused = []
     for i, relu in enumerate(nodes):
-        if relu.layer.type_name != "ReLU" or len(relu.tops) != 1 or not relu.need_backward:
+        if relu.layer.type_name != "ReLU" or len(relu.tops) != 1 or not relu.need_backward \
+                or not relu.propagate_down[0]:
             continue
         blob = relu.tops[0]
         owner = relu.layer.fused_into
-        if not _in_place_on(relu, blob) or relu.layer.slope < 0 or (owner is not None and owner.runs_absorbed_backward):
+        if not _in_place_on(relu, blob) or relu.layer.slope < 0 \
+                or (owner is not None and owner.runs_absorbed_backward):
             continue
         j = _next_toucher(nodes, i, blob)
         if j is None or _next_toucher(nodes, j, blob) is not None:

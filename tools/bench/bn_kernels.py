@@ -169,10 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     print(common.text_table(header, rows))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"bn_kernels_{args.net}_b{args.batch}.json").write_text(json.dumps({"net": args.net, "batch": args.batch, "copy_gbs": ceiling, "configs": configs,
-                                                     "shapes": raw, "totals_ms": totals,
-                                                     "device": common.device_info()}, indent=1))
-    print(f"wrote {out / f'bn_kernels_{args.net}_b{args.batch}.json'}")
+    path = out / f"bn_kernels_{args.net}_b{args.batch}.json"
+    path.write_text(json.dumps({"net": args.net, "batch": args.batch, "copy_gbs": ceiling, "configs": configs,
+                                "shapes": raw, "totals_ms": totals, "device": common.device_info()}, indent=1))
+    print(f"wrote {path}")
     return 0
 
 
