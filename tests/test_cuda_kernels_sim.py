@@ -84,6 +84,8 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slop
     x = rng.standard_normal(x_shape).astype(np.float32)
     if relu_slope is not None:  # the pooling's bottom is the ReLU's output, often all non-positive in a window
         x -= 1.5
+        x[-1, -1] = -np.abs(x[-1, -1]) - 0.1  # one plane with no window above 0
+        x[0, 0, 0, 0] = 3.0  # and one window that is
         cpu_activation.relu_forward(x, x, relu_slope)
     y, mask = np.empty((*x_shape[:2], oh, ow), np.float32), np.empty((*x_shape[:2], oh, ow), np.int32)
     signed = relu_slope is not None
@@ -103,6 +105,9 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slop
     dims = (x_shape[2], x_shape[3], oh, ow, *kernel, *stride, *pad)
     y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
     K.launch(pk.max_forward_columns, planes * ow)(x.ravel(), y_got.ravel(), mask_got.ravel(), planes, *dims, signed)
+    assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
+    y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
+    K.launch(pk.max_forward_outputs, y.size)(x.ravel(), y_got.ravel(), mask_got.ravel(), *dims, signed)
     assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
     K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims,
                                                            signed, np.float32(relu_slope or 0))

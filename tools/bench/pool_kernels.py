@@ -1,0 +1,115 @@
+"""Max pooling's kernels alone, on a net's max-pooling shapes, beside PyTorch's max_pool2d (GPU).
+
+    python3 -m tools.bench.pool_kernels [--net squeezenet] [--batch 64] [--repeat 20] [--out DIR]
+
+For every max Pooling of --net (models/NET/NET_dummy.prototxt) at --batch, times with CUDA events our
+`pool_forward` with the column walker and with one thread per output (SUPERNEURONS_POOL_BY_OUTPUT), our
+`pool_backward` (signed mask and ReLU where the pooling takes its ReLU's backward, as in training), and
+PyTorch's max_pool2d forward (with indices) and backward on the same input, ceil_mode as Caffe rounds.
+Checks that both forwards give the same output and mask. The totals weight each shape by its layers.
+
+Writes pool_kernels_NET_bBATCH.json to --out (default $OUT or .).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from tools.bench import common
+from tools.bench.bn_kernels import Timer
+
+
+def pool_shapes(net: str, batch: int) -> Counter:
+    """(bottom shape, kernel, stride, pad, takes the ReLU's backward) of every max Pooling, with multiplicity."""
+    graph = common.train_graph(net, batch)
+    shapes: Counter = Counter()
+    for n in graph.nodes:
+        layer = n.layer
+        if layer.type_name == "Pooling" and layer.geom.method == "max":
+            bottom = tuple(graph.blob_shapes[n.bottoms[0]])
+            shapes[(bottom, layer.geom.kernel, layer.geom.stride, layer.geom.pad, layer.relu_slope is not None)] += 1
+    return shapes
+
+
+def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
+    import torch
+    from numba import cuda
+
+    from superneurons.backend.cuda.ops import pooling
+    from superneurons.backend.geometry import PoolGeometry
+
+    bottom, kernel, stride, pad, relu = key
+    geom = PoolGeometry("max", kernel, stride, pad)
+    # Caffe's rounding (layers/pooling.py): ceil, the last window starting inside the image or its padding
+    out_hw = [-(-(n + 2 * p - k) // s) + 1 for n, k, s, p in zip(bottom[2:], kernel, stride, pad)]
+    out_hw = [o - 1 if p and (o - 1) * s >= n + p else o for o, n, s, p in zip(out_hw, bottom[2:], stride, pad)]
+    top = (*bottom[:2], *out_hw)
+    x_host = rng.standard_normal(bottom).astype(np.float32)
+    x = cuda.to_device(x_host)
+    dy = cuda.to_device(rng.standard_normal(top).astype(np.float32))
+    y, mask = cuda.device_array(top, np.float32), cuda.device_array(top, np.int32)
+    dx = cuda.device_array(bottom, np.float32)
+    results, outputs = {}, {}
+    saved = os.environ.get("SUPERNEURONS_POOL_BY_OUTPUT")
+    for name, flag in (("columns", "0"), ("outputs", "1")):
+        os.environ["SUPERNEURONS_POOL_BY_OUTPUT"] = flag
+        results[f"forward {name}"] = timer.ms(lambda: pooling.pool_forward(x, y, mask, geom, signed_mask=relu), repeat)
+        outputs[name] = (y.copy_to_host(), mask.copy_to_host())
+    if saved is None:
+        os.environ.pop("SUPERNEURONS_POOL_BY_OUTPUT", None)
+    else:
+        os.environ["SUPERNEURONS_POOL_BY_OUTPUT"] = saved
+    same = all(np.array_equal(a, b) for a, b in zip(outputs["columns"], outputs["outputs"]))
+    results["backward"] = timer.ms(lambda: pooling.pool_backward(dy, mask, dx, geom, 0.0 if relu else None), repeat)
+    tx = torch.from_numpy(x_host).cuda().requires_grad_(True)
+    tdy = torch.from_numpy(dy.copy_to_host()).cuda()
+
+    def torch_forward():
+        return torch.nn.functional.max_pool2d(tx, kernel, stride, pad, ceil_mode=True, return_indices=True)
+
+    ty, _ = torch_forward()
+    assert tuple(ty.shape) == top, (ty.shape, top)
+    results["torch forward"] = timer.ms(torch_forward, repeat)
+    results["torch backward"] = timer.ms(lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True), repeat)
+    return {"bottom": list(bottom), "kernel": kernel, "stride": stride, "pad": pad, "relu": relu, "ms": results,
+            "forwards_agree": same}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--net", default="squeezenet")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    timer, rng = Timer(), np.random.default_rng()
+    rows, raw, totals = [], [], Counter()
+    for key, layers in pool_shapes(args.net, args.batch).items():
+        r = run_shape(key, args.repeat, timer, rng)
+        r["layers"] = layers
+        raw.append(r)
+        for name, ms in r["ms"].items():
+            totals[name] += layers * ms
+        rows.append([f"{'x'.join(map(str, key[0]))} k{key[1][0]} s{key[2][0]} p{key[3][0]}", layers, key[4],
+                     *[f"{ms:.3f}" for ms in r["ms"].values()], r["forwards_agree"]])
+    names = list(raw[0]["ms"]) if raw else []
+    rows.append(["all (x layers)", sum(r["layers"] for r in raw), "", *[f"{totals[n]:.3f}" for n in names], ""])
+    print(f"\nMax pooling kernels, {args.net} batch {args.batch} (ms per call)")
+    print(common.text_table(["bottom, window", "layers", "ReLU taken", *names, "forwards agree"], rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"pool_kernels_{args.net}_b{args.batch}.json"
+    path.write_text(json.dumps({"net": args.net, "batch": args.batch, "shapes": raw, "totals_ms": totals,
+                                "device": common.device_info()}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
