@@ -20,7 +20,6 @@ Writes bn_kernels_NET_bBATCH.json to --out (default $OUT or .).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -137,13 +136,9 @@ def copy_gbs(timer: Timer, repeat: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--net", default="resnet50")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=20)
+    ap = common.kernel_parser(__doc__, "resnet50")
     ap.add_argument("--configs", default="spread=1024:8192,chan128=1024:8192:128:65536,"
                     "chan256=1024:8192:256:65536,chan256_max256k=1024:8192:256:262144")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     configs = parse_configs(args.configs)
     timer = Timer()

@@ -110,6 +110,17 @@ def base_parser(doc: str, nets: Sequence[str], iterations: int = 10) -> argparse
     return ap
 
 
+def kernel_parser(doc: str, net: str) -> argparse.ArgumentParser:
+    """The flags of the scripts that time one kind of kernel over a net's shapes: --net, --batch, --repeat
+    (CUDA-event timings per call, the median taken) and --out; each script adds its own."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--net", default=net, help="the net whose shapes are timed (default %(default)s)")
+    ap.add_argument("--batch", type=int, default=64, help="default %(default)s")
+    ap.add_argument("--repeat", type=int, default=20, help="timed calls per shape (default %(default)s)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON (default $OUT or .)")
+    return ap
+
+
 def parse_nets(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in NETS]

@@ -15,9 +15,7 @@ Writes conv_bias_<net>.json to --out (default $OUT or .).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -67,11 +65,7 @@ def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--net", default="vgg16")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap = common.kernel_parser(__doc__, "vgg16")
     args = ap.parse_args(argv)
     common.parse_nets(args.net)
     from superneurons.backend import get_backend

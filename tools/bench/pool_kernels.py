@@ -12,7 +12,6 @@ Writes pool_kernels_NET_bBATCH.json to --out (default $OUT or .).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -82,11 +81,7 @@ def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--net", default="squeezenet")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap = common.kernel_parser(__doc__, "squeezenet")
     args = ap.parse_args(argv)
     timer, rng = Timer(), np.random.default_rng()
     rows, raw, totals = [], [], Counter()
