@@ -72,6 +72,12 @@ def run(args) -> int:
         from superneurons.io.caffemodel import load_weights
 
         load_weights(net, args.weights)
+    # Caffe's blobs start at zero; the pool's memory holds whatever was there, and timing on it can meet
+    # overflows and NaNs (slow paths on the CPU). The Input layers' tops are all nobody writes.
+    for node in graph.nodes:
+        if node.layer.type_name == "Input":
+            for top in node.tops:
+                net.ops.fill(net.blob_array(top), 0.0)
     profile = Profiler(net).run(args.iterations)
     if args.json:
         print(json.dumps(to_json(profile, graph.name, args), indent=1))
