@@ -573,31 +573,26 @@ class Net:
         def inside(layer) -> bool:
             return first <= layer.layer_index and (last is None or layer.layer_index <= last)
 
-        span = f"{what} from layer {first} to {last if last is not None else 'the end'}"
+        pairs = []  # (layer, layer, why they must run together)
         for node in self.graph.nodes:
             taker = node.layer.backward_taken_by
-            if backward and taker is not None and inside(taker) != inside(node.layer):
-                raise UserError(f"net {self.name!r}: {span} separates {taker.name!r} ({taker.type_name}) from "
-                                f"{node.layer.name!r} ({node.layer.type_name}), whose backward runs in "
-                                f"{taker.name!r}'s; include both, or build the net with SUPERNEURONS_FUSE=0 to run "
-                                f"every layer on its own")
+            if backward and taker is not None:
+                pairs.append((taker, node.layer, f"whose backward runs in {taker.name!r}'s"))
             owner = node.layer.fused_into
-            if owner is None or (backward and not owner.runs_absorbed_backward):
-                continue
-            if inside(owner) != inside(node.layer):
-                raise UserError(f"net {self.name!r}: {span} separates {owner.name!r} ({owner.type_name}) from "
-                                f"{node.layer.name!r} ({node.layer.type_name}), which run fused as one step; include "
-                                f"both, or build the net with SUPERNEURONS_FUSE=0 to run every layer on its own")
+            if owner is not None and (not backward or owner.runs_absorbed_backward):
+                pairs.append((owner, node.layer, "which run fused as one step"))
         # A blob split off for a fused BatchNorm (graph/fuse.py) holds what Caffe's blob holds between its
         # producer and the BatchNorm: a range starting or ending between them would read or show the wrong one.
         for internal, blob in self.graph.internal_blobs.items():
-            producer = next(n for n in self.graph.nodes if internal in n.tops)
-            consumer = next(n for n in self.graph.nodes if internal in n.bottoms)
-            if inside(producer.layer) != inside(consumer.layer):
-                raise UserError(f"net {self.name!r}: {span} separates {producer.name!r} ({producer.layer.type_name}) "
-                                f"from {consumer.name!r} ({consumer.layer.type_name}), which works in place on blob "
-                                f"{blob!r} and runs fused; include both, or build the net with SUPERNEURONS_FUSE=0 to "
-                                f"run every layer on its own")
+            producer = next(n.layer for n in self.graph.nodes if internal in n.tops)
+            consumer = next(n.layer for n in self.graph.nodes if internal in n.bottoms)
+            pairs.append((producer, consumer, f"which works in place on blob {blob!r} and runs fused"))
+        for a, b, why in pairs:
+            if inside(a) != inside(b):
+                raise UserError(f"net {self.name!r}: {what} from layer {first} to "
+                                f"{last if last is not None else 'the end'} separates {a.name!r} ({a.type_name}) from "
+                                f"{b.name!r} ({b.type_name}), {why}; include both, or build the net with "
+                                f"SUPERNEURONS_FUSE=0 to run every layer on its own")
 
     def _require_resident(self, what: str) -> None:
         if self.memory.name != "baseline" or self._param_fwd is not None:
