@@ -311,8 +311,45 @@ def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch):
     assert params_f.keys() == params_p.keys()
     for key in params_f:  # weights, Scale params and BatchNorm running statistics alike
         np.testing.assert_array_equal(params_f[key], params_p[key], err_msg=key)
-    # Fusion drops the in-place copies (BatchNorm's and Scale's saved inputs) for one x_hat each.
+    # Fusion drops the in-place copies (BatchNorm's and Scale's saved inputs): the BatchNorm keeps the
+    # convolution's own output, now a blob of its own.
     assert fused.baseline_bytes() < plain.baseline_bytes()
+
+
+def _dense_block():
+    """DenseNet's pattern: a BatchNorm out of place on a Concat's top, which the next Concat reads too (a Split
+    in between); fused, the BatchNorm keeps that top rather than an x_hat of its own."""
+    return (_input((4, 3, 6, 6), 4)
+            + conv("c0", "data", "x0", 4)
+            + _layer("bn_a", "BatchNorm", ["x0"], ["a"], "batch_norm_param { moving_average_fraction: 0.8 }")
+            + _layer("sc_a", "Scale", ["a"], ["a"], "scale_param { bias_term: true filler { type: 'gaussian' std: 1 } "
+                     "bias_filler { type: 'gaussian' std: 0.5 } }")
+            + _layer("relu_a", "ReLU", ["a"], ["a"])
+            + conv("c1", "a", "b1", 4) + _layer("cat1", "Concat", ["x0", "b1"], ["x1"])
+            + _layer("bn_b", "BatchNorm", ["x1"], ["b"], "batch_norm_param { moving_average_fraction: 0.8 }")
+            + _layer("sc_b", "Scale", ["b"], ["b"], "scale_param { bias_term: true filler { type: 'gaussian' std: 1 } "
+                     "bias_filler { type: 'gaussian' std: 0.5 } }")
+            + _layer("relu_b", "ReLU", ["b"], ["b"])
+            + conv("c2", "b", "b2", 4) + _layer("cat2", "Concat", ["x1", "b2"], ["x2"])
+            + _layer("pool", "Pooling", ["x2"], ["pool"], "pooling_param { pool: AVE global_pooling: true }")
+            + _layer("ip", "InnerProduct", ["pool"], ["ip"],
+                     "inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } }")
+            + _layer("loss", "SoftmaxWithLoss", ["ip", "label"], ["loss"]))
+
+
+def test_out_of_place_fused_batch_norm_keeps_its_input_and_trains_like_unfused(monkeypatch):
+    g = _graph(_dense_block())
+    assert set(_fused(g)) == {"bn_a", "bn_b"} and g.internal_blobs == {}
+    for name in ("bn_a", "bn_b"):
+        layer = g.node(name).layer
+        assert layer.keeps_input and "x_hat" not in layer.buffers and layer.backward_needs() == {NEEDS_BOTTOM}
+    fused, losses_f, params_f = _train(_dense_block(), True, monkeypatch)
+    plain, losses_p, params_p = _train(_dense_block(), False, monkeypatch)
+    assert losses_f == losses_p and params_f.keys() == params_p.keys()
+    for key in params_f:
+        np.testing.assert_array_equal(params_f[key], params_p[key], err_msg=key)
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "1")
+    _check_modes(_dense_block())
 
 
 def assert_test_phase_forward_matches_unfused(text, monkeypatch, prepare=lambda net: None):
