@@ -118,10 +118,6 @@ _DECLARED = (
             "blocks)."),
     Setting("SUPERNEURONS_BN_MIN_BLOCK", INT, 8192,
             "Fused BatchNorm: the fewest elements one block of the partial-sum kernels takes on."),
-    Setting("SUPERNEURONS_POOL_BY_OUTPUT", FLAG, False,
-            "Max pooling forward runs one thread per output instead of one per output column "
-            "(kernels/pooling.py: max_forward_outputs, max_forward_columns). Off until measured on a GPU: "
-            "`python -m tools.bench.pool_kernels --net squeezenet` times both."),
     Setting("SUPERNEURONS_BN_CHANNEL_MIN", INT, 256,
             "Fused BatchNorm: from this many channels (and up to SUPERNEURONS_BN_CHANNEL_MAX elements per "
             "channel, on planes short of SUPERNEURONS_BN_ROWS_MIN) one block per channel runs forward and "

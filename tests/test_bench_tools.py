@@ -88,11 +88,14 @@ def test_bn_kernel_configs_and_shapes():
 
 def test_pool_kernel_shapes_say_which_poolings_take_their_relus_backward():
     pool_kernels = importlib.import_module("tools.bench.pool_kernels")
+    window = ((3, 3), (2, 2), (0, 0))
     assert pool_kernels.pool_shapes("squeezenet", 64) == {
-        ((64, 96, 111, 111), (3, 3), (2, 2), (0, 0), True): 1, ((64, 256, 55, 55), (3, 3), (2, 2), (0, 0), False): 1,
-        ((64, 512, 27, 27), (3, 3), (2, 2), (0, 0), False): 1}
+        ((64, 96, 111, 111), (64, 96, 55, 55), *window, True): 1,
+        ((64, 256, 55, 55), (64, 256, 27, 27), *window, False): 1,
+        ((64, 512, 27, 27), (64, 512, 13, 13), *window, False): 1}
     vgg = pool_kernels.pool_shapes("vgg16", 64)
-    assert sum(vgg.values()) == 5 and all(key[1] == key[2] == (2, 2) and key[4] for key in vgg)
+    assert sum(vgg.values()) == 5 and all(key[2] == key[3] == (2, 2) and key[5] for key in vgg)
+    assert all(key[1][2] * 2 == key[0][2] for key in vgg)  # the windows tile the planes
 
 
 def test_deeper_verifies_a_given_depth_without_the_search(tmp_path, monkeypatch):

@@ -106,8 +106,8 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slop
     y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
     K.launch(pk.max_forward_columns, planes * ow)(x.ravel(), y_got.ravel(), mask_got.ravel(), planes, *dims, signed)
     assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
-    y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
-    K.launch(pk.max_forward_outputs, y.size)(x.ravel(), y_got.ravel(), mask_got.ravel(), *dims, signed)
+    y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)  # the per-output statement of the rules
+    K.launch(pk.max_forward, y.size)(x.ravel(), y_got.ravel(), mask_got.ravel(), *dims, signed)
     assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
     K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims,
                                                            signed, np.float32(relu_slope or 0))

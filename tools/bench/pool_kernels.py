@@ -3,9 +3,10 @@
     python3 -m tools.bench.pool_kernels [--net squeezenet] [--batch 64] [--repeat 20] [--out DIR]
 
 For every max Pooling of --net (models/NET/NET_dummy.prototxt) at --batch, times with CUDA events our
-`pool_forward` with the column walker and with one thread per output (SUPERNEURONS_POOL_BY_OUTPUT), our
-`pool_backward` (signed mask and ReLU where the pooling takes its ReLU's backward, as in training), and
-PyTorch's max_pool2d forward (with indices) and backward on the same input, ceil_mode as Caffe rounds.
+forward as `pool_forward` runs it (the column walker) and with one thread per output (kernels/pooling.py:
+max_forward, the per-output statement of the rules, launched directly), our `pool_backward` (signed mask
+and ReLU where the pooling takes its ReLU's backward, as in training), and PyTorch's max_pool2d forward
+(with indices) and backward on the same input, ceil_mode as Caffe rounds.
 Checks that both forwards give the same output and mask. The totals weight each shape by its layers.
 
 Writes pool_kernels_NET_bBATCH.json to --out (default $OUT or .).
@@ -13,7 +14,6 @@ Writes pool_kernels_NET_bBATCH.json to --out (default $OUT or .).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,14 +25,16 @@ from tools.bench.bn_kernels import Timer
 
 
 def pool_shapes(net: str, batch: int) -> Counter:
-    """(bottom shape, kernel, stride, pad, takes the ReLU's backward) of every max Pooling, with multiplicity."""
+    """(bottom shape, top shape, kernel, stride, pad, takes the ReLU's backward) of every max Pooling, with
+    multiplicity."""
     graph = common.train_graph(net, batch)
     shapes: Counter = Counter()
     for n in graph.nodes:
         layer = n.layer
         if layer.type_name == "Pooling" and layer.geom.method == "max":
             bottom = tuple(graph.blob_shapes[n.bottoms[0]])
-            shapes[(bottom, layer.geom.kernel, layer.geom.stride, layer.geom.pad, layer.relu_slope is not None)] += 1
+            top = tuple(n.top_shapes[0])
+            shapes[(bottom, top, layer.geom.kernel, layer.geom.stride, layer.geom.pad, layer.relu_slope is not None)] += 1
     return shapes
 
 
@@ -40,30 +42,28 @@ def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
     import torch
     from numba import cuda
 
+    from superneurons.backend.cuda import kernels as K
+    from superneurons.backend.cuda.device import flat
+    from superneurons.backend.cuda.kernels import pooling as pk
     from superneurons.backend.cuda.ops import pooling
     from superneurons.backend.geometry import PoolGeometry
 
-    bottom, kernel, stride, pad, relu = key
+    bottom, top, kernel, stride, pad, relu = key
     geom = PoolGeometry("max", kernel, stride, pad)
-    # Caffe's rounding (layers/pooling.py): ceil, the last window starting inside the image or its padding
-    out_hw = [-(-(n + 2 * p - k) // s) + 1 for n, k, s, p in zip(bottom[2:], kernel, stride, pad)]
-    out_hw = [o - 1 if p and (o - 1) * s >= n + p else o for o, n, s, p in zip(out_hw, bottom[2:], stride, pad)]
-    top = (*bottom[:2], *out_hw)
     x_host = rng.standard_normal(bottom).astype(np.float32)
     x = cuda.to_device(x_host)
     dy = cuda.to_device(rng.standard_normal(top).astype(np.float32))
     y, mask = cuda.device_array(top, np.float32), cuda.device_array(top, np.int32)
     dx = cuda.device_array(bottom, np.float32)
     results, outputs = {}, {}
-    saved = os.environ.get("SUPERNEURONS_POOL_BY_OUTPUT")
-    for name, flag in (("columns", "0"), ("outputs", "1")):
-        os.environ["SUPERNEURONS_POOL_BY_OUTPUT"] = flag
-        results[f"forward {name}"] = timer.ms(lambda: pooling.pool_forward(x, y, mask, geom, signed_mask=relu), repeat)
+    dims = (*bottom[2:], *top[2:], *kernel, *stride, *pad)
+    # The ops' column walker (one thread per output column) and the per-output kernel that states the rules
+    # (one thread per output), launched directly: a faster second would become the op's forward.
+    forwards = {"columns": lambda: pooling.pool_forward(x, y, mask, geom, signed_mask=relu),
+                "outputs": lambda: K.launch(pk.max_forward, y.size)(flat(x), flat(y), flat(mask), *dims, relu)}
+    for name, forward in forwards.items():
+        results[f"forward {name}"] = timer.ms(forward, repeat)
         outputs[name] = (y.copy_to_host(), mask.copy_to_host())
-    if saved is None:
-        os.environ.pop("SUPERNEURONS_POOL_BY_OUTPUT", None)
-    else:
-        os.environ["SUPERNEURONS_POOL_BY_OUTPUT"] = saved
     same = all(np.array_equal(a, b) for a, b in zip(outputs["columns"], outputs["outputs"]))
     results["backward"] = timer.ms(lambda: pooling.pool_backward(dy, mask, dx, geom, 0.0 if relu else None), repeat)
     tx = torch.from_numpy(x_host).cuda().requires_grad_(True)
@@ -76,7 +76,7 @@ def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
     assert tuple(ty.shape) == top, (ty.shape, top)
     results["torch forward"] = timer.ms(torch_forward, repeat)
     results["torch backward"] = timer.ms(lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True), repeat)
-    return {"bottom": list(bottom), "kernel": kernel, "stride": stride, "pad": pad, "relu": relu, "ms": results,
+    return {"bottom": list(bottom), "top": list(top), "kernel": kernel, "stride": stride, "pad": pad, "relu": relu, "ms": results,
             "forwards_agree": same}
 
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         raw.append(r)
         for name, ms in r["ms"].items():
             totals[name] += layers * ms
-        rows.append([f"{'x'.join(map(str, key[0]))} k{key[1][0]} s{key[2][0]} p{key[3][0]}", layers, key[4],
+        rows.append([f"{'x'.join(map(str, key[0]))} k{key[2][0]} s{key[3][0]} p{key[4][0]}", layers, key[5],
                      *[f"{ms:.3f}" for ms in r["ms"].values()], r["forwards_agree"]])
     names = list(raw[0]["ms"]) if raw else []
     rows.append(["all (x layers)", sum(r["layers"] for r in raw), "", *[f"{totals[n]:.3f}" for n in names], ""])

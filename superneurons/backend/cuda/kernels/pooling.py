@@ -85,29 +85,6 @@ def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw
 
 
 @cuda.jit
-def max_forward_outputs(x, y, mask, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
-    """max_forward with two divisions per output instead of three: one thread per output, so the window
-    loads of many outputs are in flight at once (the column walker keeps one output per thread in flight)."""
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        row = i // ow  # plane * oh + output row
-        qw = i - row * ow
-        plane = row // oh
-        h0 = (row - plane * oh) * sh - ph
-        w0 = qw * sw - pw
-        src = plane * h * w
-        best = -math.inf
-        arg = -1
-        for r in range(max(h0, 0), min(h0 + kh, h)):
-            for s in range(max(w0, 0), min(w0 + kw, w)):
-                v = x[src + r * w + s]
-                if v > best:
-                    best = v
-                    arg = r * w + s
-        y[i] = best
-        mask[i] = _mask_entry(arg, best, signed)
-
-
-@cuda.jit
 def ave_forward(x, y, h, w, oh, ow, kh, kw, sh, sw, ph, pw, stochastic):
     """Average (divisor: the window clipped to the padded input) or Caffe's TEST stochastic
     sum(x^2) / (FLT_MIN + sum(x))."""

@@ -2,7 +2,6 @@
 (cuDNN pooling has no argmax output, and Caffe's ceil-mode windows and divisors are exact here)."""
 from __future__ import annotations
 
-from superneurons import settings
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import pooling as pk
@@ -27,12 +26,9 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: boo
     dims = _dims(x.shape, y.shape, geom)
     if geom.method == "max":
         check_signed_mask(signed_mask, top_mask)
-        if settings.get("SUPERNEURONS_POOL_BY_OUTPUT"):
-            K.launch(pk.max_forward_outputs, y.size)(flat(x), flat(y), flat(mask), *dims, signed_mask)
-        else:
-            planes = y.shape[0] * y.shape[1]
-            K.launch(pk.max_forward_columns, planes * y.shape[3])(flat(x), flat(y), flat(mask), planes, *dims,
-                                                                  signed_mask)
+        planes = y.shape[0] * y.shape[1]
+        K.launch(pk.max_forward_columns, planes * y.shape[3])(flat(x), flat(y), flat(mask), planes, *dims,
+                                                              signed_mask)
         if top_mask is not None:
             copy(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
