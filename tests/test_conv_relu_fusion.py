@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from harness import _numeric, make_layer
 from test_convolution import ref_conv
-from test_fusion import _graph, _train, assert_test_phase_forward_matches_unfused
+from test_fusion import (_graph, _train, assert_test_phase_forward_matches_unfused,
+                         assert_trains_like_unfused_in_every_mode)
 from test_memory_modes import W, _check_modes, _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
@@ -277,13 +278,7 @@ def test_max_pooling_takes_the_backward_of_the_relu_it_reads(monkeypatch):
     # Nothing reads c1 in backward any more: liveness frees it after p1's forward.
     program = make_plan(g).program
     assert not any("c1" in st.uses for st in program.steps[program.n_forward:])
-    fused, losses_f, params_f = _train(_relu_pools(), True, monkeypatch)
-    plain, losses_p, params_p = _train(_relu_pools(), False, monkeypatch)
-    assert losses_f == losses_p and params_f.keys() == params_p.keys()
-    for key in params_f:
-        np.testing.assert_array_equal(params_f[key], params_p[key], err_msg=key)
-    monkeypatch.setenv("SUPERNEURONS_FUSE", "1")
-    _check_modes(_relu_pools())
+    assert_trains_like_unfused_in_every_mode(_relu_pools(), monkeypatch)
 
 
 def test_every_memory_mode_trains_a_fused_net_like_baseline():
