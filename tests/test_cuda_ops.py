@@ -217,9 +217,12 @@ def test_softmax_and_loss(gpu, rng):
     from superneurons.errors import UserError
 
     bad = label.copy()
-    bad[3, 0] = ch + 2
-    with pytest.raises(UserError, match="outside"):
-        gpu.ops.softmax_loss_forward(dev(gpu, pc), dev(gpu, bad), dev(gpu, np.zeros((), f32)), None, "VALID")
+    bad[3, 0], bad[5, 1] = ch + 2, -1  # two bad labels; the first in memory order is named
+    check = gpu.ops.softmax_loss_forward(dev(gpu, pc), dev(gpu, bad), dev(gpu, np.zeros((), f32)), None, "VALID")
+    with pytest.raises(UserError, match=rf"^2 label\(s\) outside the {ch} classes \[0, {ch}\), e.g. {ch + 2}$"):
+        check()  # the verdict is read when asked for, not at the forward
+    good = gpu.ops.softmax_loss_forward(dev(gpu, pc), dev(gpu, label), dev(gpu, np.zeros((), f32)), 7, "VALID")
+    good()  # no error
 
 
 def test_dropout_bit_identical(gpu, rng):
@@ -228,6 +231,25 @@ def test_dropout_bit_identical(gpu, rng):
         (_, yc), (_, yg) = run_both(gpu, "dropout_apply", [x, np.zeros_like(x)], 0.5, 1701, it, 12)
         assert np.array_equal(yg, yc)
         assert 0.45 < (yc != 0).mean() < 0.55
+
+
+def test_a_launch_with_new_scalars_reuses_its_recorded_block(gpu, rng):
+    """The fast launch path keys a launch by its arrays and its scalars' types and writes the scalars' values
+    at each launch: dropout on the same arrays in successive iterations (new uint64 keys each time) and with
+    another ratio (a new float32 scale) reuses one recorded block and matches the CPU bit for bit."""
+    from superneurons.backend.cuda import kernels as K
+    from superneurons.backend.cuda.kernels import dropout as dk
+
+    x = randn(rng, 8, 1000)
+    src, dst = dev(gpu, x), dev(gpu, np.zeros_like(x))
+    for iteration, ratio in ((0, 0.5), (1, 0.5), (2, 0.3), (3, 0.5)):
+        gpu.ops.dropout_apply(src, dst, ratio, 1701, iteration, 12)
+        want = np.zeros_like(x)
+        CPU.ops.dropout_apply(x, want, ratio, 1701, iteration, 12)
+        assert np.array_equal(gpu.to_host(dst), want), (iteration, ratio)
+    launcher = K.launch(dk.dropout_apply, x.size)
+    if K.FAST:
+        assert len(launcher.blocks) == 1
 
 
 def test_batch_norm(gpu, rng):

@@ -150,3 +150,61 @@ def test_softmax_loss_in_a_net_float32():
     dscore = 2 * (prob - np.eye(5)[label.astype(int)]) / 4
     np.testing.assert_allclose(net.diff["score"].array, dscore, rtol=1e-4, atol=1e-6)
     assert net.diff["score"].array.dtype == np.float32
+
+
+def test_a_deferred_label_check_stops_the_pass_before_the_update(monkeypatch):
+    """On the GPU the forward only queues the labels' check (backend/cuda/ops/loss.py: LabelCheck); the Net runs
+    it once it has read the loss, so a bad label still raises the layer's error, in forward and in a training
+    pass, and only after backward was queued, before the solver could apply anything. Here the CPU op is
+    wrapped to return such a check instead of raising at once."""
+    text = """
+    name: 'tiny'
+    layer { name: 'in' type: 'Input' top: 'x' top: 'label'
+            input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+    layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'score' inner_product_param { num_output: 5 } }
+    layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'score' bottom: 'label' top: 'loss' }
+    """
+    backend = CpuBackend()
+    direct = backend.ops.softmax_loss_forward
+    verdicts = []  # when each check ran: the backward steps run before it
+
+    def deferred(*args):
+        try:
+            direct(*args)
+        except UserError as e:
+            error = e
+        else:
+            error = None
+
+        def check():
+            verdicts.append(len(backward_calls))
+            if error is not None:
+                raise error
+        return check
+
+    def backward_as_on_the_gpu(prob, label, loss_diff, dx, ignore_label, normalization):  # no check: 0 there
+        lab = np.asarray(label)
+        good = np.where((lab >= 0) & (lab < prob.shape[1]), lab, ignore_label if ignore_label is not None else -1)
+        direct_backward(prob, good, loss_diff, dx, -1 if ignore_label is None else ignore_label, normalization)
+
+    direct_backward = backend.ops.softmax_loss_backward
+    monkeypatch.setattr(backend.ops, "softmax_loss_forward", deferred)
+    monkeypatch.setattr(backend.ops, "softmax_loss_backward", backward_as_on_the_gpu)
+    graph = build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN)
+    net = Net(graph, backend, seed=3)
+    backward_calls = []
+    layer = net.layer("ip")
+    original_backward = layer.backward
+    monkeypatch.setattr(layer, "backward", lambda *a: (backward_calls.append(1), original_backward(*a)))
+    net.data["x"].array[...] = 1.0
+    net.data["label"].array[...] = np.array([0, 4, 2, 1])
+    assert np.isfinite(net.forward_backward()) and verdicts == [1]
+    assert net.ctx.deferred_checks == []
+    net.data["label"].array[...] = np.array([0, 5, 2, 1])
+    with pytest.raises(UserError, match=r"^layer 'loss' \(SoftmaxWithLoss\): 1 label\(s\) outside the 5 classes "
+                                        r"\[0, 5\), e.g. 5 in label blob 'label'$"):
+        net.forward_backward()
+    assert verdicts == [1, 2]  # after the pass's backward
+    with pytest.raises(UserError, match="outside the 5 classes"):
+        net.forward()
+    assert net.ctx.deferred_checks == []  # a raising check leaves none pending

@@ -8,7 +8,7 @@ arriving on the probability top.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from superneurons.errors import UserError
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, Shape, canonical_axis, count, register
@@ -32,10 +32,11 @@ def check_label_count(layer: Layer, label_shape: Shape, dims: tuple[int, int, in
             f"in 0..{channels - 1}")
 
 
-def run_label_op(layer: Layer, op: Callable, *args) -> None:
-    """Run a backend op that reads labels; a label outside the classes (UserError from the op) names this layer."""
+def run_label_op(layer: Layer, op: Callable, *args) -> Any:
+    """Run a backend op that reads labels; a label outside the classes (UserError from the op) names this layer.
+    Returns what the op returns."""
     try:
-        op(*args)
+        return op(*args)
     except UserError as e:
         raise layer.fail(f"{e} in label blob {layer.param.bottom[1]!r}") from None
 
@@ -67,8 +68,10 @@ class SoftmaxWithLoss(Layer):
         ops = self.ops
         prob = ops.reshape(self.prob.array, self.dims)
         ops.softmax_forward(ops.reshape(bottom[0], self.dims), prob)
-        run_label_op(self, ops.softmax_loss_forward, prob, ops.reshape(bottom[1], self.label_dims), top[0],
-                     self.ignore_label, self.normalization)
+        check = run_label_op(self, ops.softmax_loss_forward, prob, ops.reshape(bottom[1], self.label_dims), top[0],
+                             self.ignore_label, self.normalization)
+        if check is not None:  # the GPU's verdict on the labels arrives later: the Net asks for it with the loss
+            self.ctx.defer(lambda: run_label_op(self, check))
         if len(top) > 1:
             ops.copy(self.prob.array, top[1])
 

@@ -10,9 +10,9 @@ per step, because every tensor stays allocated for the whole run.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -51,6 +51,17 @@ class RunContext:
     recomputing: bool = False  # True while the recompute manager replays a forward step
     rank: int = 0  # data parallelism: this process is rank `rank` of `ranks` (data layers shard by it)
     ranks: int = 1
+    # Checks of the input a layer queued without waiting for the device (SoftmaxWithLoss' labels on the GPU):
+    # the Net runs them once it has read the loss, each raising the UserError its layer would have raised.
+    deferred_checks: list[Callable[[], None]] = field(default_factory=list)
+
+    def defer(self, check: Callable[[], None]) -> None:
+        self.deferred_checks.append(check)
+
+    def run_deferred_checks(self) -> None:
+        checks, self.deferred_checks = self.deferred_checks, []
+        for check in checks:
+            check()
 
 
 class Tensor:
@@ -409,7 +420,9 @@ class Net:
         """Run the forward steps, in the route's order; returns the weighted sum of the losses. `first`/`last`:
         only the layers at those prototxt positions (both included), Caffe's Net::ForwardFromTo."""
         self._queue_forward(first, last)
-        return self.loss_value()
+        loss = self.loss_value()
+        self.ctx.run_deferred_checks()
+        return loss
 
     def _queue_forward(self, first: int = 0, last: int | None = None) -> None:
         partial = self._partial(first, last, "forward over part of the net")
@@ -498,7 +511,9 @@ class Net:
         self._queue_forward()
         loss = self._loss_reader.start(self.loss_blobs)
         self.backward()
-        return loss()
+        value = loss()
+        self.ctx.run_deferred_checks()  # bad labels stop the run here, before the solver applies the gradients
+        return value
 
     def clear_param_diffs(self, already_zero: bool = False) -> None:
         """Zero the learnable parameters' gradients (`already_zero`: the caller has, e.g. the solver's grouped

@@ -39,6 +39,7 @@ from tools.bench import common
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LAYERS = 20  # the profile's per-layer list: the slowest layer directions, per iteration
+HOST_FUNCTIONS = 25  # the host profile's list: the Python functions with the most own time
 
 
 def solver_path(net: str) -> Path:
@@ -56,6 +57,7 @@ def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
     param = read_solver(str(solver_file))
     param.display = 0
     param.max_iter = warmup + iterations
+    param.test_interval = 0  # the profiles below step past max_iter: no test pass inside them
     t0 = time.perf_counter()
     backend = get_backend("cuda", 0)
     from superneurons.io.prototxt import read_net
@@ -83,6 +85,7 @@ def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
     return {"img_per_s": batch * iterations / elapsed, "ms_per_iter": 1e3 * elapsed / iterations,
             "build_s": build_s, "first_iteration_s": first_s, "losses": losses,
             "loss_falls": bool(losses[-1] < losses[0]), "pool_bytes": solver.net.pool.capacity,
+            "host_functions": host_functions(solver, backend, iterations),
             "host_ms_per_iter": host_breakdown(solver, backend, iterations),
             "gpu_ms_per_iter": gpu_breakdown(solver, backend, min(iterations, 5)), "conv_paths": conv_paths(),
             **common.ours_settings()}
@@ -153,6 +156,24 @@ def conv_paths() -> dict:
             if runner is not None:
                 counts["graph" if runner.graph else "legacy"] += 1
     return counts
+
+
+def host_functions(solver, backend, iterations: int, top: int = HOST_FUNCTIONS) -> list[dict]:
+    """Where the host's time goes, by Python function (cProfile over `iterations` solver steps, which it
+    slows, so read shares, not absolute times): the `top` functions by own time, per iteration."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    backend.synchronize()
+    profiler.enable()
+    solver.step(iterations)
+    backend.synchronize()
+    profiler.disable()
+    rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{Path(file).name}:{line}({name})", "calls": round(calls / iterations, 1),
+             "own_ms": round(1e3 * own / iterations, 3), "cumulative_ms": round(1e3 * cumulative / iterations, 3)}
+            for (file, line, name), (_prim, calls, own, cumulative, _callers) in rows]
 
 
 def host_breakdown(solver, backend, iterations: int) -> dict:
@@ -275,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         result["superneurons"] = ours(args.net, args.batch, args.warmup, args.iterations)
         print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
         print(f"host ms per iteration (no sync): {result['superneurons']['host_ms_per_iter']}", flush=True)
+        print("host functions by own time (cProfile, ms per iteration, calls per iteration):", flush=True)
+        for row in result['superneurons']['host_functions']:
+            print(f"  {row['own_ms']:8.3f} {row['cumulative_ms']:9.3f} {row['calls']:8.1f}  {row['function']}", flush=True)
         profile = dict(result['superneurons']['gpu_ms_per_iter'])
         slowest = profile.pop("slowest layers", {})
         print(f"GPU ms per iteration (events around layers): {profile}", flush=True)

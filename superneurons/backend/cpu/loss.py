@@ -25,10 +25,14 @@ def _labels(label: np.ndarray, channels: int, ignore_label: int | None) -> tuple
     valid = lab != ignore_label if ignore_label is not None else np.ones(lab.shape, bool)
     bad = valid & ((lab < 0) | (lab >= channels))
     if bad.any():
-        first = float(label[bad].flat[0])
-        raise UserError(f"{int(bad.sum())} label(s) outside the {channels} classes [0, {channels}), "
-                         f"e.g. {first:g}")
+        raise bad_labels(int(bad.sum()), channels, float(label[bad].flat[0]))
     return np.where(valid, lab, 0), valid
+
+
+def bad_labels(count: int, channels: int, first: float) -> UserError:
+    """The error for `count` labels outside the classes, `first` being the first of them in memory order
+    (the GPU backend reports its own count in these words)."""
+    return UserError(f"{count} label(s) outside the {channels} classes [0, {channels}), e.g. {first:g}")
 
 
 def loss_normalizer(normalization: str, outer: int, inner: int, valid_count: int) -> float:

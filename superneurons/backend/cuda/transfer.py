@@ -27,7 +27,7 @@ from numba import cuda
 from superneurons.backend.cpu import CpuBackend
 from superneurons.backend.cuda.pointers import pointer
 
-_STREAM0 = drv.CUstream(0)  # the legacy default stream: where numba, cuDNN and cuBLAS run
+STREAM0 = drv.CUstream(0)  # the legacy default stream: where numba, cuDNN and cuBLAS run
 
 
 def _check(result: tuple, what: str) -> Any:
@@ -46,6 +46,12 @@ def device_memory() -> tuple[int, int]:
 def release_freed_allocations() -> None:
     """numba defers cudaFree of dropped device arrays; run the pending frees now (MallocPool, Table 2)."""
     cuda.current_context().deallocations.clear()
+
+
+def copy_to_host_async(src: Any, dst: np.ndarray, stream: Any) -> None:
+    """Queue a D2H copy of device array `src` into pinned `dst` on `stream` (the host goes on)."""
+    _check(drv.cuMemcpyDtoHAsync(dst.ctypes.data, drv.CUdeviceptr(pointer(src)), int(dst.nbytes), stream),
+           "cuMemcpyDtoHAsync")
 
 
 class CudaEvent:
@@ -100,14 +106,13 @@ class CudaTransfer:
     # -- copies ------------------------------------------------------------------------------------
     def _after_compute(self, stream: Any) -> None:
         marker = self._marker[id(stream)]
-        _check(drv.cuEventRecord(marker, _STREAM0), "cuEventRecord")
+        _check(drv.cuEventRecord(marker, STREAM0), "cuEventRecord")
         _check(drv.cuStreamWaitEvent(stream, marker, 0), "cuStreamWaitEvent")
 
     def to_host(self, src: Any, dst: np.ndarray) -> CudaEvent:
         """D2H of device array `src` into pinned `dst` on the offload stream, after stream 0's work so far."""
         self._after_compute(self.offload_stream)
-        _check(drv.cuMemcpyDtoHAsync(dst.ctypes.data, drv.CUdeviceptr(pointer(src)), int(dst.nbytes),
-                                     self.offload_stream), "cuMemcpyDtoHAsync")
+        copy_to_host_async(src, dst, self.offload_stream)
         return CudaEvent(self.offload_stream)
 
     def to_device(self, src: np.ndarray, dst: Any) -> CudaEvent:
@@ -119,4 +124,4 @@ class CudaTransfer:
 
     def join(self, event: CudaEvent) -> None:
         """Work issued to stream 0 from now on waits for `event` (on the GPU; the host goes on)."""
-        _check(drv.cuStreamWaitEvent(_STREAM0, event.handle, 0), "cuStreamWaitEvent")
+        _check(drv.cuStreamWaitEvent(STREAM0, event.handle, 0), "cuStreamWaitEvent")

@@ -9,7 +9,9 @@ ResNet-50 iteration of ~1500 small kernels costs more than the math. `launch` re
 takes numba's path once per distinct argument set (compiling, checking types), records the argument
 block it would have passed, and afterwards calls cuLaunchKernel directly with that block (a few us).
 Arrays are keyed by identity (their header is immutable: same object, same pointer, shape and strides),
-scalars by type and value. SUPERNEURONS_FAST_LAUNCH=0 (or the simulator) keeps numba's own path.
+scalars by type, their values written into the block at each launch (a learning rate or a dropout key that
+changes every iteration then reuses one block instead of taking numba's ~300 us path each time).
+SUPERNEURONS_FAST_LAUNCH=0 (or the simulator) keeps numba's own path.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def _driver():
 
 
 def _ctype_values(kernel, args):
-    """The ctypes values numba would pass for `args` (its _prepare_args rules), or None if unsupported."""
+    """The ctypes values numba would pass for `args` (its _prepare_args rules) and, per scalar argument,
+    (its index in `args`, its ctypes value); (None, None, None) if unsupported."""
     import numpy as np
     from numba.core import types
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -69,30 +72,59 @@ def _ctype_values(kernel, args):
     sig = tuple(kernel.typeof_pyval(a) for a in args)
     overload = kernel.overloads.get(sig)
     if overload is None:
-        return None, None
-    out = []
-    for ty, val in zip(overload.argument_types, args):
+        return None, None, None
+    out, scalars = [], []
+    for i, (ty, val) in enumerate(zip(overload.argument_types, args)):
         if isinstance(ty, types.Array):
             if not isinstance(val, DeviceNDArray) or not val.is_c_contiguous():  # host arrays get copied
-                return None, None
+                return None, None, None
             out += [ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int64(val.size),
                     ctypes.c_int64(val.dtype.itemsize), ctypes.c_void_p(val.device_ctypes_pointer.value or 0)]
             out += [ctypes.c_int64(d) for d in val.shape]
             out += [ctypes.c_int64(s) for s in val.strides]
-        elif isinstance(ty, types.Integer):
-            out.append(getattr(ctypes, f"c_{ty}")(int(val)))
+            continue
+        if isinstance(ty, types.Integer):
+            value = getattr(ctypes, f"c_{ty}")()
         elif ty == types.float64:
-            out.append(ctypes.c_double(float(val)))
+            value = ctypes.c_double()
         elif ty == types.float32:
-            out.append(ctypes.c_float(float(np.float32(val))))
+            value = ctypes.c_float()
         elif ty == types.boolean:
-            out.append(ctypes.c_bool(bool(val)))
+            value = ctypes.c_bool()
         else:
-            return None, None
+            return None, None, None
+        _set_scalar(value, val)
+        out.append(value)
+        scalars.append((i, value))
     handle = overload._codelibrary.get_cufunc().handle
     # cuda-bindings' CUfunction converts with int(); numba's ctypes binding gives a c_void_p, which int()
     # would read as bytes
-    return (handle.value if isinstance(handle, ctypes.c_void_p) else int(handle)), out
+    return (handle.value if isinstance(handle, ctypes.c_void_p) else int(handle)), out, scalars
+
+
+def _set_scalar(slot, val) -> None:
+    """Store `val` in a kernel argument's ctypes slot as numba would pass it (c_float rounds as np.float32)."""
+    if isinstance(slot, (ctypes.c_float, ctypes.c_double)):
+        slot.value = float(val)
+    elif isinstance(slot, ctypes.c_bool):
+        slot.value = bool(val)
+    else:
+        slot.value = int(val)
+
+
+def _key(args) -> tuple | None:
+    """A launch's cache key: arrays by identity, scalars by type (their values are stored at each launch);
+    None for a Python int outside int64, which numba types differently."""
+    key = []
+    for a in args:
+        cls = a.__class__
+        if cls in _SCALARS:
+            if cls is int and not -(1 << 63) <= a < (1 << 63):
+                return None
+            key.append(cls)
+        else:
+            key.append(id(a))
+    return tuple(key)
 
 
 class _Launcher:
@@ -109,18 +141,20 @@ class _Launcher:
             # Configured afresh: the simulator's kernel object keeps only the grid it was last given, so a
             # kept configuration would launch another launcher's grid.
             return self.kernel[self.grid, BLOCK](*args)
-        key = tuple([(a.__class__, a) if a.__class__ in _SCALARS else id(a) for a in args])
-        entry = self.blocks.get(key)
+        key = _key(args)
+        entry = self.blocks.get(key) if key is not None else None
         if entry is not None:
-            handle, params, _values, _refs = entry
+            handle, params, _values, scalars, _refs = entry
+            for i, slot in scalars:  # cuLaunchKernel copies the block at the call: rewriting it is safe
+                _set_scalar(slot, args[i])
             if _cu(handle, self.grid, 1, 1, BLOCK, 1, 1, 0, None, params, None) == 0:
                 return None
             _disable()  # an unexpected driver error: numba's path reports it properly
             return self.cfg(*args)
         self.cfg(*args)  # numba's path: compiles, type-checks, launches
-        if _driver() is None:
+        if _driver() is None or key is None:
             return None
-        handle, values = _ctype_values(self.kernel, args)
+        handle, values, scalars = _ctype_values(self.kernel, args)
         if handle is not None:
             if len(self.blocks) >= _CACHE_LIMIT:
                 self.blocks.clear()
@@ -134,7 +168,7 @@ class _Launcher:
                         for a in args if a.__class__ not in _SCALARS]
             except TypeError:  # an argument that cannot be referenced weakly: launch through numba each time
                 return None
-            self.blocks[key] = (handle, params, values, refs)
+            self.blocks[key] = (handle, params, values, scalars, refs)
         return None
 
 

@@ -1,7 +1,9 @@
 """SoftmaxWithLoss and Accuracy kernels over (outer, channels, inner) views with float class labels.
 
 Labels are truncated toward zero (Caffe's static_cast<int>). `stats` is a float64 scratch: [0] the summed loss
-or correct count, [1] the counted (valid) positions, [2] labels outside the classes (the host reads it).
+or correct count, [1] the counted (valid) positions, [2] labels outside the classes (the host reads it). The
+SoftmaxWithLoss forward also keeps [3] = size - the first such label's position (a maximum, so a zeroed
+scratch means none) and [4] that label's value, so the host can name it after the labels' memory is reused.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def softmax_loss_stats(prob, label, stats, channels, inner, ignore, has_ignore):
             cuda.atomic.add(stats, 1, 1.0)
         elif status == 2:
             cuda.atomic.add(stats, 2, 1.0)
+            cuda.atomic.max(stats, 3, float(label.size - p))
 
 
 @cuda.jit
@@ -58,11 +61,14 @@ def normalizer(mode, outer, inner, valid):
 
 
 @cuda.jit
-def softmax_loss_finish(stats, loss, outer, inner, mode):
+def softmax_loss_finish(stats, label, loss, outer, inner, mode):
     """loss[0] = the summed loss / the normalizer, on the device (float64 division, rounded once into the loss's
-    type, as the CPU op's division then store), so the host need not write it after reading the counters."""
+    type, as the CPU op's division then store), so the host need not write it after reading the counters;
+    stats[4] = the first label outside the classes, if any."""
     if cuda.grid(1) == 0:
         loss[0] = stats[0] / normalizer(mode, outer, inner, stats[1])
+        if stats[2] > 0:
+            stats[4] = label[label.size - int(stats[3])]
 
 
 @cuda.jit

@@ -1,12 +1,12 @@
 """Softmax cross-entropy loss and top-k accuracy over (outer, channels, inner) views.
 
-SoftmaxWithLoss' forward computes the loss on the device and reads back only the count of labels outside the
-classes (into pinned memory): one that is not 0 raises the CPU backend's UserError, computed from the labels on
-the host. That read waits for the forward to finish, so what the host does after it is time the GPU sits idle
-before backward: it is kept to the one copy into a pinned buffer (when the host also allocated the read's
-array, divided and uploaded the loss, the layer's forward spanned 0.45-0.94 ms of GPU time per step in
-tools/bench/speed.py's profiles on an H100, for microseconds of kernels). The backward stays on the
-device (the loss weight is read from the 0-d top diff there).
+SoftmaxWithLoss' forward computes the loss and counts the labels outside the classes on the device, and
+reads nothing back: the count and the first bad label are copied into pinned memory on the compute stream,
+and the op returns a `LabelCheck` that the Net runs once it has the loss (runtime/net.py). Reading the count
+at once made the host wait for the whole forward in every step, so the device sat idle while the host then
+queued backward's first kernels (SqueezeNet b64 on an H100: 4.5 ms of the host's 14.8 ms per step were that
+wait, tools/bench/speed.py). The backward stays on the device too (the loss weight is read from the 0-d top
+diff there). Accuracy, which runs in test nets, still reads its counts at once.
 """
 from __future__ import annotations
 
@@ -30,28 +30,55 @@ def _raise_bad_labels(label, channels: int, ignore_label: int | None) -> None:
     raise AssertionError("the GPU found labels outside the classes that the CPU check accepts")
 
 
-_bad_count = None  # pinned float64[1]: where the forward's count of bad labels is read into
+class LabelCheck:
+    """The labels' verdict of one SoftmaxWithLoss forward, on its way to the host: calling it waits for the
+    copy (queued after the forward's kernels) and raises the CPU op's UserError if any label was outside the
+    classes. The counts land in one of RING pinned slots, reused RING checks later: run a check before
+    RING more forwards have been queued (the Net runs them every pass)."""
+
+    RING = 256
+    _slots: np.ndarray | None = None  # pinned float64[RING, 3]: bad count, size - first position, first value
+    _next = 0
+
+    def __init__(self, stats, channels: int):
+        from superneurons.backend.cuda.transfer import STREAM0, CudaEvent, copy_to_host_async
+
+        cls = LabelCheck
+        if cls._slots is None:
+            from numba import cuda
+
+            cls._slots = cuda.pinned_array((cls.RING, 3), np.float64)
+        self._host = cls._slots[cls._next]
+        cls._next = (cls._next + 1) % cls.RING
+        self.channels = channels
+        copy_to_host_async(stats[2:5], self._host, STREAM0)
+        self._done = CudaEvent(STREAM0)
+
+    def __call__(self) -> None:
+        self._done.synchronize()
+        count, _position, first = self._host
+        if count:
+            raise cpu_loss.bad_labels(int(count), self.channels, float(first))
 
 
-def _read_bad_count(stats) -> float:
-    global _bad_count
-    if _bad_count is None:
-        from numba import cuda
-
-        _bad_count = cuda.pinned_array(1, np.float64)
-    stats[2:3].copy_to_host(_bad_count)
-    return float(_bad_count[0])
-
-
-def softmax_loss_forward(prob, label, loss, ignore_label: int | None, normalization: str) -> None:
+def softmax_loss_forward(prob, label, loss, ignore_label: int | None, normalization: str) -> "LabelCheck | None":
+    """Queues the loss; returns the LabelCheck to run once the host needs the verdict (None in the simulator,
+    where a label outside the classes raises here)."""
     outer, channels, inner = prob.shape
-    stats = current().scratch(3)
+    stats = current().scratch(5)
     fill(stats, 0.0)
     K.launch(lk.softmax_loss_stats, label.size)(flat(prob), flat(label), stats, channels, inner,
                                                 *_ignore(ignore_label))
-    K.launch(lk.softmax_loss_finish, 1)(stats, flat(loss), outer, inner, cpu_loss.NORMALIZATIONS.index(normalization))
-    if _read_bad_count(stats):
-        _raise_bad_labels(label, channels, ignore_label)
+    K.launch(lk.softmax_loss_finish, 1)(stats, flat(label), flat(loss), outer, inner,
+                                        cpu_loss.NORMALIZATIONS.index(normalization))
+    from numba import config
+
+    if config.ENABLE_CUDASIM:  # no driver to queue a copy on
+        count, _position, first = stats.copy_to_host()[2:5]
+        if count:
+            raise cpu_loss.bad_labels(int(count), channels, float(first))
+        return None
+    return LabelCheck(stats, channels)
 
 
 def softmax_loss_backward(prob, label, loss_diff, dx, ignore_label: int | None, normalization: str) -> None:
