@@ -90,9 +90,10 @@ _DECLARED = (
     Setting("SUPERNEURONS_TF32", FLAG, True,
             "cuDNN may use TF32 tensor cores for float32 convolutions; 0 asks for FMA math (matches the CPU to "
             "~1e-5)."),
-    Setting("SUPERNEURONS_CUDNN_FIND", FLAG, False,
-            "Rank convolution algorithms by measuring them (cudnnFind*, legacy API) instead of cuDNN's "
-            "heuristics."),
+    Setting("SUPERNEURONS_CUDNN_FIND", FLAG, True,
+            "Rank convolution engines by timing them on the real operands at their first call (graph API: the "
+            "heuristics' first 8 precompiled plans; legacy API: cudnnFind*), as PyTorch's cudnn.benchmark; 0 "
+            "takes cuDNN's heuristic ranking, as does SUPERNEURONS_CUDNN_DETERMINISTIC=1."),
     Setting("SUPERNEURONS_CUDNN_GRAPH", FLAG, True,
             "Run ungrouped convolutions through cuDNN's graph API (prebuilt plans); 0 uses the legacy calls."),
     Setting("SUPERNEURONS_CUDNN_DETERMINISTIC", FLAG, False,

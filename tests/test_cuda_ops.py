@@ -217,7 +217,7 @@ def test_softmax_and_loss(gpu, rng):
     from superneurons.errors import UserError
 
     bad = label.copy()
-    bad[3, 0], bad[5, 1] = ch + 2, -1  # two bad labels; the first in memory order is named
+    bad[3, 0], bad[5, 0] = ch + 2, -1  # two bad labels; the first in memory order is named
     check = gpu.ops.softmax_loss_forward(dev(gpu, pc), dev(gpu, bad), dev(gpu, np.zeros((), f32)), None, "VALID")
     with pytest.raises(UserError, match=rf"^2 label\(s\) outside the {ch} classes \[0, {ch}\), e.g. {ch + 2}$"):
         check()  # the verdict is read when asked for, not at the forward

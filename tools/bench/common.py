@@ -633,11 +633,12 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
 def ours_settings() -> dict[str, Any]:
     """The settings of ours that a speed comparison must state beside PyTorch's (superneurons/settings.py):
     TF32 for cuDNN convolutions (cuBLAS GEMMs always run in FP32) and how convolution algorithms are
-    chosen (cuDNN's heuristics, or measured by cudnnFind: PyTorch's cudnn.benchmark counterpart)."""
+    chosen (measured on the real operands, PyTorch's cudnn.benchmark counterpart, or cuDNN's heuristics)."""
     from superneurons import settings
+    from superneurons.backend.cuda.cudnn import measures_algorithms
 
     return {"tf32_convolutions": bool(settings.get("SUPERNEURONS_TF32")), "tf32_gemm": False,
-            "algorithm_choice": "measured (cudnnFind)" if settings.get("SUPERNEURONS_CUDNN_FIND") else "heuristics"}
+            "algorithm_choice": "measurement" if measures_algorithms() else "heuristics"}
 
 
 def conv_algorithms(net: Any) -> list[dict]:

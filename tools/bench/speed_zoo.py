@@ -14,8 +14,8 @@ MobileNet (v1, depthwise convolutions) and SqueezeNet (v1.0, fire modules).
 Settings, stated in the table's title and in the JSON (`settings`, and per row): TF32 for cuDNN
 convolutions on both sides by default (ours: SUPERNEURONS_TF32; PyTorch: cudnn.allow_tf32; --tf32 off turns
 it off on both), GEMMs in FP32 on both (cuBLAS default math; PyTorch's matmul.allow_tf32 off); PyTorch's
-cudnn.benchmark on (--torch-benchmark off), ours ranks convolution algorithms by cuDNN's heuristics
-(SUPERNEURONS_CUDNN_FIND=1 measures them instead).
+cudnn.benchmark on (--torch-benchmark off), ours measures convolution algorithms too, its default
+(SUPERNEURONS_CUDNN_FIND=0 takes cuDNN's heuristics instead).
 
 Part 2 (--part2, or given --ckpt-batches), ResNets at PyTorch-checkpoint's widest batch under the budget
 (GPU.md: 336 / 256 / 184 for ResNet-50/101/152, or --ckpt-batches, or the widest measured by wider.py when

@@ -3,7 +3,7 @@
 #   1. the per-layer profile (`superneurons time`, 5 iterations, syncs around every layer),
 #   2. ours with the colleague's launch path and one-block-per-channel reductions (SUPERNEURONS_FAST_LAUNCH=0
 #      SUPERNEURONS_CUDA_SPREAD=0), ours as shipped, and PyTorch (cudnn.benchmark on and off).
-#   3. optional stages: "find" (algorithms measured by cudnnFind) and "unfused" (SUPERNEURONS_FUSE=0), ours only;
+#   3. optional stages: "heuristics" (SUPERNEURONS_CUDNN_FIND=0: algorithms by cuDNN's heuristics) and "unfused" (SUPERNEURONS_FUSE=0), ours only;
 #      "overhead" (tools/bench/conv_overhead.py: host microseconds per cuDNN convolution call, legacy vs graph API);
 #      "legacy_api" (convolutions on cuDNN's legacy API, SUPERNEURONS_CUDNN_GRAPH=0), ours only.
 # Logs and JSON go to $OUT (or ./gpu_logs). BENCH_STAGES picks stages (default "time legacy main").
@@ -23,9 +23,9 @@ for stage in $STAGES; do
     legacy)
       SUPERNEURONS_FAST_LAUNCH=0 SUPERNEURONS_CUDA_SPREAD=0 timeout 240 python3 -m tools.bench.speed \
         --iterations "$ITER" --label legacy --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_legacy.log" | tail -6 ;;
-    find)
-      SUPERNEURONS_CUDNN_FIND=1 timeout 240 python3 -m tools.bench.speed --iterations "$ITER" --label find \
-        --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_find.log" | tail -6 ;;
+    heuristics)
+      SUPERNEURONS_CUDNN_FIND=0 timeout 240 python3 -m tools.bench.speed --iterations "$ITER" --label heuristics \
+        --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_heuristics.log" | tail -6 ;;
     unfused)
       SUPERNEURONS_FUSE=0 timeout 240 python3 -m tools.bench.speed --iterations "$ITER" --label unfused \
         --no-torch --out "$OUT" 2>&1 | tee "$OUT/bench_unfused.log" | tail -6 ;;

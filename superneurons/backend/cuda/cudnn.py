@@ -154,12 +154,16 @@ class AlgoTable(Candidates):
         return self.items
 
 
-def _find_enabled() -> bool:
-    """SUPERNEURONS_CUDNN_FIND=1 measures algorithms; the default ranks by cuDNN's heuristics, because on an
-    H200 (cuDNN 9.19, ResNet-50 batch 64) the measured choices trained slower end to end: 1120 against 1350
-    img/s (docs/benchmarks-history.md, issue 3), Find timing each algorithm alone on an idle GPU. Measuring uses the
-    legacy API (the graph path ranks by heuristics only)."""
-    return settings.get("SUPERNEURONS_CUDNN_FIND")
+def measures_algorithms() -> bool:
+    """Whether convolution choices are ranked by time on the real operands at each direction's first call
+    (SUPERNEURONS_CUDNN_FIND, on by default, as PyTorch's cudnn.benchmark on): on the graph API the heuristics'
+    first precompiled candidates (cudnn_graph.GraphDirection.measure), on the legacy API cudnnFind*AlgorithmEx.
+    Measured on an H100 (session 10, tools/bench/speed.py, ours alone): SqueezeNet b64 4094 -> 4392 img/s,
+    AlexNet b256 10764 -> 12092 (its grouped convolutions run on the legacy API), ResNet-50 and VGG16 b64 within
+    0.3 %. (On the legacy API alone, Find once trained ResNet-50 slower than the heuristics: 1120 against 1350
+    img/s on an H200, docs/benchmarks-history.md.) Under SUPERNEURONS_CUDNN_DETERMINISTIC=1 the heuristics rank,
+    so that two runs also choose the same engines."""
+    return settings.get("SUPERNEURONS_CUDNN_FIND") and not cudnn_graph.deterministic_only()
 
 
 # Per direction: the heuristic query, the measuring query, the call itself.
@@ -233,13 +237,13 @@ class ConvPlan:
     """Descriptors and algorithms of one convolution shape (forward, backward data, backward filter).
 
     Each direction is set up at its first call: on the graph API (cudnn_graph.GraphDirection, the default
-    for ungrouped convolutions) or, where that is off (SUPERNEURONS_CUDNN_GRAPH=0, or SUPERNEURONS_CUDNN_FIND=1)
-    or cannot run the convolution, on the legacy API (LegacyDirection). Legacy algorithms are ranked by
-    cuDNN's _v7 heuristics (nothing is run) or, with SUPERNEURONS_CUDNN_FIND=1, measured with
-    cudnnFind*AlgorithmEx on the real operands, as PyTorch's cudnn.benchmark does (Find writes its output, so
-    forward measures into y and backward data into dx, which the call then overwrites, and backward filter
-    into a scratch dw, because dw accumulates). Every call then takes the first choice whose workspace fits
-    what the device's workspace source has available.
+    for ungrouped convolutions) or, where that is off (SUPERNEURONS_CUDNN_GRAPH=0) or cannot run the
+    convolution, on the legacy API (LegacyDirection). Choices are ranked by time on the real operands
+    (`measures_algorithms`, the default), as PyTorch's cudnn.benchmark does, or by cuDNN's heuristics:
+    graph plans timed one by one, legacy algorithms with cudnnFind*AlgorithmEx. Measuring writes the output,
+    so forward measures into y and backward data into dx, which the call then overwrites, and the directions
+    that accumulate (backward filter, backward data into a summed gradient) into a scratch array. Every call
+    then takes the first choice whose workspace fits what the device's workspace source has available.
     """
 
     def __init__(self, h: Handle, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype):
@@ -348,14 +352,18 @@ class ConvPlan:
 
     def _setup(self, direction: int, pointers: tuple[int, int, int]):
         """The direction's runner, chosen once (see the class docstring)."""
-        measure = _find_enabled()
-        if cudnn_graph.enabled() and not measure:
+        measure = measures_algorithms()
+        if cudnn_graph.enabled():
             try:
-                return cudnn_graph.GraphDirection(self.h.value.value, _OPERATION[direction],
-                                                  self.operand_shapes(direction), self.geom, _dtype_code(self.dtype),
-                                                  self.h.math != FMA_MATH, 1.0 if _ACCUMULATES[direction] else 0.0)
+                graph = cudnn_graph.GraphDirection(self.h.value.value, _OPERATION[direction],
+                                                   self.operand_shapes(direction), self.geom, _dtype_code(self.dtype),
+                                                   self.h.math != FMA_MATH, 1.0 if _ACCUMULATES[direction] else 0.0)
             except cudnn_graph.Unsupported:
                 pass
+            else:
+                if measure and not any(p % cudnn_graph.ALIGNMENT for p in pointers):
+                    graph.measure(*pointers, self.h.workspace_source)
+                return graph
         return self.legacy(direction, pointers, measure)
 
     def _run(self, direction: int, a: int, b: int, out: int, measure_out: int | None = None) -> None:
@@ -406,7 +414,7 @@ class ConvPlan:
         """A beta = 1 call. Find writes the output it measures into, so the first call of a measured direction
         measures into a scratch array, never into the sum being accumulated."""
         scratch = None
-        if self.tables[direction] is None and _find_enabled():
+        if self.tables[direction] is None and measures_algorithms():
             from numba import cuda
 
             scratch = cuda.device_array(out.shape, np.dtype(self.dtype))

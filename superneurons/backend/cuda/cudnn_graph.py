@@ -10,7 +10,9 @@ the operands a, b and out, in the legacy call's order), the engine configuration
 (filtered for numerics as PyTorch does), and execution plans built lazily in that order: `pick(available)`
 returns the first plan whose workspace fits, building further plans only when the ones built so far do not
 fit. A plan keeps one finalized variant pack per (a, b, out, workspace) pointer set, so a steady-state call is
-one dict lookup and one cudnnBackendExecute.
+one dict lookup and one cudnnBackendExecute. With SUPERNEURONS_CUDNN_FIND=1, `measure` instead times the first
+MEASURED_PLANS precompiled candidates on the real operands at the direction's first call, as PyTorch's
+cudnn.benchmark does, and ranks those by time.
 
 Enum values are cuDNN's (cudnn_graph.h, stable since 9.0). Any failure while building raises `Unsupported`;
 the caller then uses the legacy API for that direction.
@@ -54,6 +56,8 @@ _OPERATIONS = (
 )
 ALIGNMENT = 16  # bytes: every operand (and the workspace) must be this aligned to take the graph path
 _PACK_CACHE_LIMIT = 256  # variant packs per plan (memory modes other than baseline move tensors around)
+MEASURED_PLANS = 8  # candidates timed per direction when measuring (engines compiled at run time never are)
+MEASURE_RUNS = 3  # timed executions per candidate, after one untimed
 
 
 class Unsupported(RuntimeError):
@@ -191,12 +195,13 @@ def _convolution(geom: ConvGeometry, data_type: int) -> _Descriptor:
 class GraphPlan:
     """One finalized execution plan, its workspace size, and its variant packs per pointer set."""
 
-    __slots__ = ("desc", "workspace", "engine", "_config", "_packs")
+    __slots__ = ("desc", "workspace", "engine", "precompiled", "_config", "_packs")
 
-    def __init__(self, desc: _Descriptor, workspace: int, engine: int, config: _Descriptor):
+    def __init__(self, desc: _Descriptor, workspace: int, engine: int, config: _Descriptor, precompiled: bool = True):
         self.desc = desc
         self.workspace = workspace  # bytes
         self.engine = engine  # cuDNN's global engine index (the profiler's label)
+        self.precompiled = precompiled  # False: compiled at run time when its plan was built
         self._config = config  # the plan refers to it
         self._packs: dict[tuple[int, int, int, int], _Descriptor] = {}
 
@@ -224,7 +229,6 @@ class GraphDirection:
     """One direction of one convolution shape on the graph API (see the module docstring)."""
 
     graph = True
-    measured = False  # ranked by cuDNN's heuristics, never timed
 
     def __init__(self, handle: int, direction: int, shapes: tuple, geom: ConvGeometry, data_type: int,
                  allow_tf32: bool, beta: float):
@@ -245,10 +249,11 @@ class GraphDirection:
         self.graph_desc.set(_GRAPH_HANDLE, _T_HANDLE, _c.c_void_p, [handle])
         self.graph_desc.set_descriptors(_GRAPH_OPS, op).finalize()
         self._keep = (tensors, conv, op)  # kept alive while the graph refers to them
-        self._configs = self._ranked_configs(allow_tf32 or data_type != 0)
+        self._configs, self._precompiled = self._ranked_configs(allow_tf32 or data_type != 0)
         if not self._configs:
             raise Unsupported("cuDNN's heuristics offer no engine for this convolution")
-        self.choices = Candidates(self._build_plans())
+        self._plans = self._build_plans()
+        self.choices = Candidates(self._plans)
 
     # -- ranking -----------------------------------------------------------------------------------
     def _heuristics(self, mode: int) -> list[_Descriptor]:
@@ -263,11 +268,11 @@ class GraphDirection:
                     "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS)")
         return configs[:count.value]
 
-    def _ranked_configs(self, allow_tensor_cores: bool) -> list[tuple[_Descriptor, int]]:
+    def _ranked_configs(self, allow_tensor_cores: bool) -> tuple[list[tuple[_Descriptor, int]], int]:
         """(config, engine index) in heuristic order (mode A, then the fallback list), without engines that
         lower the inputs' precision nor, for float32 without TF32, tensor-core engines (PyTorch's filter),
         nor, under SUPERNEURONS_CUDNN_DETERMINISTIC=1, those whose sums run in no fixed order; engines
-        compiled at run time (NVRTC, up to seconds per plan) go last."""
+        compiled at run time (NVRTC, up to seconds per plan) go last. Also returns how many are precompiled."""
         ranked, compiled = [], []
         for mode in (_HEUR_A, _HEUR_FALLBACK):
             try:
@@ -291,11 +296,11 @@ class GraphDirection:
                 behaviour = _optional(lambda: set(engine.get_ints(_ENGINE_BEHAVIOR_NOTES, _T_BEHAVIOR_NOTE,
                                                                   _c.c_int, 16)), set())
                 (compiled if _NOTE_RUNTIME_COMPILATION in behaviour else ranked).append((cfg, index))
-        return ranked + compiled
+        return ranked + compiled, len(ranked)
 
     def _build_plans(self) -> Iterator[GraphPlan]:
         """Execution plans in ranking order, skipping configurations cuDNN cannot finalize."""
-        for cfg, index in self._configs:
+        for k, (cfg, index) in enumerate(self._configs):
             try:
                 desc = _Descriptor(_EXECUTION_PLAN)
                 desc.set(_PLAN_HANDLE, _T_HANDLE, _c.c_void_p, [self.handle])
@@ -303,7 +308,54 @@ class GraphDirection:
                 workspace = desc.get_ints(_PLAN_WORKSPACE, _T_INT64, _c.c_int64, 1)[0]
             except Unsupported:
                 continue
-            yield GraphPlan(desc, workspace, index, cfg)
+            yield GraphPlan(desc, workspace, index, cfg, precompiled=k < self._precompiled)
+
+    # -- measuring (SUPERNEURONS_CUDNN_FIND=1) -------------------------------------------------------
+    measured = False  # True once `measure` has ranked the candidates by time
+
+    def measure(self, a: int, b: int, out: int, workspace_source) -> None:
+        """Time up to MEASURED_PLANS precompiled candidates whose workspace fits what `workspace_source` has
+        available now on operands a, b, out (out is written: the caller passes a scratch where the direction
+        accumulates), and rank them fastest first, ahead of the candidates not timed."""
+        from numba import cuda
+
+        built: list[GraphPlan] = []
+        for plan in self._plans:
+            if not plan.precompiled:
+                self.choices = Candidates(self._plans, built + [plan])
+                break
+            built.append(plan)
+            if len(built) == MEASURED_PLANS:
+                self.choices = Candidates(self._plans, list(built))
+                break
+        else:
+            self.choices = Candidates(iter(()), list(built))
+        available = workspace_source.available()
+        fits = [p for p in built if p.workspace <= available]
+        self.measured = True  # ranked by time from here on (one candidate that fits needs no timing)
+        if len(fits) < 2:
+            return
+        size = max(p.workspace for p in fits)
+        ws = workspace_source.acquire(size) if size else 0
+        start, stop = cuda.event(), cuda.event()
+        timed = []
+        try:
+            for k, plan in enumerate(fits):
+                try:
+                    self.execute(plan, a, b, out, ws)
+                    start.record()
+                    for _ in range(MEASURE_RUNS):
+                        self.execute(plan, a, b, out, ws)
+                    stop.record()
+                    stop.synchronize()
+                except Unsupported:
+                    continue  # the engine refused these operands: it is not ranked ahead
+                timed.append((cuda.event_elapsed_time(start, stop), k, plan))
+        finally:
+            if size:
+                workspace_source.release()
+        fastest = [plan for _ms, _k, plan in sorted(timed, key=lambda t: t[:2])]
+        self.choices = Candidates(self._plans, fastest + [p for p in self.choices.items if p not in fastest])
 
     # -- running -----------------------------------------------------------------------------------
     def pick(self, available: int) -> GraphPlan:

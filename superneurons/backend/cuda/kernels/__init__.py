@@ -64,7 +64,8 @@ def _driver():
 
 def _ctype_values(kernel, args):
     """The ctypes values numba would pass for `args` (its _prepare_args rules) and, per scalar argument,
-    (its index in `args`, its ctypes value); (None, None, None) if unsupported."""
+    (its index in `args`, its ctypes value, the conversion that stores a new value there); (None, None, None)
+    if unsupported."""
     import numpy as np
     from numba.core import types
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -84,47 +85,32 @@ def _ctype_values(kernel, args):
             out += [ctypes.c_int64(s) for s in val.strides]
             continue
         if isinstance(ty, types.Integer):
-            value = getattr(ctypes, f"c_{ty}")()
-        elif ty == types.float64:
-            value = ctypes.c_double()
-        elif ty == types.float32:
-            value = ctypes.c_float()
+            slot = getattr(ctypes, f"c_{ty}")()
+            # numba types a Python int by its value (beyond int64: uint64): such a launch takes numba's path
+            convert = _int64 if val.__class__ is int else int
+        elif ty in (types.float64, types.float32):
+            slot, convert = (ctypes.c_double() if ty == types.float64 else ctypes.c_float()), float
         elif ty == types.boolean:
-            value = ctypes.c_bool()
+            slot, convert = ctypes.c_bool(), bool
         else:
             return None, None, None
-        _set_scalar(value, val)
-        out.append(value)
-        scalars.append((i, value))
+        slot.value = convert(val)  # c_float stores float32(val), rounded as NumPy rounds
+        out.append(slot)
+        scalars.append((i, slot, convert))
     handle = overload._codelibrary.get_cufunc().handle
     # cuda-bindings' CUfunction converts with int(); numba's ctypes binding gives a c_void_p, which int()
     # would read as bytes
-    return (handle.value if isinstance(handle, ctypes.c_void_p) else int(handle)), out, scalars
+    return (handle.value if isinstance(handle, ctypes.c_void_p) else int(handle)), out, tuple(scalars)
 
 
-def _set_scalar(slot, val) -> None:
-    """Store `val` in a kernel argument's ctypes slot as numba would pass it (c_float rounds as np.float32)."""
-    if isinstance(slot, (ctypes.c_float, ctypes.c_double)):
-        slot.value = float(val)
-    elif isinstance(slot, ctypes.c_bool):
-        slot.value = bool(val)
-    else:
-        slot.value = int(val)
+class _NotInt64(Exception):
+    pass
 
 
-def _key(args) -> tuple | None:
-    """A launch's cache key: arrays by identity, scalars by type (their values are stored at each launch);
-    None for a Python int outside int64, which numba types differently."""
-    key = []
-    for a in args:
-        cls = a.__class__
-        if cls in _SCALARS:
-            if cls is int and not -(1 << 63) <= a < (1 << 63):
-                return None
-            key.append(cls)
-        else:
-            key.append(id(a))
-    return tuple(key)
+def _int64(value: int) -> int:
+    if -(1 << 63) <= value < (1 << 63):
+        return value
+    raise _NotInt64
 
 
 class _Launcher:
@@ -141,20 +127,26 @@ class _Launcher:
             # Configured afresh: the simulator's kernel object keeps only the grid it was last given, so a
             # kept configuration would launch another launcher's grid.
             return self.kernel[self.grid, BLOCK](*args)
-        key = _key(args)
-        entry = self.blocks.get(key) if key is not None else None
+        key = tuple([a.__class__ if a.__class__ in _SCALARS else id(a) for a in args])
+        entry = self.blocks.get(key)
         if entry is not None:
             handle, params, _values, scalars, _refs = entry
-            for i, slot in scalars:  # cuLaunchKernel copies the block at the call: rewriting it is safe
-                _set_scalar(slot, args[i])
+            try:
+                for i, slot, convert in scalars:  # cuLaunchKernel copies the block at the call: rewriting is safe
+                    slot.value = convert(args[i])
+            except _NotInt64:
+                return self.cfg(*args)
             if _cu(handle, self.grid, 1, 1, BLOCK, 1, 1, 0, None, params, None) == 0:
                 return None
             _disable()  # an unexpected driver error: numba's path reports it properly
             return self.cfg(*args)
         self.cfg(*args)  # numba's path: compiles, type-checks, launches
-        if _driver() is None or key is None:
+        if _driver() is None:
             return None
-        handle, values, scalars = _ctype_values(self.kernel, args)
+        try:
+            handle, values, scalars = _ctype_values(self.kernel, args)
+        except _NotInt64:
+            return None
         if handle is not None:
             if len(self.blocks) >= _CACHE_LIMIT:
                 self.blocks.clear()
