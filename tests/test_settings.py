@@ -83,7 +83,7 @@ def test_values_are_read_at_use_time_and_bad_ones_name_the_variable(monkeypatch)
     assert settings.get("SUPERNEURONS_TRANSFER_LAG") == 0
     monkeypatch.setenv("SUPERNEURONS_TRANSFER_LAG", "3")  # after every import
     assert settings.get("SUPERNEURONS_TRANSFER_LAG") == 3
-    assert settings.get("SUPERNEURONS_CUDNN_FIND") is False and settings.get("SUPERNEURONS_PARAM_OFFLOAD") is None
+    assert settings.get("SUPERNEURONS_CUDNN_FIND") is True and settings.get("SUPERNEURONS_PARAM_OFFLOAD") is None
     for name, raw in (("SUPERNEURONS_TRANSFER_LAG", "two"), ("SUPERNEURONS_TRANSFER_LAG", "-1"),
                       ("SUPERNEURONS_CACHE", "maybe"), ("SUPERNEURONS_ALLOCATOR", "slab")):
         monkeypatch.setenv(name, raw)
