@@ -112,17 +112,6 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slop
     K.launch(pk.max_backward_columns, planes * x_shape[3])(dy.ravel(), mask.ravel(), got.ravel(), planes, *dims,
                                                            signed, np.float32(relu_slope or 0))
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    # The 3-D grid kernels the op launches, with a grid whose plane groups take several planes each.
-    y_got, mask_got = np.full_like(y, np.nan), np.full_like(mask, -7)
-    grid, block = pk.plane_grid(ow, oh, planes)
-    K.launch_grid(pk.max_forward_grid, grid[:2] + (1,), block)(x.ravel(), y_got.ravel(), mask_got.ravel(), planes,
-                                                               *dims, signed)
-    assert np.array_equal(y_got, y) and np.array_equal(mask_got, mask)
-    by_grid = np.full_like(x, np.nan)
-    grid, block = pk.plane_grid(x_shape[3], x_shape[2], planes)
-    K.launch_grid(pk.max_backward_grid, grid, block)(dy.ravel(), mask.ravel(), by_grid.ravel(), planes, *dims,
-                                                     signed, np.float32(relu_slope or 0))
-    np.testing.assert_array_equal(by_grid, got)
     if kernel == stride and pad == (0, 0) and (oh * kernel[0], ow * kernel[1]) == x_shape[2:]:
         tiles = np.full_like(x, np.nan)
         K.launch(pk.max_backward_tiles, y.size)(dy.ravel(), mask.ravel(), tiles.ravel(), *dims[:6], signed,

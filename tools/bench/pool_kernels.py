@@ -3,13 +3,11 @@
     python3 -m tools.bench.pool_kernels [--net squeezenet] [--batch 64] [--repeat 20] [--out DIR]
 
 For every max Pooling of --net (models/NET/NET_dummy.prototxt) at --batch, times with CUDA events our
-forward and backward as the ops run them (`pool_forward`, `pool_backward`: the 3-D grid kernels, or the
-tile kernel backward where the windows tile the planes; signed mask and ReLU where the pooling takes its
-ReLU's backward, as in training), the column walkers they replaced and the per-output forward that states
-the rules (kernels/pooling.py: max_forward), launched directly, and PyTorch's max_pool2d forward (with
-indices) and backward on the same input, ceil_mode as Caffe rounds.
-Checks that every forward gives the same output and mask, and both backwards the same gradient
-("agree"). The totals weight each shape by its layers.
+forward as `pool_forward` runs it (the column walker) and with one thread per output (kernels/pooling.py:
+max_forward, the per-output statement of the rules, launched directly), our `pool_backward` (signed mask
+and ReLU where the pooling takes its ReLU's backward, as in training), and PyTorch's max_pool2d forward
+(with indices) and backward on the same input, ceil_mode as Caffe rounds.
+Checks that both forwards give the same output and mask. The totals weight each shape by its layers.
 
 Writes pool_kernels_NET_bBATCH.json to --out (default $OUT or .).
 """
@@ -59,23 +57,15 @@ def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
     dx = cuda.device_array(bottom, np.float32)
     results, outputs = {}, {}
     dims = (*bottom[2:], *top[2:], *kernel, *stride, *pad)
-    # The op's 3-D grid kernel, the column walker it replaced (one thread per output column) and the per-output
-    # kernel that states the rules (one thread per output), the last two launched directly.
-    planes = top[0] * top[1]
-    forwards = {"op": lambda: pooling.pool_forward(x, y, mask, geom, signed_mask=relu),
-                "columns": lambda: K.launch(pk.max_forward_columns, planes * top[3])(
-                    flat(x), flat(y), flat(mask), planes, *dims, relu),
+    # The ops' column walker (one thread per output column) and the per-output kernel that states the rules
+    # (one thread per output), launched directly: a faster second would become the op's forward.
+    forwards = {"columns": lambda: pooling.pool_forward(x, y, mask, geom, signed_mask=relu),
                 "outputs": lambda: K.launch(pk.max_forward, y.size)(flat(x), flat(y), flat(mask), *dims, relu)}
     for name, forward in forwards.items():
         results[f"forward {name}"] = timer.ms(forward, repeat)
         outputs[name] = (y.copy_to_host(), mask.copy_to_host())
-    same = all(np.array_equal(a, b) for name in ("columns", "outputs") for a, b in zip(outputs["op"], outputs[name]))
-    slope = (relu, np.float32(0.0))
-    results["backward op"] = timer.ms(lambda: pooling.pool_backward(dy, mask, dx, geom, 0.0 if relu else None), repeat)
-    by_op = dx.copy_to_host()
-    results["backward columns"] = timer.ms(lambda: K.launch(pk.max_backward_columns, planes * bottom[3])(
-        flat(dy), flat(mask), flat(dx), planes, *dims, *slope), repeat)
-    same = same and np.array_equal(by_op, dx.copy_to_host())
+    same = all(np.array_equal(a, b) for a, b in zip(outputs["columns"], outputs["outputs"]))
+    results["backward"] = timer.ms(lambda: pooling.pool_backward(dy, mask, dx, geom, 0.0 if relu else None), repeat)
     tx = torch.from_numpy(x_host).cuda().requires_grad_(True)
     tdy = torch.from_numpy(dy.copy_to_host()).cuda()
 
@@ -87,7 +77,7 @@ def run_shape(key, repeat: int, timer: Timer, rng) -> dict:
     results["torch forward"] = timer.ms(torch_forward, repeat)
     results["torch backward"] = timer.ms(lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True), repeat)
     return {"bottom": list(bottom), "top": list(top), "kernel": kernel, "stride": stride, "pad": pad, "relu": relu, "ms": results,
-            "agree": same}
+            "forwards_agree": same}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, ms in r["ms"].items():
             totals[name] += layers * ms
         rows.append([f"{'x'.join(map(str, key[0]))} k{key[2][0]} s{key[3][0]} p{key[4][0]}", layers, key[5],
-                     *[f"{ms:.3f}" for ms in r["ms"].values()], r["agree"]])
+                     *[f"{ms:.3f}" for ms in r["ms"].values()], r["forwards_agree"]])
     names = list(raw[0]["ms"]) if raw else []
     rows.append(["all (x layers)", sum(r["layers"] for r in raw), "", *[f"{totals[n]:.3f}" for n in names], ""])
     print(f"\nMax pooling kernels, {args.net} batch {args.batch} (ms per call)")
-    print(common.text_table(["bottom, window", "layers", "ReLU taken", *names, "agree"], rows))
+    print(common.text_table(["bottom, window", "layers", "ReLU taken", *names, "forwards agree"], rows))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"pool_kernels_{args.net}_b{args.batch}.json"

@@ -114,20 +114,19 @@ def _int64(value: int) -> int:
 
 
 class _Launcher:
-    __slots__ = ("kernel", "grid", "block", "cfg", "blocks")
+    __slots__ = ("kernel", "grid", "cfg", "blocks")
 
-    def __init__(self, kernel, grid: tuple[int, int, int], block: tuple[int, int, int]):
+    def __init__(self, kernel, grid: int):
         self.kernel = kernel
         self.grid = grid
-        self.block = block
-        self.cfg = kernel[grid, block]
+        self.cfg = kernel[grid, BLOCK]
         self.blocks: dict = {}
 
     def __call__(self, *args):
         if not (FAST if FAST is not None else _fast()):
             # Configured afresh: the simulator's kernel object keeps only the grid it was last given, so a
             # kept configuration would launch another launcher's grid.
-            return self.kernel[self.grid, self.block](*args)
+            return self.kernel[self.grid, BLOCK](*args)
         key = tuple([a.__class__ if a.__class__ in _SCALARS else id(a) for a in args])
         entry = self.blocks.get(key)
         if entry is not None:
@@ -137,7 +136,7 @@ class _Launcher:
                     slot.value = convert(args[i])
             except _NotInt64:
                 return self.cfg(*args)
-            if _cu(handle, *self.grid, *self.block, 0, None, params, None) == 0:
+            if _cu(handle, self.grid, 1, 1, BLOCK, 1, 1, 0, None, params, None) == 0:
                 return None
             _disable()  # an unexpected driver error: numba's path reports it properly
             return self.cfg(*args)
@@ -201,15 +200,10 @@ _init_scalars()
 def launch(kernel, n: int, blocks: int | None = None):
     """A launcher of `kernel[grid, BLOCK]` for `n` elements (grid-stride loops), or exactly `blocks` blocks."""
     grid = blocks if blocks is not None else max(1, min((n + BLOCK - 1) // BLOCK, MAX_BLOCKS))
-    return launch_grid(kernel, (grid, 1, 1), (BLOCK, 1, 1))
-
-
-def launch_grid(kernel, grid: tuple[int, int, int], block: tuple[int, int, int]):
-    """A launcher of `kernel[grid, block]` with 3-D grid and block shapes (kernels indexed by cuda.grid(3))."""
-    key = (kernel, grid, block)
+    key = (kernel, grid)
     cfg = _configured.get(key)
     if cfg is None:
-        cfg = _configured[key] = _Launcher(kernel, grid, block)
+        cfg = _configured[key] = _Launcher(kernel, grid)
     return cfg
 
 

@@ -20,21 +20,6 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from superneurons.backend.cuda.kernels import BLOCK
-
-PLANES_PER_THREAD = 4  # planes each thread of the 3-D pooling grids walks (its window found once for all)
-
-
-def plane_grid(width: int, height: int, planes: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(grid, block) covering a width x height plane with one thread per pixel, and the planes in groups of
-    PLANES_PER_THREAD (kernels/pooling.py: max_forward_grid, max_backward_grid). The block is as wide as the
-    plane up to 32, so small planes do not leave most of a warp idle."""
-    bx = min(32, 1 << max(width - 1, 0).bit_length())
-    by = max(1, min(BLOCK // bx, 1 << max(height - 1, 0).bit_length()))
-    gz = min(-(-planes // PLANES_PER_THREAD), 65535)
-    return (-(-width // bx), -(-height // by), gz), (bx, by, 1)
-
-
 FLT_MIN = 1.1754943508222875e-38
 FLT_MIN32 = np.float32(FLT_MIN)
 
@@ -97,33 +82,6 @@ def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw
             mask[dst] = _mask_entry(arg, best, signed)
             dst += ow
             h0 += sh
-
-
-@cuda.jit
-def max_forward_grid(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
-    """max_forward on a 3-D grid of (output column, output row, plane group): the thread's window comes from
-    its coordinates without a division, and it walks its window through every plane of its group."""
-    qw, qh, first = cuda.grid(3)
-    if qw >= ow or qh >= oh:
-        return
-    h0 = qh * sh - ph
-    w0 = qw * sw - pw
-    r0, r1 = max(h0, 0), min(h0 + kh, h)
-    s0, s1 = max(w0, 0), min(w0 + kw, w)
-    for plane in range(first, planes, cuda.gridsize(3)[2]):
-        src = plane * h * w
-        best = -math.inf
-        arg = -1
-        for r in range(r0, r1):
-            row = src + r * w
-            for s in range(s0, s1):
-                v = x[row + s]
-                if v > best:
-                    best = v
-                    arg = r * w + s
-        o = (plane * oh + qh) * ow + qw
-        y[o] = best
-        mask[o] = _mask_entry(arg, best, signed)
 
 
 @cuda.jit
@@ -295,30 +253,6 @@ def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph,
                         grad += dy[row + qw]
                         positive = above
             dx[src + r * w] = _through_relu(grad, positive, relu, slope)
-
-
-@cuda.jit
-def max_backward_grid(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
-    """max_backward on a 3-D grid of (input column, input row, plane group): the windows holding the thread's
-    pixel are found once (four divisions) and serve every plane of its group."""
-    s, r, first = cuda.grid(3)
-    if s >= w or r >= h:
-        return
-    lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
-    lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-    me = r * w + s
-    for plane in range(first, planes, cuda.gridsize(3)[2]):
-        out_plane = plane * oh
-        grad = 0.0
-        positive = False
-        for qh in range(lo_h, hi_h):
-            row = (out_plane + qh) * ow
-            for qw in range(lo_w, hi_w):
-                pixel, above = _chosen(mask[row + qw], relu)
-                if pixel == me:
-                    grad += dy[row + qw]
-                    positive = above
-        dx[plane * h * w + me] = _through_relu(grad, positive, relu, slope)
 
 
 @cuda.jit
