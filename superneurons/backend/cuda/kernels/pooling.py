@@ -20,6 +20,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from superneurons.backend.cuda.kernels.slab import at  # unsigned indexes: no wrap-around of negative ones
+
 FLT_MIN = 1.1754943508222875e-38
 FLT_MIN32 = np.float32(FLT_MIN)
 
@@ -74,12 +76,12 @@ def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw
             for r in range(max(h0, 0), min(h0 + kh, h)):
                 row = src + r * w
                 for s in range(s0, s1):
-                    v = x[row + s]
+                    v = x[at(row + s)]
                     if v > best:
                         best = v
                         arg = r * w + s
-            y[dst] = best
-            mask[dst] = _mask_entry(arg, best, signed)
+            y[at(dst)] = best
+            mask[at(dst)] = _mask_entry(arg, best, signed)
             dst += ow
             h0 += sh
 
@@ -248,11 +250,11 @@ def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph,
             for qh in range(lo, hi):
                 row = (out_plane + qh) * ow
                 for qw in range(lo_w, hi_w):
-                    pixel, above = _chosen(mask[row + qw], relu)
+                    pixel, above = _chosen(mask[at(row + qw)], relu)
                     if pixel == me:
-                        grad += dy[row + qw]
+                        grad += dy[at(row + qw)]
                         positive = above
-            dx[src + r * w] = _through_relu(grad, positive, relu, slope)
+            dx[at(src + r * w)] = _through_relu(grad, positive, relu, slope)
 
 
 @cuda.jit
