@@ -2,9 +2,7 @@
 
 The ops launch one thread per (plane, column) walking down it (`*_columns`): forward per output column,
 backward per input column, where each input pixel gathers from the outputs whose windows hold it (no atomics,
-so the sums are deterministic). Max pooling's walkers take WALK_ROWS rows of their column each: a whole
-column per thread left SqueezeNet's pool1 (6144 planes x 55 columns) with 1.25 waves of threads on an H100, the
-last quarter-wave walking alone for as long as the full waves. 64-bit integer division is a software routine on the GPU, and per-pixel index
+so the sums are deterministic). 64-bit integer division is a software routine on the GPU, and per-pixel index
 arithmetic made the per-pixel versions compute-bound (~1.5 ms for ResNet-50's pool1 max backward at batch 64 on
 an H200; average pooling took 27 of Inception-v4's 133 ms step on an H100, twice PyTorch's). Average pooling
 sums and divides in float32, as Caffe's Dtype arithmetic does (float64 division is slower still). The
@@ -23,8 +21,6 @@ import numpy as np
 from numba import cuda, float32
 
 from superneurons.backend.cuda.kernels.slab import at  # unsigned indexes: no wrap-around of negative ones
-
-WALK_ROWS = 8  # rows each thread of max pooling's column walkers takes
 
 FLT_MIN = 1.1754943508222875e-38
 FLT_MIN32 = np.float32(FLT_MIN)
@@ -61,24 +57,20 @@ def max_forward(x, y, mask, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
 
 
 @cuda.jit
-def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed, rows):
-    """max_forward with one thread per (plane, segment of `rows` output rows, output column) walking down its
-    segment of the column: the column's window columns and the offsets are computed once (three divisions per
-    thread instead of three per output), and each output row's window starts sh rows further down. Columns
-    vary fastest, so a warp reads neighbouring pixels."""
-    segments = (oh + rows - 1) // rows
-    for t in range(cuda.grid(1), planes * segments * ow, cuda.gridsize(1)):
-        rest = t // ow
-        qw = t - rest * ow
-        plane = rest // segments
-        q0 = (rest - plane * segments) * rows
+def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
+    """max_forward with one thread per (plane, output column) walking down the column: the column's window
+    columns and the plane offsets are computed once (one division per thread instead of three per output),
+    and each output row's window starts sh rows further down."""
+    for t in range(cuda.grid(1), planes * ow, cuda.gridsize(1)):
+        plane = t // ow
+        qw = t - plane * ow
         w0 = qw * sw - pw
         s0 = max(w0, 0)
         s1 = min(w0 + kw, w)
         src = plane * h * w
-        dst = (plane * oh + q0) * ow + qw
-        h0 = q0 * sh - ph
-        for qh in range(q0, min(q0 + rows, oh)):
+        dst = plane * oh * ow + qw
+        h0 = -ph
+        for qh in range(oh):
             best = -math.inf
             arg = -1
             for r in range(max(h0, 0), min(h0 + kh, h)):
@@ -241,23 +233,16 @@ def max_backward(dy, mask, dx, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope
 
 
 @cuda.jit
-def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope, rows):
-    """max_backward with one thread per (plane, segment of `rows` input rows, input column) walking down its
-    segment of the column: the column's output range is computed once, and the row range [lo, hi) of the
-    windows holding row r only moves forward as r grows, so after the segment's first row it advances by
-    comparisons instead of divisions. With `relu` (the mask signed by the forward), the gradient goes on
-    through the ReLU in place on the pooling's bottom."""
-    segments = (h + rows - 1) // rows
-    for t in range(cuda.grid(1), planes * segments * w, cuda.gridsize(1)):
-        rest = t // w
-        s = t - rest * w
-        plane = rest // segments
-        r0 = (rest - plane * segments) * rows
-        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-        src = plane * h * w + s
-        out_plane = plane * oh
-        lo, hi = _out_range(r0, ph, kh, sh, oh)
-        for r in range(r0, min(r0 + rows, h)):
+def max_backward_columns(dy, mask, dx, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
+    """max_backward with one thread per (plane, input column) walking down the column: the column's output
+    range is computed once, and the row range [lo, hi) of the windows holding row r only moves forward as r
+    grows, so it advances by comparisons instead of divisions. With `relu` (the mask signed by the forward),
+    the gradient goes on through the ReLU in place on the pooling's bottom."""
+    for t in range(cuda.grid(1), planes * w, cuda.gridsize(1)):
+        s, src, out_plane, lo_w, hi_w = _input_column(t, h, w, oh, ow, kw, sw, pw)
+        lo = 0
+        hi = 0
+        for r in range(h):
             lo, hi = _rows_holding(r, lo, hi, oh, kh, sh, ph)
             me = r * w + s
             grad = 0.0

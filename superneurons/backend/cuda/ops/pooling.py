@@ -27,9 +27,8 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: boo
     if geom.method == "max":
         check_signed_mask(signed_mask, top_mask)
         planes = y.shape[0] * y.shape[1]
-        walkers = planes * -(-y.shape[2] // pk.WALK_ROWS) * y.shape[3]
-        K.launch(pk.max_forward_columns, walkers)(flat(x), flat(y), flat(mask), planes, *dims, signed_mask,
-                                                  pk.WALK_ROWS)
+        K.launch(pk.max_forward_columns, planes * y.shape[3])(flat(x), flat(y), flat(mask), planes, *dims,
+                                                              signed_mask)
         if top_mask is not None:
             copy(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
@@ -49,9 +48,7 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
             K.launch(pk.max_backward_tiles, dy.size)(flat(dy), flat(mask), flat(dx), *dims[:6], *relu)
             return
         planes = dx.shape[0] * dx.shape[1]
-        walkers = planes * -(-dx.shape[2] // pk.WALK_ROWS) * dx.shape[3]
-        K.launch(pk.max_backward_columns, walkers)(flat(dy), flat(mask), flat(dx), planes, *dims, *relu,
-                                                   pk.WALK_ROWS)
+        K.launch(pk.max_backward_columns, planes * dx.shape[3])(flat(dy), flat(mask), flat(dx), planes, *dims, *relu)
     elif geom.method == "ave":
         planes = dx.shape[0] * dx.shape[1]
         K.launch(pk.ave_backward_columns, planes * dx.shape[3])(flat(dy), flat(dx), planes, *dims)
