@@ -11,7 +11,7 @@ echo "== gpu tests"
 timeout ${GPU_TEST_TIMEOUT:-520} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider tests > "$OUT/gpu_test.log" 2>&1
 if [ $? -eq 124 ]; then
     # A GPU call is capped at 10 minutes: the tests then need two calls (PYTEST_ADDOPTS="--ignore=..." on each).
-    echo "gpu tests stopped at the ${GPU_TEST_TIMEOUT:-520} s limit: the results below are partial (the last file reached is in gpu_test.log)"
+    echo "gpu tests stopped at the ${GPU_TEST_TIMEOUT:-520} s limit: the results below are partial; run the test files it did not reach in a second call"
 fi
 grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/gpu_test.log" | head -30
 tail -1 "$OUT/gpu_test.log"
