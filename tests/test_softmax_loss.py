@@ -196,7 +196,7 @@ def test_a_deferred_label_check_stops_the_pass_before_the_update(monkeypatch):
     layer = net.layer("ip")
     original_backward = layer.backward
     monkeypatch.setattr(layer, "backward", lambda *a: (backward_calls.append(1), original_backward(*a)))
-    net.data["x"].array[...] = 1.0
+    net.data["x"].array[...] = np.random.default_rng().standard_normal((4, 3))
     net.data["label"].array[...] = np.array([0, 4, 2, 1])
     assert np.isfinite(net.forward_backward()) and verdicts == [1]
     assert net.ctx.deferred_checks == []
