@@ -67,12 +67,15 @@ def test_max_pool_ceil_mode_forward_and_backward():
     ((1, 2, 6, 5), (2, 3), (2, 1), (1, 0)),  # overlapping along one axis only
     ((2, 1, 5, 5), (2, 2), (3, 3), (0, 0)),  # stride over the kernel: some pixels in no window
     ((2, 2, 8, 6), (2, 2), (2, 2), (0, 0)),  # VGG's windows, tiling the planes: max_backward_tiles too
+    ((1, 2, 11, 10), (5, 4), (2, 1), (2, 1)),  # windows over 3x3 elements, up to 3 and 4 windows per pixel
 ])
 @pytest.mark.parametrize("relu_slope", [None, 0.0, 0.25], ids=["plain", "relu", "leaky"])
-def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slope):
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slope, ties):
     """The column-walking forward and backward (the ones the op launches) against the CPU op, on geometries
-    that exercise their window-range bookkeeping; with `relu_slope`, the pooling reads a ReLU's output and its
-    backward goes on through that ReLU (the CPU op then equals pool_backward + relu_backward bit for bit)."""
+    that exercise their window-range bookkeeping and load grouping; with `relu_slope`, the pooling reads a
+    ReLU's output and its backward goes on through that ReLU (the CPU op then equals pool_backward +
+    relu_backward bit for bit). With `ties`, windows hold equal maxima, and the first one must be chosen."""
     rng = np.random.default_rng()
     geom = PoolGeometry("max", kernel, stride, pad)
 
@@ -82,6 +85,8 @@ def test_max_pool_by_columns_matches_cpu(x_shape, kernel, stride, pad, relu_slop
 
     oh, ow = (pooled(*a) for a in zip(x_shape[2:], kernel, stride, pad))
     x = rng.standard_normal(x_shape).astype(np.float32)
+    if ties:
+        x = np.round(x).astype(np.float32)
     if relu_slope is not None:  # the pooling's bottom is the ReLU's output, often all non-positive in a window
         x -= 1.5
         x[-1, -1] = -np.abs(x[-1, -1]) - 0.1  # one plane with no window above 0
@@ -245,3 +250,32 @@ def test_fused_batch_norm_scale_relu_ops_match_cpu(shape, relu, global_stats, ro
     names = ["y", "x_hat", "mean", "var", "inv_std", "mean_sum", "var_sum", "scale_factor", "dx", "dgamma", "dbeta"]
     for name, got, want in zip(names, results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()), err_msg=name)
+
+
+@simulated
+@pytest.mark.parametrize("shape", [(3, 2, 5, 6), (2, 2, 1100), (5, 1, 7, 7)], ids=["walk", "rows", "many_planes"])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_channel_partials_match_float64_sums(shape, mode):
+    """The per-channel sums (bias gradients, Scale's gradient, unfused BatchNorm) against NumPy float64 sums:
+    planes shorter than a block (the flat walk over several planes per block) and longer (the per-plane
+    sweep, its last trip partial), in every mode, with one or several blocks per channel."""
+    from superneurons.backend.cuda.kernels import reduce as rk
+
+    rng = np.random.default_rng()
+    n, c = shape[0], shape[1]
+    inner = int(np.prod(shape[2:]))
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = rng.standard_normal(shape).astype(np.float32)
+    mean = rng.standard_normal(c).astype(np.float32)
+    inv = (rng.random(c) + 0.5).astype(np.float32)
+    for chunk in (1, 2) if mode == 1 else (2,):  # blocks of one plane, of two (the last one short where n is odd)
+        sums = np.zeros(2 * c, np.float64)
+        blocks = c * -(-n // chunk)
+        K.launch(rk.channel_partials, 0, blocks=blocks)(x.ravel(), y.ravel(), mean, inv, sums, n, c, inner,
+                                                         chunk, mode)
+        xs, ys = (a.reshape(n, c, inner).astype(np.float64) for a in (x, y))
+        x_hat = (xs - mean.astype(np.float64)[None, :, None]) * inv.astype(np.float64)[None, :, None]
+        first, second = {0: (xs, xs * xs), 1: (xs, None), 2: (xs * ys, None), 3: (ys, ys * x_hat)}[mode]
+        np.testing.assert_allclose(sums[:c], first.sum(axis=(0, 2)), rtol=1e-10, atol=1e-10)
+        want_second = second.sum(axis=(0, 2)) if second is not None else np.zeros(c)
+        np.testing.assert_allclose(sums[c:], want_second, rtol=1e-10, atol=1e-10)

@@ -40,6 +40,7 @@ from tools.bench import common
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LAYERS = 20  # the profile's per-layer list: the slowest layer directions, per iteration
 HOST_FUNCTIONS = 25  # the host profile's list: the Python functions with the most own time
+KERNELS = 40  # the kernel profiles' lists: the kernels with the most GPU time
 
 
 def solver_path(net: str) -> Path:
@@ -88,6 +89,7 @@ def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
             "host_functions": host_functions(solver, backend, iterations),
             "host_ms_per_iter": host_breakdown(solver, backend, iterations),
             "gpu_ms_per_iter": gpu_breakdown(solver, backend, min(iterations, 5)), "conv_paths": conv_paths(),
+            "gpu_ms_per_iter_by_kernel": kernel_profile(lambda: solver.step(1), backend.synchronize, 5),
             **common.ours_settings()}
 
 
@@ -204,21 +206,28 @@ def host_breakdown(solver, backend, iterations: int) -> dict:
     return out
 
 
-def torch_kernels(step, iterations: int, top: int = 15) -> dict:
-    """PyTorch's GPU time per iteration by kernel (torch.profiler), the `top` largest, for comparison."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iterations):
-            step()
-        torch.cuda.synchronize()
+def kernel_profile(step, synchronize, iterations: int, top: int = KERNELS) -> dict:
+    """GPU time per iteration by kernel, the `top` largest: torch.profiler (CUPTI) records every kernel of the
+    process, numba's and cuDNN's as well as PyTorch's, so both sides are listed the same way. Never raises:
+    the profile is a diagnostic, and a failure is reported in the table instead of losing the timings."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as e:
+        return {"error": repr(e)}
+    try:
+        synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iterations):
+                step()
+            synchronize()
+    except Exception as e:
+        return {"error": repr(e)}
     def device_us(e) -> float:
         return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0)
 
     rows = [(e.key, device_us(e) / 1e3 / iterations) for e in prof.key_averages() if device_us(e) > 0]
     rows.sort(key=lambda kv: -kv[1])
-    out = {name[:80]: round(ms, 3) for name, ms in rows[:top]}
+    out = {name[:100]: round(ms, 3) for name, ms in rows[:top]}
     out["all kernels"] = round(sum(ms for _n, ms in rows), 3)
     return out
 
@@ -236,14 +245,17 @@ def pytorch(net: str, batch: int, warmup: int, iterations: int, benchmark: bool,
     out = {"img_per_s": batch * iterations / timing["seconds"], "ms_per_iter": timing["ms_per_iter"],
            "source": tr.source, **in_force}
     if profile:
-        try:
-            out["gpu_ms_per_iter_by_kernel"] = torch_kernels(tr.step, 5)
-        except Exception as e:  # the profiler is a diagnostic: never lose the timing for it
-            out["gpu_ms_per_iter_by_kernel"] = {"error": repr(e)}
-        print(f"PyTorch ({source}) GPU ms per iteration by kernel: {out['gpu_ms_per_iter_by_kernel']}", flush=True)
+        out["gpu_ms_per_iter_by_kernel"] = kernel_profile(tr.step, torch.cuda.synchronize, 5)
+        print_kernels(f"PyTorch ({source})", out["gpu_ms_per_iter_by_kernel"])
     del tr
     torch.cuda.empty_cache()
     return out
+
+
+def print_kernels(who: str, table: dict) -> None:
+    print(f"{who} GPU ms per iteration by kernel (torch.profiler):", flush=True)
+    for name, ms in table.items():
+        print(f"  {ms:8.3f}  {name}" if isinstance(ms, float) else f"  {name}: {ms}", flush=True)
 
 
 def torch_sources(net: str, choice: str) -> list[str]:
@@ -304,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU ms per iteration (events around layers): {profile}", flush=True)
         print("slowest layers (GPU ms per iteration): " + "; ".join(f"{k} {v}" for k, v in slowest.items()), flush=True)
         print(f"convolution directions by cuDNN API: {result['superneurons']['conv_paths']}", flush=True)
+        print_kernels("ours", result['superneurons']['gpu_ms_per_iter_by_kernel'])
     if not args.no_torch:
         result["pytorch"] = {}
         for k, source in enumerate(torch_sources(args.net, args.torch_source)):
