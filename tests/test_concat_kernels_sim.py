@@ -1,6 +1,6 @@
 """The GPU Concat/Slice slab copies (kernels/slab.py through ops/concat.py) under the CUDA simulator
-(NUMBA_ENABLE_CUDASIM=1), no GPU needed: concat forward and the backward's slice at every offset against NumPy
-slicing on fresh random inputs, for axes 0-3, rows of one element, rows shorter than a block, rows not a multiple
+(NUMBA_ENABLE_CUDASIM=1), no GPU needed: concat forward and the backward's slice at every offset (also through a
+ReLU's backward, relu_backward_slab) against NumPy slicing on fresh random inputs, for axes 0-3, rows of one element, rows shorter than a block, rows not a multiple
 of four, rows of several tasks, and grids smaller than the number of rows or tasks.
 
 A normal run (no NUMBA_ENABLE_CUDASIM) has one test: it reruns this file in a child process with the simulator
@@ -75,6 +75,12 @@ def _check_forward_and_backward(rng, shapes, axis, max_blocks=None):
         index = [slice(None)] * dtop.ndim
         index[axis] = slice(offset, offset + width)
         np.testing.assert_array_equal(got.copy_to_host(), dtop[tuple(index)])
+        # through a ReLU's backward on the way (a ReLU in place on this bottom reading its slice itself)
+        y = np.maximum(x, 0)
+        want = dtop[tuple(index)] * np.where(y > 0, np.float32(1), np.float32(0.25))
+        masked = cuda.to_device(np.full(x.shape, np.nan, np.float32))
+        gcat.slab_copy(d_dtop, masked, axis, offset, 0, width, **limit, relu_output=cuda.to_device(y), slope=0.25)
+        np.testing.assert_array_equal(masked.copy_to_host(), want)
         offset += width
     np.testing.assert_array_equal(d_dtop.copy_to_host(), dtop)  # the source is only read
 
@@ -158,4 +164,9 @@ def test_ops_match_the_cpu_op(gpu, rng, shapes, axis):
         cpu.concat_backward(dtop, expect, axis, offset)
         gpu.ops.concat_backward(d_dtop, got, axis, offset)
         np.testing.assert_array_equal(gpu.to_host(got), expect)
+        y = np.maximum(x, 0)
+        for slope in (0.0, 0.25):
+            cpu.relu_backward_slab(y, dtop, expect, axis, offset, slope)
+            gpu.ops.relu_backward_slab(dev(gpu, y), d_dtop, got, axis, offset, slope)
+            np.testing.assert_array_equal(gpu.to_host(got), expect)
         offset += x.shape[axis]

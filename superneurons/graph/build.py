@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from superneurons.errors import UserError
 from superneurons.graph.fuse import (fuse_batch_norm_chains, fuse_conv_relu, fuse_eltwise_relu,
-                                     fuse_relu_backward_into_max_pool)
+                                     fuse_relu_backward_into_max_pool, fuse_relu_backward_with_concat)
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
@@ -34,6 +34,18 @@ class Node:
     @property
     def name(self) -> str:
         return self.layer.name
+
+    def top_gradient_blobs(self) -> list[str]:
+        """The blobs whose gradients this node's backward reads as its top gradients: its tops, or the Concat
+        top whose slice it reads (`Layer.gradient_slice`). The planner and the Net both ask here."""
+        where = self.layer.gradient_slice
+        return [where.blob] if where is not None else self.tops
+
+    def bottom_gradients_written(self, propagate_down: list[bool]) -> list[bool]:
+        """Per bottom, whether this node's backward writes its gradient under `propagate_down`: not for those a
+        ReLU writes from this Concat's top gradient (`Layer.bottoms_taken`)."""
+        taken = self.layer.bottoms_taken
+        return [pd and j not in taken for j, pd in enumerate(propagate_down)]
 
 
 @dataclass
@@ -100,6 +112,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         fuse_eltwise_relu(nodes)
         fuse_conv_relu(nodes)
         fuse_relu_backward_into_max_pool(nodes)
+        fuse_relu_backward_with_concat(nodes)
     consumed = {b for n in nodes for b in n.bottoms}
     outputs = []
     for n in nodes:

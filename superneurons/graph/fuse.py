@@ -38,6 +38,16 @@ owns) that propagates to its bottom, in place, with negative_slope >= 0, whose o
 one top (no mask top, which holds Caffe's plain argmax) is the only and last reader of, and only where the
 pooling shrinks the activation: recompute may keep the argmax buffer where it used to keep the activation.
 
+**ReLU -> Concat, backward** (`fuse_relu_backward_with_concat`). GoogLeNet and SqueezeNet join the outputs of
+ReLUs in place on convolutions' tops. The Concat's backward copies each bottom's slice of its top gradient
+out, and the ReLU's then reads that copy and writes it masked; fused, the ReLU's backward reads its slice of
+the Concat's top gradient itself (op `relu_backward_slab`, the same bits) and the Concat copies nothing for
+that bottom: a pass over the gradient less per joined ReLU, SqueezeNet's whole Concat backward. The
+Concat's top gradient then lives until the last such ReLU's backward step, which reads it (`Node.
+top_gradient_blobs`, so the planner and the Net see the same uses). Only for a ReLU whose backward runs in
+its own step, in place on a blob it writes last before the Concat, which reads it once and is its last
+reader, with negative_slope >= 0, both running backward into that bottom.
+
 A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the
   next layer touching the first layer's top blob is the next of the chain (BatchNorm: the Scale, then the
@@ -52,13 +62,13 @@ A layer is fused only when the fused layer computes exactly what the separate la
 
 Params stay owned by their layers (caffemodel files and the solver see no change); the absorbed Scale and
 ReLU stay in the graph as pass-through steps, so logs and the profiler list Caffe's layers.
-graph.build runs all four unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
+graph.build runs all five unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from superneurons.layers.base import count
+from superneurons.layers.base import GradientSlice, count
 from superneurons.proto import superneurons_pb2 as pb
 
 if TYPE_CHECKING:
@@ -156,6 +166,34 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"]) -> list[tuple[str, str
             continue  # its argmax buffer, which replays may keep instead of the activation, would be no smaller
         pool.layer.take_relu_backward(relu.layer)
         fused.append((relu.name, pool.name))
+    return fused
+
+
+def fuse_relu_backward_with_concat(nodes: list["Node"]) -> list[tuple[str, str]]:
+    """Let every eligible ReLU read its gradient from the slice of the Concat top that joins its output;
+    returns (relu, concat) names."""
+    fused = []
+    for i, concat in enumerate(nodes):
+        layer = concat.layer
+        if layer.type_name != "Concat" or not concat.need_backward or len(concat.tops) != 1 \
+                or concat.tops[0] in concat.bottoms:
+            continue
+        for j, blob in enumerate(concat.bottoms):
+            if not concat.propagate_down[j] or concat.bottoms.count(blob) != 1 \
+                    or _next_toucher(nodes, i, blob) is not None:
+                continue  # the Concat must read the blob once, and last
+            k = _previous_toucher(nodes, i, blob)
+            if k is None:
+                continue
+            relu = nodes[k]
+            owner = relu.layer.fused_into
+            if relu.layer.type_name != "ReLU" or not _in_place_on(relu, blob) or relu.layer.slope < 0 \
+                    or not relu.need_backward or not relu.propagate_down[0] \
+                    or (owner is not None and owner.runs_absorbed_backward) \
+                    or relu.layer.backward_taken_by is not None:
+                continue
+            relu.layer.read_gradient_slice(GradientSlice(layer, concat.tops[0], layer.axis, layer.offsets[j]), j)
+            fused.append((relu.name, concat.name))
     return fused
 
 

@@ -90,6 +90,17 @@ def claim_cleared_diff(decl: ParamDecl) -> bool:
     return cleared
 
 
+@dataclass(frozen=True)
+class GradientSlice:
+    """Where a layer reads its top gradient instead of its own top's: the slice [offset, offset + width) along
+    `axis` of the gradient of `blob`, the top of `concat` (graph/fuse.py)."""
+
+    concat: "Layer"
+    blob: str
+    axis: int
+    offset: int
+
+
 @dataclass
 class BufferDecl:
     """Scratch state a layer keeps between its forward and backward (e.g. a max-pooling argmax)."""
@@ -147,6 +158,11 @@ class Layer:
         # Set by graph/fuse.py (`leave_backward_to`): a later layer whose backward computes this one's (a max
         # Pooling takes the backward of the ReLU it reads); this layer's backward step then passes through.
         self.backward_taken_by: Layer | None = None
+        # Set by graph/fuse.py (`read_gradient_slice`): this layer's backward reads its top gradient as a slice
+        # of a later Concat's top gradient (a ReLU in place on the Concat's bottom), which then skips that
+        # bottom (`bottoms_taken`): the layer writes the bottom's gradient itself.
+        self.gradient_slice: GradientSlice | None = None
+        self.bottoms_taken: frozenset[int] = frozenset()
         # Set by the runtime from memory/aliases.py. `diff_alias`: for a layer that `sums_top_diffs`, the top
         # whose gradient memory is also the bottom's; for one with `identity_diff_bottoms`, the bottom whose
         # gradient is the top gradient's memory (backward writes nothing for it; with `diff_in_place_bottoms`
@@ -185,6 +201,12 @@ class Layer:
         """Become a pass-through: `owner` (graph/fuse.py checked it may) computes this layer's forward and
         backward. Layers that keep buffers for their own backward override this to drop them."""
         self.fused_into = owner
+
+    def read_gradient_slice(self, where: GradientSlice, bottom: int) -> None:
+        """Read the top gradient from `where` and write the gradient of `where.concat`'s bottom `bottom`
+        (graph/fuse.py checked this layer may: ReLU can)."""
+        self.gradient_slice = where
+        where.concat.bottoms_taken = where.concat.bottoms_taken | {bottom}
 
     def leave_backward_to(self, layer: "Layer") -> None:
         """Let `layer`'s backward compute this layer's too (graph/fuse.py checked it may); the layer's own

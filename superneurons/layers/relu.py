@@ -1,7 +1,9 @@
 """ReLU (with Caffe's leaky negative_slope). graph/fuse.py may fold it into a preceding BatchNorm+Scale, Eltwise
 SUM or Convolution (`absorb_into`): its forward is then a pass-through, and so is its backward unless the owner
 leaves the backward to this step (`runs_absorbed_backward`: Convolution does). Its backward may also go to the
-max Pooling that reads its output (`leave_backward_to`), which then masks the gradient it writes."""
+max Pooling that reads its output (`leave_backward_to`), which then masks the gradient it writes. In place on
+a Concat's bottom, it may read its gradient straight from its slice of the Concat's top gradient
+(`read_gradient_slice`), and the Concat copies nothing for that bottom."""
 from __future__ import annotations
 
 from superneurons.layers.base import NEEDS_TOP, Layer, register
@@ -30,5 +32,10 @@ class ReLU(Layer):
         self.ops.relu_forward(bottom[0], top[0], self.slope)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0] and not self._backward_done_by_owner():
+        if not propagate_down[0] or self._backward_done_by_owner():
+            return
+        where = self.gradient_slice
+        if where is None:
             self.ops.relu_backward(top[0], top_diff[0], bottom_diff[0], self.slope)
+        else:  # top_diff[0] is the Concat's top gradient (Node.top_gradient_blobs)
+            self.ops.relu_backward_slab(top[0], top_diff[0], bottom_diff[0], where.axis, where.offset, self.slope)

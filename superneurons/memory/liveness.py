@@ -153,8 +153,9 @@ class Program:
             if NEEDS_TOP in needs:
                 uses += [r[data[t]] for t in node.tops]
             uses += [k for k, fb in self.buffer_keys[node.name] if fb]
-            uses += [r[diff[t]] for t in node.tops if t in diff]
-            uses += [r[diff[b]] for b, pd in zip(node.bottoms, self.propagate_down[node.name]) if pd and b in diff]
+            uses += [r[diff[t]] for t in node.top_gradient_blobs() if t in diff]
+            written = node.bottom_gradients_written(self.propagate_down[node.name])
+            uses += [r[diff[b]] for b, w in zip(node.bottoms, written) if w and b in diff]
             self.steps.append(StepInfo(len(self.steps), BACKWARD, node, i, tuple(dict.fromkeys(uses))))
 
     # -- helpers -------------------------------------------------------------------------------------

@@ -372,8 +372,9 @@ class Net:
                 node,
                 [self.data[b] for b in node.bottoms],
                 [self.data[t] for t in node.tops],
-                [self.diff.get(b) if pd else None for b, pd in zip(node.bottoms, node.propagate_down)],
-                [self.diff.get(t) for t in node.tops],
+                [self.diff.get(b) if w else None
+                 for b, w in zip(node.bottoms, node.bottom_gradients_written(node.propagate_down))],
+                [self.diff.get(t) for t in node.top_gradient_blobs()],
             ))
         self.backward_steps = [s for s in reversed(self.forward_steps) if self.train and s.node.need_backward]
         self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in self.graph.loss_blobs]
@@ -593,6 +594,10 @@ class Net:
             taker = node.layer.backward_taken_by
             if backward and taker is not None:
                 pairs.append((taker, node.layer, f"whose backward runs in {taker.name!r}'s"))
+            where = node.layer.gradient_slice
+            if backward and where is not None:
+                pairs.append((where.concat, node.layer, f"whose backward writes {where.concat.name!r}'s bottom "
+                                                        "gradient"))
             owner = node.layer.fused_into
             if owner is not None and (not backward or owner.runs_absorbed_backward):
                 pairs.append((owner, node.layer, "which run fused as one step"))

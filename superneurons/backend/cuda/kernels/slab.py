@@ -18,13 +18,17 @@ one outstanding load per thread leaves most of the memory bandwidth unused):
 
 Masked positions (past a row's part, or past the last row) re-read the thread's first position, which is
 always valid, so the four loads need no branches; only their stores are skipped.
+
+With `relu` set, each copied gradient goes through a ReLU's backward on the way (`leaky_grad` against `y` at
+the destination position, the ReLU's output): the backward of a ReLU in place on a Concat's bottom, read
+straight from the Concat's top gradient (graph/fuse.py), in the pass that would only have copied it.
 """
 from __future__ import annotations
 
 from numba import cuda, uint64
 
 from superneurons.backend.cuda.kernels import BLOCK
-from superneurons.backend.cuda.kernels.elementwise import four_indices
+from superneurons.backend.cuda.kernels.elementwise import four_indices, leaky_grad
 
 ROWS_MIN = 4 * BLOCK  # row length from which copy_rows runs: every thread of a task has a full trip of four
 PART = 16 * BLOCK  # the most elements of a row one copy_rows task takes (16 per thread: four trips)
@@ -38,11 +42,15 @@ def at(i):
 
 
 @cuda.jit(device=True, inline=True)
-def copy_run(src, s, dst, d, i, end):
-    """dst[d + j] = src[s + j] for j = i, i + BLOCK, ... < end; four loads per trip."""
+def copy_run(src, s, dst, d, i, end, y, slope, relu):
+    """dst[d + j] = src[s + j] for j = i, i + BLOCK, ... < end (through the ReLU's backward where `relu`);
+    four loads per trip."""
     while i < end:
         i1, i2, i3, valid = four_indices(i, end, BLOCK)
         v0, v1, v2, v3 = src[at(s + i)], src[at(s + i1)], src[at(s + i2)], src[at(s + i3)]
+        if relu:
+            v0, v1, v2, v3 = (leaky_grad(v0, y[at(d + i)], slope), leaky_grad(v1, y[at(d + i1)], slope),
+                              leaky_grad(v2, y[at(d + i2)], slope), leaky_grad(v3, y[at(d + i3)], slope))
         dst[at(d + i)] = v0
         if valid > 1:
             dst[at(d + i1)] = v1
@@ -54,7 +62,7 @@ def copy_run(src, s, dst, d, i, end):
 
 
 @cuda.jit
-def copy_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, length, part, parts):
+def copy_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, length, y, slope, relu, part, parts):
     """The slab copy as tasks (row o, part p) = elements [p * part, min((p + 1) * part, length)) of row o,
     numbered row-major; block b takes tasks b, b + grid, b + 2 grid, ..."""
     grid = cuda.gridDim.x
@@ -66,7 +74,7 @@ def copy_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, length,
     while o < outer:
         start = p * part
         copy_run(src, o * src_pitch + src_base, dst, o * dst_pitch + dst_base, start + tid,
-                 min(start + part, length))
+                 min(start + part, length), y, slope, relu)
         o += step_o
         p += step_p
         if p >= parts:
@@ -86,7 +94,7 @@ def next_position(o, r, step_o, step_r, length):
 
 
 @cuda.jit
-def copy_short_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, length):
+def copy_short_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, length, y, slope, relu):
     """The slab copy as one grid-stride walk over the outer * length elements, four positions a grid
     apart per trip (launched for a quarter of the elements, as kernels.launch_unrolled)."""
     stride = cuda.gridsize(1)
@@ -105,11 +113,18 @@ def copy_short_rows(src, dst, outer, src_pitch, src_base, dst_pitch, dst_base, l
         s2 = o2 * src_pitch + src_base + r2 if o2 < outer else s0
         s3 = o3 * src_pitch + src_base + r3 if o3 < outer else s0
         v0, v1, v2, v3 = src[at(s0)], src[at(s1)], src[at(s2)], src[at(s3)]
-        dst[at(o * dst_pitch + dst_base + r)] = v0
+        d0 = o * dst_pitch + dst_base + r
+        d1 = o1 * dst_pitch + dst_base + r1 if o1 < outer else d0
+        d2 = o2 * dst_pitch + dst_base + r2 if o2 < outer else d0
+        d3 = o3 * dst_pitch + dst_base + r3 if o3 < outer else d0
+        if relu:
+            v0, v1, v2, v3 = (leaky_grad(v0, y[at(d0)], slope), leaky_grad(v1, y[at(d1)], slope),
+                              leaky_grad(v2, y[at(d2)], slope), leaky_grad(v3, y[at(d3)], slope))
+        dst[at(d0)] = v0
         if valid > 1:
-            dst[at(o1 * dst_pitch + dst_base + r1)] = v1
+            dst[at(d1)] = v1
         if valid > 2:
-            dst[at(o2 * dst_pitch + dst_base + r2)] = v2
+            dst[at(d2)] = v2
         if valid > 3:
-            dst[at(o3 * dst_pitch + dst_base + r3)] = v3
+            dst[at(d3)] = v3
         o, r = next_position(o3, r3, step_o, step_r, length)

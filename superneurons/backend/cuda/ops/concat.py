@@ -1,15 +1,17 @@
 """Concatenation along one axis and its inverse, as slab copies over (outer, axis, inner) views
-(kernels/slab.py: which walk runs for which row length, and why)."""
+(kernels/slab.py: which walk runs for which row length, and why), and the backward of a ReLU in place on a
+Concat's bottom read straight from its slice of the top gradient (graph/fuse.py): the same slab copy, through
+the ReLU's mask."""
 from __future__ import annotations
 
 from math import prod
 from typing import Sequence
 
 from superneurons.backend.cuda import kernels as K
-from superneurons.backend.cuda.device import flat
+from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import slab as sk
 
-__all__ = ["concat_forward", "concat_backward"]  # the ops (backend.base.collect_ops); slab_copy is this module's helper
+__all__ = ["concat_forward", "concat_backward", "relu_backward_slab"]  # the ops (backend.base.collect_ops); slab_copy is this module's helper
 
 TASKS_MIN = 2048  # copy_rows tasks from which rows are not split finer than PART (~2 waves of blocks on an H100)
 
@@ -30,15 +32,17 @@ def row_parts(outer: int, length: int) -> tuple[int, int]:
 
 
 def slab_copy(src, dst, axis: int, src_offset: int, dst_offset: int, width: int,
-              max_blocks: int = K.MAX_BLOCKS) -> None:
+              max_blocks: int = K.MAX_BLOCKS, relu_output=None, slope: float = 0.0) -> None:
     """dst[..., dst_offset:dst_offset + width, ...] = src[..., src_offset:src_offset + width, ...] along
-    `axis` (src and dst agree on every other dimension), on a grid of at most `max_blocks` blocks."""
+    `axis` (src and dst agree on every other dimension), on a grid of at most `max_blocks` blocks; with
+    `relu_output` (dst's shape), each value goes through the backward of the ReLU that output came from."""
     outer, inner = prod(src.shape[:axis]), prod(src.shape[axis + 1:])
     length = width * inner
     if not outer or not length:
         return
+    relu = relu_output is not None
     args = (flat(src), flat(dst), outer, src.shape[axis] * inner, src_offset * inner, dst.shape[axis] * inner,
-            dst_offset * inner, length)
+            dst_offset * inner, length, flat(relu_output if relu else dst), scalar(dst, slope), relu)
     if length < sk.ROWS_MIN:
         quarter = -(-outer * length // K.UNROLL)  # four elements per thread per trip
         K.launch(sk.copy_short_rows, 0, blocks=min(-(-quarter // K.BLOCK), max_blocks))(*args)
@@ -56,3 +60,7 @@ def concat_forward(bottoms: Sequence, top, axis: int) -> None:
 
 def concat_backward(top_diff, bottom_diff, axis: int, offset: int) -> None:
     slab_copy(top_diff, bottom_diff, axis, offset, 0, bottom_diff.shape[axis])
+
+
+def relu_backward_slab(y, top_diff, dx, axis: int, offset: int, slope: float) -> None:
+    slab_copy(top_diff, dx, axis, offset, 0, dx.shape[axis], relu_output=y, slope=slope)

@@ -1,0 +1,130 @@
+"""A ReLU in place on a Concat's bottom reading its gradient from the Concat's top gradient (graph/fuse.py:
+fuse_relu_backward_with_concat, op relu_backward_slab).
+
+The op against the unfused pair (the Concat's slice copy, then the ReLU's backward in place) bit for bit;
+the pass's rules; fused nets against the same nets with SUPERNEURONS_FUSE=0 (bit for bit), with gradient
+aliasing on and off and in every memory mode; the planner's peaks on SqueezeNet with the pass and without it;
+a backward range that would separate the pair. The CUDA kernels run under the simulator in
+test_concat_kernels_sim.py and on a GPU in its gpu-marked tests.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_conv_relu_fusion import _head
+from test_fusion import _graph, _train, assert_test_phase_forward_matches_unfused, assert_trains_like_unfused_in_every_mode
+from test_memory_modes import _input, _layer, conv
+
+from superneurons.backend.cpu import CpuBackend
+
+OPS = CpuBackend().ops
+
+
+@pytest.mark.parametrize("shape,axis,widths", [((3, 7, 4, 5), 1, (2, 5)), ((4, 6, 3), 0, (1, 3)),
+                                               ((2, 3, 6, 2), 2, (4, 2)), ((5, 9), 1, (3, 6))])
+@pytest.mark.parametrize("slope", [0.0, 0.2])
+def test_op_is_the_slice_copy_then_the_relu_backward_bit_for_bit(rng, shape, axis, widths, slope):
+    top_shape = list(shape)
+    top_shape[axis] = sum(widths)
+    top_diff = rng.standard_normal(top_shape).astype(np.float32)
+    offset = 0
+    for width in widths:
+        bottom_shape = list(shape)
+        bottom_shape[axis] = width
+        y = np.maximum(rng.standard_normal(bottom_shape), 0).astype(np.float32)
+        y[(0,) * len(shape)] = 0.0  # a zero output: masked
+        want = np.full(bottom_shape, np.nan, np.float32)
+        OPS.concat_backward(top_diff, want, axis, offset)
+        OPS.relu_backward(y, want, want, slope)
+        got = np.full(bottom_shape, np.nan, np.float32)
+        OPS.relu_backward_slab(y, top_diff, got, axis, offset, slope)
+        np.testing.assert_array_equal(got, want)
+        assert (got == 0).any() or slope  # the mask did something
+        offset += width
+
+
+def _fire(expand_slope=0.1):
+    """SqueezeNet's fire module and more: a squeeze convolution + ReLU split into a 1x1 and a 3x3 convolution,
+    each + ReLU (the 3x3 one leaky), joined by a Concat with two more bottoms the pass leaves alone: a
+    convolution without ReLU, and a ReLU whose output a pooling also reads (through a Split)."""
+    return (_input((2, 3, 6, 6), 2)
+            + conv("squeeze", "data", "s", 4, k=1, pad=0) + _layer("relu_s", "ReLU", ["s"], ["s"])
+            + conv("e1", "s", "e1", 3, k=1, pad=0) + _layer("relu_e1", "ReLU", ["e1"], ["e1"])
+            + conv("e3", "s", "e3", 5) + _layer("relu_e3", "ReLU", ["e3"], ["e3"],
+                                                 f"relu_param {{ negative_slope: {expand_slope} }}")
+            + conv("plain", "data", "plain", 2)
+            + conv("shared", "data", "shared", 2) + _layer("relu_shared", "ReLU", ["shared"], ["shared"])
+            + _layer("peek", "Pooling", ["shared"], ["peek"], "pooling_param { pool: MAX kernel_size: 1 }")
+            + _layer("concat", "Concat", ["e1", "e3", "plain", "shared"], ["cat"])
+            + _layer("join", "Concat", ["cat", "peek"], ["joined"])
+            + _head("joined"))
+
+
+def test_pass_rules():
+    g = _graph(_fire())
+    reading = {n.name: (n.layer.gradient_slice.concat.name, n.layer.gradient_slice.offset)
+               for n in g.nodes if n.layer.gradient_slice is not None}
+    assert reading == {"relu_e1": ("concat", 0), "relu_e3": ("concat", 3)}
+    assert g.node("concat").layer.bottoms_taken == {0, 1}
+    assert not g.node("join").layer.bottoms_taken  # a Concat and a pooling make its bottoms, no ReLU
+    assert g.node("relu_e3").top_gradient_blobs() == ["cat"]
+    assert g.node("concat").bottom_gradients_written([True] * 4) == [False, False, True, True]
+    # A leaky ReLU with a negative slope, and a Concat told not to propagate to a bottom, keep the copy.
+    assert _graph(_fire(-0.5)).node("concat").layer.bottoms_taken == {0}
+    told = _fire().replace('bottom: "plain" bottom: "shared" top: "cat" ',
+                           'bottom: "plain" bottom: "shared" top: "cat" propagate_down: true '
+                           'propagate_down: false propagate_down: true propagate_down: true ')
+    assert _graph(told).node("concat").layer.bottoms_taken == {0}
+
+
+@pytest.mark.parametrize("alias", ["1", "0"])
+def test_fused_net_trains_bit_identically_to_unfused_in_every_mode(monkeypatch, alias):
+    monkeypatch.setenv("SUPERNEURONS_DIFF_ALIAS", alias)
+    fused, _losses, _params = _train(_fire(), True, monkeypatch)
+    assert fused.graph.node("concat").layer.bottoms_taken == {0, 1}
+    assert_trains_like_unfused_in_every_mode(_fire(), monkeypatch)
+
+
+def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
+    assert_test_phase_forward_matches_unfused(_fire(), monkeypatch)
+
+
+def test_squeezenet_offload_and_recompute_peaks_fall(monkeypatch):
+    """No Concat step holds its top gradient and both bottoms' at once any more: the offload and recompute
+    plans' peaks fall, and no mode's grows."""
+    from superneurons.graph import build
+    from superneurons.io.prototxt import read_net
+    from superneurons.memory.plan import make_plan
+    from superneurons.proto import superneurons_pb2 as pb
+
+    net = read_net(str(Path(__file__).resolve().parents[1] / "models/squeezenet/squeezenet_dummy.prototxt"))
+    fused = make_plan(build.build_graph(net, pb.TRAIN))
+    monkeypatch.setattr(build, "fuse_relu_backward_with_concat", lambda nodes: [])
+    without = make_plan(build.build_graph(net, pb.TRAIN))
+    assert not any(n.layer.bottoms_taken for n in without.program.graph.nodes)
+    for mode in fused.traces:
+        assert fused.peak(mode)[0] <= without.peak(mode)[0], mode
+    for mode in ("offload", "recompute"):
+        assert fused.peak(mode)[0] < 0.98 * without.peak(mode)[0], mode
+
+
+def test_a_backward_range_that_separates_a_relu_from_the_concat_it_reads_is_refused(tmp_path, rng):
+    """relu_e3 writes e3's gradient from concat's top gradient: backward(start='concat', end='concat') would leave
+    it unwritten; refused with a line naming both. A range holding both runs from the top gradient set."""
+    import superneurons as caffe
+    from superneurons.errors import UserError
+
+    model = tmp_path / "fire.prototxt"
+    model.write_text('name: "fire"\nforce_backward: true\n' + _fire())
+    net = caffe.Net(str(model), caffe.TRAIN)
+    net.forward(data=rng.standard_normal((2, 3, 6, 6)).astype(np.float32), label=np.zeros(2, np.float32))
+    with pytest.raises(UserError, match=r"separates 'concat' \(Concat\) from 'relu_e\d' \(ReLU\), whose backward "
+                                        r"writes 'concat''s bottom gradient"):
+        net.backward(start="concat", end="concat")
+    cat = rng.standard_normal(net.blobs["cat"].diff.shape).astype(np.float32)
+    net.blobs["cat"].diff[...] = cat
+    net.backward(start="concat", end="relu_e1")
+    e1 = net.blobs["e1"]
+    np.testing.assert_array_equal(e1.diff, cat[:, :3] * (e1.data > 0))
