@@ -61,11 +61,27 @@ def max_forward(x, y, mask, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
         mask[i] = _mask_entry(arg, best, signed)
 
 
+@cuda.jit(device=True, inline=True)
+def _row_max(x, row, s0, s1):
+    """(max, column of its first occurrence, -1 if none is above -inf) of x[row + s] over columns [s0, s1)."""
+    best = -math.inf
+    col = -1
+    for s in range(s0, s1):
+        v = x[at(row + s)]
+        if v > best:
+            best = v
+            col = s
+    return best, col
+
+
 @cuda.jit
 def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
     """max_forward with one thread per (plane, output column) walking down the column: the column's window
     columns and the plane offsets are computed once (one division per thread instead of three per output),
-    and each output row's window starts sh rows further down."""
+    and each output row's window starts sh rows further down. A window's maximum is the first of its rows'
+    maxima to exceed the ones above it (the first in row-major order, as the plain scan chooses), and the
+    last row's is carried to the next window, which starts on it where windows overlap by one row (3x3
+    stride 2: a third fewer loads and comparisons)."""
     for t in range(cuda.grid(1), planes * ow, cuda.gridsize(1)):
         plane = t // ow
         qw = t - plane * ow
@@ -75,16 +91,23 @@ def max_forward_columns(x, y, mask, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw
         src = plane * h * w
         dst = plane * oh * ow + qw
         h0 = -ph
+        carried = -1  # the row whose maximum (carried_best, carried_col) the last window ended on
+        carried_best = -math.inf
+        carried_col = -1
         for qh in range(oh):
             best = -math.inf
             arg = -1
-            for r in range(max(h0, 0), min(h0 + kh, h)):
-                row = src + r * w
-                for s in range(s0, s1):
-                    v = x[at(row + s)]
-                    if v > best:
-                        best = v
-                        arg = r * w + s
+            r1 = min(h0 + kh, h)
+            for r in range(max(h0, 0), r1):
+                if r == carried:
+                    rb, col = carried_best, carried_col
+                else:
+                    rb, col = _row_max(x, src + r * w, s0, s1)
+                if rb > best:
+                    best = rb
+                    arg = r * w + col
+                if r == r1 - 1:
+                    carried, carried_best, carried_col = r, rb, col
             y[at(dst)] = best
             mask[at(dst)] = _mask_entry(arg, best, signed)
             dst += ow
