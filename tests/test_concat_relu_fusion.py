@@ -1,15 +1,13 @@
 """A ReLU in place on a Concat's bottom reading its gradient from the Concat's top gradient (graph/fuse.py:
-fuse_relu_backward_with_concat, op relu_backward_slab).
+concat_slice_readers, Graph.use_concat_slices, op relu_backward_slab).
 
 The op against the unfused pair (the Concat's slice copy, then the ReLU's backward in place) bit for bit;
 the pass's rules; fused nets against the same nets with SUPERNEURONS_FUSE=0 (bit for bit), with gradient
-aliasing on and off and in every memory mode; the planner's peaks on SqueezeNet with the pass and without it;
-a backward range that would separate the pair. The CUDA kernels run under the simulator in
+aliasing on and off, and every memory mode against baseline; which modes turn it on; a backward range that
+would separate the pair. The CUDA kernels run under the simulator in
 test_concat_kernels_sim.py and on a GPU in its gpu-marked tests.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,21 +60,30 @@ def _fire(expand_slope=0.1):
             + _head("joined"))
 
 
+def _taken(text):
+    """{concat: bottoms taken} and {relu: (concat, offset)} of the TRAIN graph of `text` with the slices on."""
+    g = _graph(text)
+    assert not any(n.layer.bottoms_taken or n.layer.gradient_slice for n in g.nodes)  # off as built
+    g.use_concat_slices(True)
+    return g, {n.name: n.layer.bottoms_taken for n in g.nodes if n.layer.bottoms_taken}
+
+
 def test_pass_rules():
-    g = _graph(_fire())
+    g, taken = _taken(_fire())
     reading = {n.name: (n.layer.gradient_slice.concat.name, n.layer.gradient_slice.offset)
                for n in g.nodes if n.layer.gradient_slice is not None}
     assert reading == {"relu_e1": ("concat", 0), "relu_e3": ("concat", 3)}
-    assert g.node("concat").layer.bottoms_taken == {0, 1}
-    assert not g.node("join").layer.bottoms_taken  # a Concat and a pooling make its bottoms, no ReLU
+    assert taken == {"concat": {0, 1}}  # not join's: a Concat and a pooling make its bottoms, no ReLU
     assert g.node("relu_e3").top_gradient_blobs() == ["cat"]
     assert g.node("concat").bottom_gradients_written([True] * 4) == [False, False, True, True]
+    g.use_concat_slices(False)
+    assert g.node("relu_e3").top_gradient_blobs() == ["e3"] and not g.node("concat").layer.bottoms_taken
     # A leaky ReLU with a negative slope, and a Concat told not to propagate to a bottom, keep the copy.
-    assert _graph(_fire(-0.5)).node("concat").layer.bottoms_taken == {0}
+    assert _taken(_fire(-0.5))[1] == {"concat": {0}}
     told = _fire().replace('bottom: "plain" bottom: "shared" top: "cat" ',
                            'bottom: "plain" bottom: "shared" top: "cat" propagate_down: true '
                            'propagate_down: false propagate_down: true propagate_down: true ')
-    assert _graph(told).node("concat").layer.bottoms_taken == {0}
+    assert _taken(told)[1] == {"concat": {0}}
 
 
 @pytest.mark.parametrize("alias", ["1", "0"])
@@ -91,23 +98,18 @@ def test_fused_net_test_phase_forward_matches_unfused(monkeypatch):
     assert_test_phase_forward_matches_unfused(_fire(), monkeypatch)
 
 
-def test_squeezenet_offload_and_recompute_peaks_fall(monkeypatch):
-    """No Concat step holds its top gradient and both bottoms' at once any more: the offload and recompute
-    plans' peaks fall, and no mode's grows."""
-    from superneurons.graph import build
-    from superneurons.io.prototxt import read_net
-    from superneurons.memory.plan import make_plan
-    from superneurons.proto import superneurons_pb2 as pb
+@pytest.mark.parametrize("memory,on", [("baseline", True), ("liveness", False), ("offload", False),
+                                       ("recompute", False), ("auto", True)])
+def test_only_baseline_reads_the_slices(memory, on):
+    """Under the other modes the Concat's top gradient living on to the ReLU's step would cost memory (a
+    replayed output beside it under recompute): the Net turns the slices on only under baseline (auto: when
+    it picks baseline, as in this roomy pool), and its steps follow."""
+    from superneurons.runtime.net import Net
 
-    net = read_net(str(Path(__file__).resolve().parents[1] / "models/squeezenet/squeezenet_dummy.prototxt"))
-    fused = make_plan(build.build_graph(net, pb.TRAIN))
-    monkeypatch.setattr(build, "fuse_relu_backward_with_concat", lambda nodes: [])
-    without = make_plan(build.build_graph(net, pb.TRAIN))
-    assert not any(n.layer.bottoms_taken for n in without.program.graph.nodes)
-    for mode in fused.traces:
-        assert fused.peak(mode)[0] <= without.peak(mode)[0], mode
-    for mode in ("offload", "recompute"):
-        assert fused.peak(mode)[0] < 0.98 * without.peak(mode)[0], mode
+    net = Net(_graph(_fire()), CpuBackend(), train=True, memory=memory)
+    assert (net.graph.node("concat").layer.bottoms_taken == {0, 1}) == on
+    step = next(s for s in net.backward_steps if s.node.name == "relu_e3")
+    assert step.top_diffs == [net.diff["cat" if on else "e3"]]
 
 
 def test_a_backward_range_that_separates_a_relu_from_the_concat_it_reads_is_refused(tmp_path, rng):

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superneurons.errors import UserError
-from superneurons.graph.fuse import (fuse_batch_norm_chains, fuse_conv_relu, fuse_eltwise_relu,
-                                     fuse_relu_backward_into_max_pool, fuse_relu_backward_with_concat)
+from superneurons.graph.fuse import (concat_slice_readers, fuse_batch_norm_chains, fuse_conv_relu,
+                                     fuse_eltwise_relu, fuse_relu_backward_into_max_pool)
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
-from superneurons.layers.base import Layer, Shape, count, layer_class
+from superneurons.layers.base import GradientSlice, Layer, Shape, count, layer_class
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.settings import MemoryPolicy, memory_policy
 
@@ -61,6 +61,20 @@ class Graph:
     diff_alias: bool = True
     # Blobs graph/fuse.py split off a blob of the prototxt (a fused BatchNorm's input): name -> that blob.
     internal_blobs: dict[str, str] = field(default_factory=dict)
+    # ReLUs that may read their gradient from a Concat's top gradient (graph/fuse.py: concat_slice_readers):
+    # (ReLU, where, the Concat's bottom index); `use_concat_slices` turns them on and off.
+    concat_slices: list[tuple[Layer, GradientSlice, int]] = field(default_factory=list)
+
+    def use_concat_slices(self, on: bool) -> None:
+        """Let the ReLUs of `concat_slices` read their slices of the Concat top gradients (on), or let the
+        Concats copy every bottom's gradient out (off, the state after build). The Net decides, by its memory
+        mode, before it plans or builds its steps."""
+        for relu, where, _bottom in self.concat_slices:
+            relu.gradient_slice = None
+            where.concat.bottoms_taken = frozenset()
+        if on:
+            for relu, where, bottom in self.concat_slices:
+                relu.read_gradient_slice(where, bottom)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -106,13 +120,14 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     _set_loss_weights(nodes)
     _mark_backward(nodes, bool(net.force_backward))
     internal_blobs: dict[str, str] = {}
+    concat_slices: list = []
     if policy.fuse_layers:
         # needs need_backward; changes buffers (and may split blobs) before any Net declares tensors
         fuse_batch_norm_chains(nodes, shapes, internal_blobs)
         fuse_eltwise_relu(nodes)
         fuse_conv_relu(nodes)
         fuse_relu_backward_into_max_pool(nodes)
-        fuse_relu_backward_with_concat(nodes)
+        concat_slices = concat_slice_readers(nodes)
     consumed = {b for n in nodes for b in n.bottoms}
     outputs = []
     for n in nodes:
@@ -120,7 +135,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
             if t not in consumed and t not in outputs:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
-                 internal_blobs=internal_blobs)
+                 internal_blobs=internal_blobs, concat_slices=concat_slices)
 
 
 def unique_layer_names(names: list[str]) -> list[str]:

@@ -38,15 +38,19 @@ owns) that propagates to its bottom, in place, with negative_slope >= 0, whose o
 one top (no mask top, which holds Caffe's plain argmax) is the only and last reader of, and only where the
 pooling shrinks the activation: recompute may keep the argmax buffer where it used to keep the activation.
 
-**ReLU -> Concat, backward** (`fuse_relu_backward_with_concat`). GoogLeNet and SqueezeNet join the outputs of
-ReLUs in place on convolutions' tops. The Concat's backward copies each bottom's slice of its top gradient
-out, and the ReLU's then reads that copy and writes it masked; fused, the ReLU's backward reads its slice of
-the Concat's top gradient itself (op `relu_backward_slab`, the same bits) and the Concat copies nothing for
-that bottom: a pass over the gradient less per joined ReLU, SqueezeNet's whole Concat backward. The
-Concat's top gradient then lives until the last such ReLU's backward step, which reads it (`Node.
-top_gradient_blobs`, so the planner and the Net see the same uses). Only for a ReLU whose backward runs in
-its own step, in place on a blob it writes last before the Concat, which reads it once and is its last
-reader, with negative_slope >= 0, both running backward into that bottom.
+**ReLU -> Concat, backward** (`concat_slice_readers`). GoogLeNet and SqueezeNet join the outputs of ReLUs
+in place on convolutions' tops. The Concat's backward copies each bottom's slice of its top gradient out,
+and the ReLU's then reads that copy and writes it masked; fused, the ReLU's backward reads its slice of the
+Concat's top gradient itself (op `relu_backward_slab`, the same bits) and the Concat copies nothing for that
+bottom: a pass over the gradient less per joined ReLU, SqueezeNet's whole Concat backward. The planner and
+the Net take a step's gradient reads from `Node.top_gradient_blobs` and `Node.bottom_gradients_written`, so
+they agree that the ReLU's step reads the Concat's top gradient. Only under `baseline`, where every tensor
+stays resident and the fusion costs no memory (the Net turns it on, `Graph.use_concat_slices`): the Concat's
+top gradient then lives until the ReLU's step, beside the ReLU's output and gradient, which under recompute
+is a replayed output (SqueezeNet's widest batch under 12 GiB fell from 1784 to 1624 by the planner with it
+on in every mode). Only for a ReLU whose backward runs in its own step, in place on a blob it writes last
+before the Concat, which reads it once and is its last reader, with negative_slope >= 0, both running
+backward into that bottom.
 
 A layer is fused only when the fused layer computes exactly what the separate layers did:
 - each layer's output is read by the next layer of the chain and by nothing else: in route order, the
@@ -169,10 +173,11 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"]) -> list[tuple[str, str
     return fused
 
 
-def fuse_relu_backward_with_concat(nodes: list["Node"]) -> list[tuple[str, str]]:
-    """Let every eligible ReLU read its gradient from the slice of the Concat top that joins its output;
-    returns (relu, concat) names."""
-    fused = []
+def concat_slice_readers(nodes: list["Node"]) -> list[tuple["Layer", GradientSlice, int]]:
+    """(ReLU, where it would read its gradient, the Concat's bottom index) for every ReLU eligible to read
+    its gradient from the slice of the Concat top that joins its output. Nothing is changed here: the Net
+    turns them on only under baseline (`Graph.use_concat_slices`, see the module docstring)."""
+    found = []
     for i, concat in enumerate(nodes):
         layer = concat.layer
         if layer.type_name != "Concat" or not concat.need_backward or len(concat.tops) != 1 \
@@ -192,9 +197,8 @@ def fuse_relu_backward_with_concat(nodes: list["Node"]) -> list[tuple[str, str]]
                     or (owner is not None and owner.runs_absorbed_backward) \
                     or relu.layer.backward_taken_by is not None:
                 continue
-            relu.layer.read_gradient_slice(GradientSlice(layer, concat.tops[0], layer.axis, layer.offsets[j]), j)
-            fused.append((relu.name, concat.name))
-    return fused
+            found.append((relu.layer, GradientSlice(layer, concat.tops[0], layer.axis, layer.offsets[j]), j))
+    return found
 
 
 def _fuse_trailing_relu(nodes: list["Node"], owns: Callable[["Layer"], bool]) -> list[tuple[str, str]]:

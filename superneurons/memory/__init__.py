@@ -89,10 +89,14 @@ def make_manager(mode: str | type[MemoryManager], net: NetServices,
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
     choice = None
+    net.graph.use_concat_slices(False)  # as built: what auto weighs, and every mode but baseline runs
     if mode == "auto":
         choice = pick_mode(net, checkpoint_types)
         mode, checkpoint_types = choice.mode, choice.checkpoint_types
     types = tuple(checkpoint_types or DEFAULT_CHECKPOINTS)
+    # Before any plan of the manager's: ReLUs read their gradients from Concat tops only where every tensor
+    # stays resident (graph/fuse.py says why).
+    net.graph.use_concat_slices(mode == "baseline")
     if isinstance(mode, type) and issubclass(mode, MemoryManager):
         manager = mode(net, types)
     elif mode in MANAGERS:
