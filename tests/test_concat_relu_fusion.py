@@ -16,6 +16,7 @@ from test_fusion import _graph, _train, assert_test_phase_forward_matches_unfuse
 from test_memory_modes import _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.cuda.probe import gpu_available
 
 OPS = CpuBackend().ops
 
@@ -43,11 +44,11 @@ def test_op_is_the_slice_copy_then_the_relu_backward_bit_for_bit(rng, shape, axi
         offset += width
 
 
-def _fire(expand_slope=0.1):
+def _fire(expand_slope=0.1, source=_input((2, 3, 6, 6), 2)):
     """SqueezeNet's fire module and more: a squeeze convolution + ReLU split into a 1x1 and a 3x3 convolution,
     each + ReLU (the 3x3 one leaky), joined by a Concat with two more bottoms the pass leaves alone: a
     convolution without ReLU, and a ReLU whose output a pooling also reads (through a Split)."""
-    return (_input((2, 3, 6, 6), 2)
+    return (source
             + conv("squeeze", "data", "s", 4, k=1, pad=0) + _layer("relu_s", "ReLU", ["s"], ["s"])
             + conv("e1", "s", "e1", 3, k=1, pad=0) + _layer("relu_e1", "ReLU", ["e1"], ["e1"])
             + conv("e3", "s", "e3", 5) + _layer("relu_e3", "ReLU", ["e3"], ["e3"],
@@ -130,3 +131,16 @@ def test_a_backward_range_that_separates_a_relu_from_the_concat_it_reads_is_refu
     net.backward(start="concat", end="relu_e1")
     e1 = net.blobs["e1"]
     np.testing.assert_array_equal(e1.diff, cat[:, :3] * (e1.data > 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")
+def test_gpu_net_reads_the_slices_like_the_cpu(gpu):
+    """One iteration of the fire net on the GPU and the CPU, both under baseline with the slices on: the
+    parameters' gradients agree."""
+    from gpu_harness import assert_param_grads_match, one_iteration_on_both
+    from test_conv_relu_fusion import GPU_NET_DATA
+
+    nets, losses = one_iteration_on_both(gpu, 'name: "fire"\n' + _fire(source=GPU_NET_DATA))
+    assert nets["cuda"].graph.node("concat").layer.bottoms_taken == {0, 1}
+    assert_param_grads_match(nets, losses, "fire")
