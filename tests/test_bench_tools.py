@@ -282,3 +282,22 @@ def test_speed_zoo_starts_no_net_past_its_time_limit_and_still_writes_the_table(
     assert doc["skipped"] == ["vgg16", "densenet121"]
     assert [r[0] for r in doc["tables"][0]["rows"]] == ["VGG16", "DenseNet-121"]
     assert all("--time-limit" in r[-1] for r in doc["tables"][0]["rows"])
+
+
+def test_speed_zoo_repeats_alternate_the_sides_and_rows_take_the_medians(tmp_path, monkeypatch):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    ours_speeds, torch_speeds = iter([900.0, 1400.0, 1000.0]), iter([1200.0, 1000.0, 1100.0])
+    kinds = []
+
+    def fake_worker(tasks, timeout, env=None, log=None):
+        kinds.append(tasks[0]["kind"])
+        speeds = ours_speeds if tasks[0]["kind"] == "ours" else torch_speeds
+        return [{"ok": True, "img_per_s": next(speeds), "memory_mode": "baseline"} for _ in tasks]
+
+    monkeypatch.setattr(common, "run_worker", fake_worker)
+    assert speed_zoo.main(["--nets", "densenet121", "--repeats", "3", "--no-torchvision", "--out", str(tmp_path)]) == 0
+    assert kinds == ["ours", "torch"] * 3
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    row = doc["tables"][0]["rows"][0]
+    assert row[3:5] == [1000.0, 1100.0] and row[5] == pytest.approx(1000.0 / 1100.0, abs=1e-3)
+    assert doc["raw"]["densenet121"]["ours"][0]["runs"] == [900.0, 1400.0, 1000.0]

@@ -27,7 +27,10 @@ row also gives ours at that batch over ours at the default batch (how far from o
 that batch, ours runs under a 60 GiB budget instead (auto then keeps everything resident if it can) and
 the row says so.
 
-Each system runs in its own worker process per net. The run stops starting nets once --time-limit seconds
+Each system runs in its own worker process per net. With --repeats N the two systems' workers alternate N
+times per net and each row takes each side's median run (the JSON keeps every run's img/s, `runs`): where
+a net's speed follows the host's from run to run (DenseNet-121 issues ~1300 launches and cuDNN calls per
+step), one pair of runs can land anywhere in that spread. The run stops starting nets once --time-limit seconds
 have passed (the rows left out say so), and every worker is stopped 30 s after it, so that the JSON is
 written within one 10-minute GPU call. Prints the tables last; writes speed_zoo.json.
 """
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt-batches", default="", help="e.g. 'resnet50=336,resnet101=256' (implies --part2)")
     ap.add_argument("--torch-offload", action="store_true",
                     help="part 2 also runs PyTorch's save_on_cpu offload (torchvision's ResNets; ~8x slower)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each side per net, alternating; rows take the medians (default %(default)s)")
     ap.add_argument("--time-limit", type=float, default=540,
                     help="seconds after which no further net starts (default %(default)s)")
     args = ap.parse_args(argv)
@@ -114,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
                                  tf32=tf32, **run) for v, src in torch_variants]
         print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, PyTorch from {', '.join(sources)}",
               flush=True)
-        ours = [] if args.no_ours else common.run_worker(ours_tasks, worker_timeout(), env=ours_env, log=log)
-        pt = [] if args.no_torch else common.run_worker(torch_tasks, worker_timeout(), log=log)
+        ours_runs, pt_runs = [], []
+        for _ in range(max(1, args.repeats)):
+            if not args.no_ours:
+                ours_runs.append(common.run_worker(ours_tasks, worker_timeout(), env=ours_env, log=log))
+            if not args.no_torch:
+                pt_runs.append(common.run_worker(torch_tasks, worker_timeout(), log=log))
+        ours, pt = median_runs(ours_runs), median_runs(pt_runs)
         raw[net] = {"ours": ours, "torch": pt}
         for k, b in enumerate(bs):
             o = _at(ours, k)
@@ -181,6 +191,23 @@ def describe(in_force: dict[str, dict]) -> str:
     return (f"TF32 convolutions: ours {on(o['tf32_convolutions'])}, PyTorch {on(t['cudnn_allow_tf32'])}; "
             f"TF32 GEMM: ours {on(o['tf32_gemm'])}, PyTorch {on(t['matmul_allow_tf32'])}; "
             f"algorithms: ours {o['algorithm_choice']}, PyTorch cudnn.benchmark {on(t['cudnn_benchmark'])}")
+
+
+def median_runs(runs: list[list[dict]]) -> list[dict]:
+    """Per task, the run with the median img/s among those that finished (the lower middle one of an even
+    count), with every finished run's img/s under `runs`; a task no run finished keeps its first result."""
+    if not runs:
+        return []
+    out = []
+    for k in range(len(runs[0])):
+        done = sorted((r[k] for r in runs if k < len(r) and r[k].get("img_per_s")), key=lambda r: r["img_per_s"])
+        if not done:
+            out.append(runs[0][k])
+            continue
+        pick = dict(done[(len(done) - 1) // 2])
+        pick["runs"] = [r[k]["img_per_s"] for r in runs if k < len(r) and r[k].get("img_per_s")]
+        out.append(pick)
+    return out
 
 
 def _at(results: list[dict], k: int) -> dict:
