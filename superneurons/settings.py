@@ -65,9 +65,10 @@ class Setting:
 _DECLARED = (
     # -- overrides of MemoryParameter's policy fields (benchmarks and tests compare with the mechanism off)
     Setting("SUPERNEURONS_FUSE", FLAG, True,
-            "Run BatchNorm->Scale->ReLU chains, Eltwise SUM->ReLU and Convolution->ReLU as one layer, and "
-            "let a max Pooling or a Concat take the backward of the ReLU before it (graph/fuse.py); 0 runs "
-            "them separately.", overrides="fuse_layers"),
+            "Run BatchNorm->Scale->ReLU chains, Eltwise SUM->ReLU and Convolution->ReLU as one layer, let a "
+            "max Pooling run the backward of the ReLU it reads, and (under baseline) a ReLU before a Concat "
+            "read its slice of the Concat's gradient (graph/fuse.py); 0 runs them separately.",
+            overrides="fuse_layers"),
     Setting("SUPERNEURONS_DIFF_ALIAS", FLAG, True,
             "Let Split and Eltwise SUM gradients share memory (memory/aliases.py); 0 gives every gradient its own.",
             overrides="diff_alias"),

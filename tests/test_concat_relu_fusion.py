@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_conv_relu_fusion import _head
-from test_fusion import _graph, _train, assert_test_phase_forward_matches_unfused, assert_trains_like_unfused_in_every_mode
+from test_fusion import (_graph, _train, assert_test_phase_forward_matches_unfused,
+                         assert_trains_like_unfused_in_every_mode)
 from test_memory_modes import _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend

@@ -67,8 +67,8 @@ class Graph:
 
     def use_concat_slices(self, on: bool) -> None:
         """Let the ReLUs of `concat_slices` read their slices of the Concat top gradients (on), or let the
-        Concats copy every bottom's gradient out (off, the state after build). The Net decides, by its memory
-        mode, before it plans or builds its steps."""
+        Concats copy every bottom's gradient out (off, the state after build). memory.make_manager decides
+        by the Net's memory mode, before the manager plans and the Net builds its steps."""
         for relu, where, _bottom in self.concat_slices:
             relu.gradient_slice = None
             where.concat.bottoms_taken = frozenset()

@@ -45,10 +45,10 @@ Concat's top gradient itself (op `relu_backward_slab`, the same bits) and the Co
 bottom: a pass over the gradient less per joined ReLU, SqueezeNet's whole Concat backward. The planner and
 the Net take a step's gradient reads from `Node.top_gradient_blobs` and `Node.bottom_gradients_written`, so
 they agree that the ReLU's step reads the Concat's top gradient. Only under `baseline`, where every tensor
-stays resident and the fusion costs no memory (the Net turns it on, `Graph.use_concat_slices`): the Concat's
-top gradient then lives until the ReLU's step, beside the ReLU's output and gradient, which under recompute
-is a replayed output (SqueezeNet's widest batch under 12 GiB fell from 1784 to 1624 by the planner with it
-on in every mode). Only for a ReLU whose backward runs in its own step, in place on a blob it writes last
+stays resident and the fusion costs no memory (memory.make_manager turns it on, `Graph.use_concat_slices`,
+once the mode is known): the Concat's top gradient then lives until the ReLU's step, beside the ReLU's
+output and gradient, which under recompute is a replayed output (SqueezeNet's widest batch under 12 GiB
+fell from 1784 to 1624 by the planner with it on in every mode). Only for a ReLU whose backward runs in its own step, in place on a blob it writes last
 before the Concat, which reads it once and is its last reader, with negative_slope >= 0, both running
 backward into that bottom.
 
@@ -175,8 +175,9 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"]) -> list[tuple[str, str
 
 def concat_slice_readers(nodes: list["Node"]) -> list[tuple["Layer", GradientSlice, int]]:
     """(ReLU, where it would read its gradient, the Concat's bottom index) for every ReLU eligible to read
-    its gradient from the slice of the Concat top that joins its output. Nothing is changed here: the Net
-    turns them on only under baseline (`Graph.use_concat_slices`, see the module docstring)."""
+    its gradient from the slice of the Concat top that joins its output. Nothing is changed here:
+    memory.make_manager turns them on under baseline only (`Graph.use_concat_slices`, see the module
+    docstring)."""
     found = []
     for i, concat in enumerate(nodes):
         layer = concat.layer

@@ -11,7 +11,8 @@ from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import slab as sk
 
-__all__ = ["concat_forward", "concat_backward", "relu_backward_slab"]  # the ops (backend.base.collect_ops); slab_copy is this module's helper
+# the ops (backend.base.collect_ops); slab_copy is this module's helper
+__all__ = ["concat_forward", "concat_backward", "relu_backward_slab"]
 
 TASKS_MIN = 2048  # copy_rows tasks from which rows are not split finer than PART (~2 waves of blocks on an H100)
 
