@@ -1,5 +1,5 @@
 """How convolution algorithms are chosen (backend/cuda/cudnn.py, cudnn_graph.py), the parts that need no GPU:
-which ranking the settings ask for, and `Candidates.pick`, which every call uses to take the first ranked
+which ranking the settings ask for, which plans measuring times (`first_precompiled`), and `Candidates.pick`, which every call uses to take the first ranked
 choice whose workspace fits what the pool has free."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from superneurons.backend.cuda import cudnn
-from superneurons.backend.cuda.cudnn_graph import Candidates, NoFit
+from superneurons.backend.cuda.cudnn_graph import Candidates, NoFit, first_precompiled
 
 
 @pytest.mark.parametrize("find,deterministic,measures", [
@@ -55,3 +55,32 @@ def test_candidates_say_what_the_smallest_needs_when_none_fits():
         candidates.pick(39)
     with pytest.raises(NoFit, match="none is usable"):
         Candidates(iter(())).pick(1 << 30)
+
+
+@dataclass
+class Plan:
+    name: str
+    precompiled: bool
+
+
+@pytest.mark.parametrize("flags,limit,timed,compiled,drawn", [
+    ("pppp", 2, "ab", "", "ab"),  # stops at the limit without building the rest
+    ("ppcp", 8, "ab", "c", "abc"),  # stops at the first plan compiled at run time, which ranks after them
+    ("pp", 8, "ab", "", "ab"),  # fewer than the limit: all of them
+    ("cp", 8, "", "a", "a"),
+])
+def test_measuring_times_the_first_precompiled_plans_and_builds_no_more(flags, limit, timed, compiled, drawn):
+    names = "abcdefgh"
+    built = []
+
+    def plans():
+        for name, flag in zip(names, flags):
+            built.append(name)
+            yield Plan(name, flag == "p")
+
+    ranked = plans()
+    got, runtime = first_precompiled(ranked, limit)
+    assert "".join(p.name for p in got) == timed and "".join(p.name for p in runtime) == compiled
+    assert "".join(built) == drawn
+    # what the candidates may still build later, in ranking order: the plans not drawn yet
+    assert "".join(p.name for p in ranked) == names[len(drawn):len(flags)]

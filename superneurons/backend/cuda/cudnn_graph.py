@@ -225,6 +225,20 @@ class GraphPlan:
         return pack
 
 
+def first_precompiled(plans: Iterator, limit: int) -> tuple[list, list]:
+    """Draw plans from the ranked, lazily built `plans` until `limit` precompiled ones are drawn or one
+    compiled at run time is (those rank last: timing one would first compile it, up to seconds): (the
+    precompiled plans drawn, [the run-time-compiled one] or [])."""
+    drawn: list = []
+    for plan in plans:
+        if not plan.precompiled:
+            return drawn, [plan]
+        drawn.append(plan)
+        if len(drawn) == limit:
+            break
+    return drawn, []
+
+
 class GraphDirection:
     """One direction of one convolution shape on the graph API (see the module docstring)."""
 
@@ -319,17 +333,8 @@ class GraphDirection:
         accumulates), and rank them fastest first, ahead of the candidates not timed."""
         from numba import cuda
 
-        built: list[GraphPlan] = []
-        for plan in self._plans:
-            if not plan.precompiled:
-                self.choices = Candidates(self._plans, built + [plan])
-                break
-            built.append(plan)
-            if len(built) == MEASURED_PLANS:
-                self.choices = Candidates(self._plans, list(built))
-                break
-        else:
-            self.choices = Candidates(iter(()), list(built))
+        built, compiled = first_precompiled(self._plans, MEASURED_PLANS)
+        self.choices = Candidates(self._plans, built + compiled)
         available = workspace_source.available()
         fits = [p for p in built if p.workspace <= available]
         self.measured = True  # ranked by time from here on (one candidate that fits needs no timing)
