@@ -301,3 +301,10 @@ def test_speed_zoo_repeats_alternate_the_sides_and_rows_take_the_medians(tmp_pat
     row = doc["tables"][0]["rows"][0]
     assert row[3:5] == [1000.0, 1100.0] and row[5] == pytest.approx(1000.0 / 1100.0, abs=1e-3)
     assert doc["raw"]["densenet121"]["ours"][0]["runs"] == [900.0, 1400.0, 1000.0]
+
+
+def test_speed_zoo_refuses_fewer_than_one_repeat(capsys):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    with pytest.raises(SystemExit) as stop:
+        speed_zoo.main(["--nets", "densenet121", "--repeats", "0"])
+    assert stop.value.code == 2 and "--repeats must be 1 or more, not 0" in capsys.readouterr().err

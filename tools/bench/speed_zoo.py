@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=540,
                     help="seconds after which no further net starts (default %(default)s)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be 1 or more, not {args.repeats}")
     if args.quick:
         args.nets, args.iterations, args.warmup = "resnet50", min(args.iterations, 5), 2
     nets = common.parse_nets(args.nets)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, PyTorch from {', '.join(sources)}",
               flush=True)
         ours_runs, pt_runs = [], []
-        for _ in range(max(1, args.repeats)):
+        for _ in range(args.repeats):
             if not args.no_ours:
                 ours_runs.append(common.run_worker(ours_tasks, worker_timeout(), env=ours_env, log=log))
             if not args.no_torch:
