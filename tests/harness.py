@@ -11,7 +11,7 @@ from google.protobuf import text_format
 from superneurons.backend.cpu import CpuBackend
 from superneurons.layers.base import layer_class
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons.runtime.net import RunContext
+from superneurons.memory.steps import RunContext
 
 _BACKEND = CpuBackend()
 

@@ -13,7 +13,7 @@
   through it).
 
 Hooks receive the step index within its phase (`i`: forward steps 0..F-1, backward steps 0..B-1 in the
-order they run) and the `runtime.net.Step` (its layer node and the tensors it reads and writes).
+order they run) and the `memory.steps.Step` (its layer node and the tensors it reads and writes).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from superneurons.memory.params import OffloadedParams
     from superneurons.memory.pool import HeapPool, MallocPool
     from superneurons.memory.tensors import TensorLayout
-    from superneurons.runtime.net import RunContext, Step, Tensor
+    from superneurons.memory.steps import RunContext, Step, Tensor
 
 
 class StepHooks:

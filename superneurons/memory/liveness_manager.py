@@ -19,7 +19,7 @@ from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.tensors import PARAM_KINDS  # parameters, their gradients, history: placed or streamed
 
 if TYPE_CHECKING:
-    from superneurons.runtime.net import Step, Tensor
+    from superneurons.memory.steps import Step, Tensor
 
 
 class LivenessManager(MemoryManager):

@@ -10,9 +10,8 @@ per step, because every tensor stays allocated for the whole run.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.interface import MemoryManager, StepHooks
 from superneurons.memory.params import layers_computed_by, param_root
 from superneurons.memory.pool import format_bytes, make_pool, round_up
+from superneurons.memory.steps import RunContext, Step, Tensor
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.limits import check_fits
 from superneurons.runtime.loss_read import LossReader, weighted_loss
@@ -40,52 +40,6 @@ GPU_WORKSPACE_ALLOWANCE = 1 << 30  # bytes a pool that fits keeps beyond baselin
 # gradient at batch 64 takes 3.2 ms with such an engine and 14 ms with the best that fits 1 GiB (H200,
 # tools/bench/conv_algos.py).
 GPU_WORKSPACE_TENSORS = 3
-
-
-@dataclass
-class RunContext:
-    """Per-run state layers may read: Dropout hashes (seed, iteration, layer, index) into its mask."""
-
-    seed: int = 0
-    iteration: int = 0
-    recomputing: bool = False  # True while the recompute manager replays a forward step
-    rank: int = 0  # data parallelism: this process is rank `rank` of `ranks` (data layers shard by it)
-    ranks: int = 1
-    # Checks of the input a layer queued without waiting for the device (SoftmaxWithLoss' labels on the GPU):
-    # the Net runs them once it has read the loss, each raising the UserError its layer would have raised.
-    deferred_checks: list[Callable[[], None]] = field(default_factory=list)
-
-    def defer(self, check: Callable[[], None]) -> None:
-        self.deferred_checks.append(check)
-
-    def run_deferred_checks(self) -> None:
-        checks, self.deferred_checks = self.deferred_checks, []
-        for check in checks:
-            check()
-
-
-class Tensor:
-    """A named array slot. `array` is the backend view while resident; `base` makes this a reshaped view."""
-
-    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init", "_reshaped")
-
-    def __init__(self, key: str, shape: tuple[int, ...], dtype=np.float32, kind: str = "data",
-                 base: "Tensor | None" = None):
-        self.key = key
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        n = 1
-        for d in self.shape:
-            n *= d
-        self.nbytes = n * self.dtype.itemsize
-        self.array: Any = None
-        self.base = base
-        self.kind = kind
-        self.zero_init = kind in ("diff", "param_diff", "history")  # history starts at zero, as in Caffe
-        self._reshaped: tuple[Any, Any] = (None, None)  # (base array, this view of it), see Net.materialize
-
-    def __repr__(self) -> str:
-        return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
 
 
 class HostAwareBackend:
@@ -126,17 +80,6 @@ class HostAwareBackend:
             return
         store, key = home
         store.write(store.by_key[key], src)
-
-
-@dataclass
-class Step:
-    """One forward or backward step of the route, with the tensors it reads and writes."""
-
-    node: Node
-    bottoms: list[Tensor]
-    tops: list[Tensor]
-    bottom_diffs: list[Tensor | None]
-    top_diffs: list[Tensor | None]
 
 
 class Net:

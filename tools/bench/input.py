@@ -128,7 +128,7 @@ def layer_alone(db: str, batch: int, crop: int, workers: int, warmup: int, itera
     from superneurons.data.workers import WorkerPool
     from superneurons.layers.base import layer_class
     from superneurons.proto import superneurons_pb2 as pb
-    from superneurons.runtime.net import RunContext
+    from superneurons.memory.steps import RunContext
 
     backend = get_backend("cuda", 0) if gpu else get_backend("cpu")
     param = text_format.Parse(data_layer_text(db, batch, crop, workers), pb.LayerParameter())

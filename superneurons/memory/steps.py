@@ -1,0 +1,71 @@
+"""What the Net runs and its memory managers see: `Tensor` (a named array slot), `Step` (one forward or
+backward step with the tensors it reads and writes) and `RunContext` (per-run state layers read).
+
+They live below `runtime` so the managers (`interface.py`, `liveness_manager.py`) and the Net share
+them without `memory` importing the Net; `runtime/net.py` builds and runs them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from superneurons.graph.build import Node
+
+
+@dataclass
+class RunContext:
+    """Per-run state layers may read: Dropout hashes (seed, iteration, layer, index) into its mask."""
+
+    seed: int = 0
+    iteration: int = 0
+    recomputing: bool = False  # True while the recompute manager replays a forward step
+    rank: int = 0  # data parallelism: this process is rank `rank` of `ranks` (data layers shard by it)
+    ranks: int = 1
+    # Checks of the input a layer queued without waiting for the device (SoftmaxWithLoss' labels on the GPU):
+    # the Net runs them once it has read the loss, each raising the UserError its layer would have raised.
+    deferred_checks: list[Callable[[], None]] = field(default_factory=list)
+
+    def defer(self, check: Callable[[], None]) -> None:
+        self.deferred_checks.append(check)
+
+    def run_deferred_checks(self) -> None:
+        checks, self.deferred_checks = self.deferred_checks, []
+        for check in checks:
+            check()
+
+
+class Tensor:
+    """A named array slot. `array` is the backend view while resident; `base` makes this a reshaped view."""
+
+    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init", "_reshaped")
+
+    def __init__(self, key: str, shape: tuple[int, ...], dtype=np.float32, kind: str = "data",
+                 base: "Tensor | None" = None):
+        self.key = key
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        n = 1
+        for d in self.shape:
+            n *= d
+        self.nbytes = n * self.dtype.itemsize
+        self.array: Any = None
+        self.base = base
+        self.kind = kind
+        self.zero_init = kind in ("diff", "param_diff", "history")  # history starts at zero, as in Caffe
+        self._reshaped: tuple[Any, Any] = (None, None)  # (base array, this view of it), see Net.materialize
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.key!r}, {self.shape}, {self.kind})"
+
+
+@dataclass
+class Step:
+    """One forward or backward step of the route, with the tensors it reads and writes."""
+
+    node: Node
+    bottoms: list[Tensor]
+    tops: list[Tensor]
+    bottom_diffs: list[Tensor | None]
+    top_diffs: list[Tensor | None]
