@@ -48,6 +48,7 @@ import numpy as np
 
 from superneurons.data.batches import Batch, BatchPlan, RecordSource, fill_batch
 from superneurons.data.transformer import DataTransformer
+from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 
 _POLL_S = 0.2  # how often a consumer waiting for a batch checks that its worker still lives
@@ -131,8 +132,8 @@ class SlotRing:
 
     def __init__(self, plan: BatchPlan, slots: int, name: str | None = None, where: str = ""):
         self.data_shape = (plan.batch_size,) + tuple(plan.item_shape)
-        self.data_bytes = int(np.prod(self.data_shape)) * 4
-        self.slot_bytes = self.data_bytes + plan.batch_size * 4
+        self.data_bytes = tensor_bytes(self.data_shape, FLOAT32)
+        self.slot_bytes = self.data_bytes + tensor_bytes((plan.batch_size,), FLOAT32)
         self.slots = slots
         if name is None:
             _check_shared_memory(slots * self.slot_bytes, where)

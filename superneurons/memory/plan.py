@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
-from superneurons.layers.base import count
 from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program, Schedule, Trace,
                                          seeds_first, simulate)
 from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, backward_reads, checkpoint_tensors,
@@ -112,7 +112,7 @@ def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
                 continue
             if name:
                 seen[name] = 1
-            one = round_up(count(decl.shape) * 4)
+            one = round_up(tensor_bytes(decl.shape, FLOAT32))
             total += one * (1 + (1 if train else 0) + (history if decl.learnable else 0))
     return total
 
@@ -121,7 +121,7 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
     """(bytes of parameters each global step streams in, the same for each forward step by route index (what
     a replay brings in), bytes one parameter's update needs)."""
     def size(decl) -> int:
-        return round_up(count(decl.shape) * 4)
+        return round_up(tensor_bytes(decl.shape, FLOAT32))
 
     def node_bytes(layers, grads: bool) -> int:
         owned = {}

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from superneurons.dtypes import tensor_bytes
 from superneurons.graph.build import Node
 
 
@@ -46,10 +47,7 @@ class Tensor:
         self.key = key
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
-        n = 1
-        for d in self.shape:
-            n *= d
-        self.nbytes = n * self.dtype.itemsize
+        self.nbytes = tensor_bytes(self.shape, self.dtype)
         self.array: Any = None
         self.base = base
         self.kind = kind

@@ -15,6 +15,12 @@ follows its `base`, and the planner counts only roots.
 Parameters (values, gradients, the solver's history) are declared here too, once per owner: a parameter
 that names another's (`param { name: ... }`) reads the first one's tensors, and a test net reads the train
 net's (`borrowed`), so neither declares any.
+
+A `TensorSpec` is the one description of a tensor: key, shape, element type (`dtype`), memory layout,
+role (activation, gradient, parameter, history, scratch, workspace) and owner (the layer that declares
+it: the producer of an activation, the first layer whose backward writes a gradient, the layer of a
+buffer or parameter). Its byte count is `superneurons.dtypes.tensor_bytes`, which everything that sizes
+memory calls.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Iterable
 
 import numpy as np
 
+from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.memory.aliases import DiffAliases, diff_aliases
@@ -30,6 +37,14 @@ from superneurons.memory.aliases import DiffAliases, diff_aliases
 DATA, DIFF, BUFFER = "data", "diff", "buffer"  # activations, their gradients, layer scratch kept for backward
 PARAM, PARAM_DIFF, HISTORY = "param", "param_diff", "history"  # parameters, their gradients, solver history
 PARAM_KINDS = (PARAM, PARAM_DIFF, HISTORY)
+
+# Roles: what a tensor is for, whatever the key spells. Workspace (a convolution's, memory/workspace.py) is
+# borrowed from the pool per call and declares no spec; the role names it in the plan and the docs.
+ACTIVATION, GRADIENT, PARAMETER, SCRATCH, WORKSPACE = "activation", "gradient", "parameter", "scratch", "workspace"
+ROLES = (ACTIVATION, GRADIENT, PARAMETER, HISTORY, SCRATCH, WORKSPACE)
+ROLE_OF_KIND = {DATA: ACTIVATION, DIFF: GRADIENT, BUFFER: SCRATCH, PARAM: PARAMETER, PARAM_DIFF: GRADIENT,
+                HISTORY: HISTORY}
+NCHW = "NCHW"  # the layout of every tensor (Caffe's order; 2-D and 1-D blobs are its leading dimensions)
 
 
 def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
@@ -55,16 +70,19 @@ def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
 class TensorSpec:
     key: str
     shape: tuple[int, ...]
-    dtype: np.dtype
-    kind: str
+    dtype: np.dtype  # storage type: what the pool holds
+    kind: str  # how the key is spelled (DATA, DIFF, BUFFER, PARAM, PARAM_DIFF, HISTORY)
     base: str | None = None  # the key of the tensor this one is a reshaped view of
+    owner: str | None = None  # the layer that declares it (see the module's docstring)
+    layout: str = NCHW
+
+    @property
+    def role(self) -> str:
+        return ROLE_OF_KIND[self.kind]
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * self.dtype.itemsize
+        return tensor_bytes(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -107,9 +125,11 @@ class TensorLayout:
         """The owned, learnable parameters (the solver's list), in route order."""
         return [p for p in self.params if p.learnable and p.data is not None and p.diff is not None]
 
-    def add(self, kind: str, owner: str, index: int | str, shape, dtype=np.float32, base: str | None = None) -> str:
-        """Declare one more tensor (after its base, if it is a view); returns its key."""
-        spec = TensorSpec(tensor_key(kind, owner, index), tuple(int(d) for d in shape), np.dtype(dtype), kind, base)
+    def add(self, kind: str, owner: str, index: int | str, shape, dtype=FLOAT32, base: str | None = None,
+            layer: str | None = None) -> str:
+        """Declare one more tensor (after its base, if it is a view); returns its key. `layer`: its owner."""
+        spec = TensorSpec(tensor_key(kind, owner, index), tuple(int(d) for d in shape), np.dtype(dtype), kind, base,
+                          layer)
         self.specs.append(spec)
         self.by_key[spec.key] = spec
         return spec.key
@@ -137,9 +157,9 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
     out.aliases = diff_aliases(graph, need_backward, propagate_down, seeds) if train else DiffAliases()
     data, diff = out.data_key, out.diff_key
 
-    def bottom_diff(b: str) -> str:
+    def bottom_diff(b: str, layer: str) -> str:
         if b not in diff:
-            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b])
+            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b], layer=layer)
         return diff[b]
 
     borrowed = set(borrowed)
@@ -150,22 +170,22 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
         for t, shape in zip(node.tops, node.top_shapes):
             if t in data and node.bottoms and t == node.bottoms[0]:
                 continue  # in place: the bottom's tensor
-            data[t] = out.add(DATA, t, 0, shape, base=data[node.bottoms[0]] if view else None)
+            data[t] = out.add(DATA, t, 0, shape, base=data[node.bottoms[0]] if view else None, layer=node.name)
         if train:
             # Bottom gradients first: a top gradient that is a view (Flatten) needs its bottom's gradient,
             # which does not exist yet when the bottom comes from a layer without backward (force_backward).
             for b, pd in zip(node.bottoms, propagate_down[node.name]):
                 if pd:
-                    bottom_diff(b)
+                    bottom_diff(b, node.name)
             if need_backward[node.name]:
                 for t, shape in zip(node.tops, node.top_shapes):
                     if t in diff:
                         continue
                     base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
                     if t in out.aliases.views:
-                        base = bottom_diff(out.aliases.views[t])
-                    diff[t] = out.add(DIFF, t, 0, shape, base=base)
-        out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype), name,
+                        base = bottom_diff(out.aliases.views[t], node.name)
+                    diff[t] = out.add(DIFF, t, 0, shape, base=base, layer=node.name)
+        out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype, layer=node.name), name,
                                        bool(buf.for_backward)) for name, buf in layer.buffers.items()]
         specs = layer.param.param
         for k, decl in enumerate(layer.params):
@@ -182,10 +202,10 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                 continue
             if name:
                 named[name] = (node.name, k, tuple(decl.shape))
-            value = out.add(PARAM, node.name, k, decl.shape)
-            grad = out.add(PARAM_DIFF, node.name, k, decl.shape) if train else None
+            value = out.add(PARAM, node.name, k, decl.shape, layer=node.name)
+            grad = out.add(PARAM_DIFF, node.name, k, decl.shape, layer=node.name) if train else None
             out.params.append(ParamSlot(node.name, k, value, grad, decl.learnable))
     learnable = out.learnable()
-    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape) for p in learnable]
+    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape, layer=p.node) for p in learnable]
                    for j in range(history)]
     return out

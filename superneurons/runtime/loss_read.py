@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from superneurons.dtypes import tensor_bytes
+
 LossBlob = tuple[Any, Any, float]  # (data tensor, diff tensor or None, loss weight), as Net.loss_blobs
 
 
@@ -34,7 +36,7 @@ class LossReader:
         key = (slot, tuple(array.shape), str(array.dtype))
         buf = self._host.get(key)
         if buf is None:
-            nbytes = int(np.prod(array.shape, dtype=np.int64)) * np.dtype(array.dtype).itemsize
+            nbytes = tensor_bytes(array.shape, array.dtype)
             buf = self._host[key] = self.transfer.view(self.transfer.arena(nbytes), 0, tuple(array.shape),
                                                        array.dtype)
         return buf

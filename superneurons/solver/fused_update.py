@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from superneurons import settings
+from superneurons.dtypes import element_count
 from superneurons.proto import superneurons_pb2 as pb
 
 ENV = "SUPERNEURONS_MULTI_UPDATE"  # 0: always the per-parameter ops (for comparisons and benchmarks)
@@ -78,7 +79,7 @@ class GroupedUpdate:
         self._arena = backend.view(pool.arena, 0, (pool.capacity // 4,), np.float32)
         self._tensors = _tensors(net)
         decls = net.learnable
-        lengths = np.array([t.nbytes // 4 for t in self._tensors[:len(decls)]], np.int64)
+        lengths = np.array([element_count(t.shape) for t in self._tensors[:len(decls)]], np.int64)
         self._lengths = lengths
         # What does not depend on where the tensors are is built once.
         self._blocks = self._to_device(work_split(lengths, chunk))

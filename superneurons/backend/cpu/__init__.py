@@ -12,6 +12,7 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.backend.base import collect_ops
+from superneurons.dtypes import tensor_bytes
 
 _ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are aligned too
 
@@ -31,10 +32,7 @@ class CpuBackend:
 
     def view(self, arena: np.ndarray, offset: int, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         dtype = np.dtype(dtype)
-        n = 1
-        for d in shape:
-            n *= int(d)
-        return arena[offset:offset + n * dtype.itemsize].view(dtype).reshape(shape)
+        return arena[offset:offset + tensor_bytes(shape, dtype)].view(dtype).reshape(shape)
 
     def from_host(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)

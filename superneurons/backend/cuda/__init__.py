@@ -15,6 +15,7 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.backend.base import collect_ops
+from superneurons.dtypes import tensor_bytes
 from superneurons.errors import UserError
 
 DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may ask for
@@ -92,7 +93,7 @@ class CudaBackend:
 
     def view(self, arena, offset: int, shape: tuple[int, ...], dtype=np.float32):
         dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = tensor_bytes(shape, dtype)
         if offset < 0 or offset + n > arena.size:
             raise ValueError(f"view [{offset}, {offset + n}) outside the {arena.size}-byte arena")
         return self._dev.make(arena.gpu_data.view(offset, offset + n), shape, dtype)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from superneurons.dtypes import tensor_bytes
+
 __all__ = ["upload_async", "pin_host", "upload_pinned"]
 
 _STAGES = 2  # staging buffers per size: one being copied from while the host fills the other
@@ -36,7 +38,7 @@ class _Stager:
         src = np.asarray(host).reshape(-1)
         if src.size != dst.size:
             raise ValueError(f"upload of {np.shape(host)} into {dst.shape}: sizes differ")
-        nbytes = dst.size * dst.dtype.itemsize
+        nbytes = tensor_bytes(dst.shape, dst.dtype)
         if not nbytes:
             return
         if nbytes not in self.buffers:
