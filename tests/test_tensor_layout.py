@@ -2,9 +2,11 @@
 memory manager runs counts exactly the Net's activation roots, whatever the net's views and shared weights."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 
+from superneurons.dtypes import BFLOAT16, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.memory.liveness import Program
@@ -92,3 +94,22 @@ def test_a_forced_flatten_over_an_input_trains_in_every_mode():
     for mode in ("liveness", "offload", "recompute"):
         _, got, losses = train(FORCED, mode)
         assert (got, losses) == (ref, ref_losses), mode
+
+
+def test_every_tensor_has_a_role_an_owner_a_layout_and_elements_times_size_bytes():
+    graph = _graph(SHARED)
+    layout = declare_tensors(graph, train=True, history=1)
+    producer = {t: n.name for n in graph.nodes for t in n.tops}
+    role = {"data": "activation", "diff": "gradient", "buffer": "scratch", "param": "parameter",
+            "param_diff": "gradient", "history": "history"}
+    for s in layout.specs:
+        assert s.role == role[s.kind] and s.layout == "NCHW" and s.dtype == np.float32
+        assert s.nbytes == int(np.prod(s.shape, dtype=np.int64)) * 4
+        assert s.owner in {n.name for n in graph.nodes}
+        if s.kind == "data":
+            assert s.owner == producer[s.key]
+    by_owner = {s.key: s.owner for s in layout.specs}
+    assert by_owner["fa.0"] == "fa" and by_owner["fa.0@history0"] == "fa"
+    # The one byte count follows the element type: half types take 2 bytes an element.
+    assert tensor_bytes((3, 5, 7), np.float16) == tensor_bytes((3, 5, 7), BFLOAT16) == 210
+    assert tensor_bytes((3, 5, 7)) == 420 and tensor_bytes(()) == 4

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from superneurons.dtypes import FLOAT32 as values_dtype, tensor_bytes
+from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, Node
 from superneurons.layers.base import ParamDecl
@@ -303,7 +303,7 @@ class Net:
                     try:
                         values = fill_host(decl.filler, decl.shape, rng)
                     except MemoryError:  # the pool fitted (check_fits); the host copy being filled did not
-                        nbytes = tensor_bytes(decl.shape, values_dtype)
+                        nbytes = tensor_bytes(decl.shape, FLOAT32)
                         raise UserError(f"layer {node.name!r}: no host memory left to fill its parameter of shape "
                                         f"{tuple(decl.shape)} ({format_bytes(nbytes)})") from None
                     self.params.write(decl.data_tensor, values)
