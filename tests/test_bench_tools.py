@@ -240,29 +240,63 @@ def test_torch_twin_refuses_a_net_torchvision_lacks():
 def test_speed_zoo_compares_the_same_prototxt_and_states_both_sides_settings(tmp_path, monkeypatch):
     speed_zoo = importlib.import_module("tools.bench.speed_zoo")
     calls = []
+    speeds = {("prototxt", "fp32"): 200.0, ("prototxt", "fp32-cl"): 250.0, ("prototxt", "bf16-cl"): 500.0,
+              ("prototxt", "bf16-cl-compile"): 600.0, ("torchvision", "fp32"): 400.0}
 
     def fake_worker(tasks, timeout, env=None, log=None):
         calls.append((tasks, env))
         if tasks[0]["kind"] == "ours":
             return [{"ok": True, "img_per_s": 300.0, "memory_mode": "baseline", "tf32_convolutions": False,
                      "tf32_gemm": False, "algorithm_choice": "heuristics"} for _ in tasks]
-        speeds = {"prototxt": 200.0, "torchvision": 400.0}
-        return [{"ok": True, "img_per_s": speeds[t["source"]], "source": t["source"], "cudnn_allow_tf32": t["tf32"],
-                 "matmul_allow_tf32": False, "cudnn_benchmark": t["benchmark"]} for t in tasks]
+        return [{"ok": True, "img_per_s": speeds[t["source"], t["config"]], "source": t["source"],
+                 "compile_s": 12.5 if t["config"].endswith("compile") else None,
+                 "cudnn_allow_tf32": t["tf32"], "matmul_allow_tf32": False, "cudnn_benchmark": t["benchmark"]}
+                for t in tasks]
 
     monkeypatch.setattr(common, "run_worker", fake_worker)
     assert speed_zoo.main(["--nets", "squeezenet,mobilenet", "--tf32", "off", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "speed_zoo.json").read_text())
-    squeeze, mobile = doc["tables"][0]["rows"]
-    assert squeeze[3:8] == [300.0, 200.0, 1.5, 400.0, 0.75]  # ratio against the same prototxt, then torchvision
-    assert mobile[4:8] == [200.0, 1.5, None, None]  # torchvision has no MobileNet v1
-    torch_sources = [[t["source"] for t in tasks] for tasks, _ in calls if tasks[0]["kind"] == "torch"]
-    assert torch_sources == [["prototxt", "torchvision"], ["prototxt"]]
+    header = doc["tables"][0]["header"]
+    squeeze, mobile = (dict(zip(header, row)) for row in doc["tables"][0]["rows"])
+    assert squeeze["ours fp32 img/s"] == 300.0
+    assert squeeze["PyTorch fp32 channels_last img/s"] == 250.0
+    assert squeeze["PyTorch bf16-cl-compile compile s"] == 12.5  # compile time apart from the steady state
+    # float32 against PyTorch's float32 configurations only: 300 / 200 and 300 / 250
+    assert squeeze["ours fp32 / PyTorch fp32"] == 1.5 and squeeze["ours fp32 / PyTorch fp32-cl"] == 1.2
+    assert "ours fp32 / PyTorch bf16-cl" not in squeeze
+    assert squeeze["PyTorch torchvision fp32 img/s"] == 400.0 and squeeze["ratio vs torchvision"] == 0.75
+    assert mobile["PyTorch torchvision fp32 img/s"] is None  # torchvision has no MobileNet v1
+    torch_runs = [[(t["source"], t["config"]) for t in tasks] for tasks, _ in calls if tasks[0]["kind"] == "torch"]
+    configs = [("prototxt", c) for c in speed_zoo.DEFAULT_CONFIGS]
+    assert torch_runs == [configs + [("torchvision", "fp32")], configs]
     assert all(env == {"SUPERNEURONS_TF32": "0"} for tasks, env in calls if tasks[0]["kind"] == "ours")
+    assert all("precision" not in t for tasks, _ in calls if tasks[0]["kind"] == "ours" for t in tasks)
     assert doc["settings"]["torch"] == {"cudnn_allow_tf32": False, "matmul_allow_tf32": False, "cudnn_benchmark": True}
     assert "TF32 convolutions: ours off, PyTorch off" in doc["tables"][0]["title"]
     assert "PyTorch cudnn.benchmark on" in doc["tables"][0]["title"]
     assert doc["ckpt_batches"] == {}  # part 2 only when asked for
+
+
+def test_speed_zoo_compares_our_half_precision_with_pytorch_autocast(tmp_path, monkeypatch):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+
+    def fake_worker(tasks, timeout, env=None, log=None):
+        if tasks[0]["kind"] == "ours":
+            return [{"ok": True, "img_per_s": 1000.0 if t.get("precision") == "bf16" else 300.0,
+                     "memory_mode": "baseline"} for t in tasks]
+        return [{"ok": True, "img_per_s": 800.0 if t["config"] == "bf16-cl" else 250.0} for t in tasks]
+
+    monkeypatch.setattr(common, "run_worker", fake_worker)
+    assert speed_zoo.main(["--nets", "mobilenet", "--precisions", "fp32,bf16", "--torch-configs", "fp32-cl,bf16-cl",
+                           "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    row = dict(zip(doc["tables"][0]["header"], doc["tables"][0]["rows"][0]))
+    assert row["ours bf16 / PyTorch bf16-cl"] == 1.25 and row["ours fp32 / PyTorch fp32-cl"] == 1.2
+    assert "ours bf16 / PyTorch fp32-cl" not in row
+    assert {t["name"] for t in doc["targets"]} == {"speed MobileNet b64 ours fp32 / PyTorch fp32-cl",
+                                                   "speed MobileNet b64 ours bf16 / PyTorch bf16-cl"}
+    with pytest.raises(SystemExit):
+        speed_zoo.main(["--nets", "mobilenet", "--torch-configs", "fp8", "--out", str(tmp_path)])
 
 
 def test_speed_times_the_same_prototxt_first_and_torchvision_where_it_has_the_net():
@@ -295,7 +329,8 @@ def test_speed_zoo_repeats_alternate_the_sides_and_rows_take_the_medians(tmp_pat
         return [{"ok": True, "img_per_s": next(speeds), "memory_mode": "baseline"} for _ in tasks]
 
     monkeypatch.setattr(common, "run_worker", fake_worker)
-    assert speed_zoo.main(["--nets", "densenet121", "--repeats", "3", "--no-torchvision", "--out", str(tmp_path)]) == 0
+    assert speed_zoo.main(["--nets", "densenet121", "--repeats", "3", "--no-torchvision", "--torch-configs", "fp32",
+                           "--out", str(tmp_path)]) == 0
     assert kinds == ["ours", "torch"] * 3
     doc = json.loads((tmp_path / "speed_zoo.json").read_text())
     row = doc["tables"][0]["rows"][0]

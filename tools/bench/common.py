@@ -560,7 +560,7 @@ def counters(manager: Any) -> dict[str, int]:
 def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = None, workspace: int | None = None,
               iterations: int = 10, warmup: int = 3, device: str = "cuda", algorithms: bool = False,
               trace: bool = False, expect_allocator: str | None = None, profile: int = 0,
-              checkpoints: str = "") -> dict:
+              checkpoints: str = "", precision: str | None = None) -> dict:
     """Build our Solver and train: warmup + iterations steps, timed; memory counters per timed iteration.
     `profile` > 0: run the timed loop under cProfile and keep that many lines of its report (by own time),
     to show where host time goes."""
@@ -573,13 +573,16 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
         pool_bytes = budget - (workspace or 0)
     try:
         t0 = time.perf_counter()
-        solver = make_solver(net, batch, backend, memory, pool_bytes, checkpoints)
+        # precision: the Solver's `precision=` (as --precision of train), passed only when asked for
+        solver = make_solver(net, batch, backend, memory, pool_bytes, checkpoints,
+                             **({"precision": precision} if precision else {}))
         build_s = time.perf_counter() - t0
     except (PoolExhausted, UserError) as e:
         return {"ok": False, "fits": False, "error": f"{type(e).__name__}: {e}", "batch": batch}
     mgr = solver.net.memory
     pool = solver.net.pool
     result: dict[str, Any] = {"net": net, "batch": batch, "memory": memory, "memory_mode": mgr.name,
+                              "precision": precision or "fp32",
                               "auto": mgr.auto.summary() if mgr.auto else None,
                               "recompute_limit": mgr.recompute_limit, **ours_settings(),
                               "pool_bytes": pool.capacity, "pool_class": type(pool).__name__,
@@ -743,25 +746,26 @@ def memory_trace_task(net: str, batch: int, modes: Sequence[str], device: str = 
 # PyTorch (runs inside a worker)
 # ---------------------------------------------------------------------------------------------------
 def torch_task(net: str, variant: str, batch: int, iterations: int = 10, warmup: int = 3, budget: int | None = None,
-               source: str = "auto", benchmark: bool = False, tf32: bool | None = None) -> dict:
+               source: str = "auto", benchmark: bool = False, tf32: bool | None = None, config: str = "fp32") -> dict:
     from tools.bench import torch_nets
 
     return torch_nets.measure(net, variant, batch, iterations=iterations, warmup=warmup, budget=budget,
-                              source=source, benchmark=benchmark, tf32=tf32)
+                              source=source, benchmark=benchmark, tf32=tf32, config=config)
 
 
 def torch_widest_task(net: str, variant: str, start: int, budget: int, step: int = 8, max_probes: int = 8,
-                      source: str = "auto") -> dict:
+                      source: str = "auto", config: str = "fp32") -> dict:
     from tools.bench import torch_nets
 
-    return torch_nets.widest(net, variant, start, budget, step=step, max_probes=max_probes, source=source)
+    return torch_nets.widest(net, variant, start, budget, step=step, max_probes=max_probes, source=source,
+                             config=config)
 
 
 def torch_deepest_task(variant: str, start: int, budget: int, batch: int = 16, step: int = 8,
-                       max_probes: int = 8) -> dict:
+                       max_probes: int = 8, config: str = "fp32") -> dict:
     from tools.bench import torch_nets
 
-    return torch_nets.deepest(variant, start, budget, batch=batch, step=step, max_probes=max_probes)
+    return torch_nets.deepest(variant, start, budget, batch=batch, step=step, max_probes=max_probes, config=config)
 
 
 TASKS: dict[str, Callable[..., dict]] = {

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.bench import common
+from tools.bench import common, torch_nets
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LAYERS = 20  # the profile's per-layer list: the slowest layer directions, per iteration
@@ -233,20 +233,18 @@ def kernel_profile(step, synchronize, iterations: int, top: int = KERNELS) -> di
 
 
 def pytorch(net: str, batch: int, warmup: int, iterations: int, benchmark: bool, source: str,
-            profile: bool = False) -> dict:
+            profile: bool = False, config: str = "fp32") -> dict:
     import torch
 
-    from tools.bench import torch_nets
-
     in_force = torch_nets.settings(benchmark, None)
-    tr = torch_nets.Trainer(net, "plain", batch, source)
+    tr = torch_nets.Trainer(net, "plain", batch, source, config)
     tr.set_batch(batch)
     timing = common.time_loop(tr.step, torch.cuda.synchronize, warmup, iterations)
     out = {"img_per_s": batch * iterations / timing["seconds"], "ms_per_iter": timing["ms_per_iter"],
-           "source": tr.source, **in_force}
+           "source": tr.source, "config": config, **in_force}
     if profile:
         out["gpu_ms_per_iter_by_kernel"] = kernel_profile(tr.step, torch.cuda.synchronize, 5)
-        print_kernels(f"PyTorch ({source})", out["gpu_ms_per_iter_by_kernel"])
+        print_kernels(f"PyTorch ({source}, {config})", out["gpu_ms_per_iter_by_kernel"])
     del tr
     torch.cuda.empty_cache()
     return out
@@ -298,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="a name for this configuration of ours (goes into the JSON)")
     ap.add_argument("--no-torch", action="store_true", help="time only SuperNeurons")
     ap.add_argument("--no-ours", action="store_true", help="time only PyTorch")
+    ap.add_argument("--torch-config", default="fp32", choices=sorted(torch_nets.TORCH_CONFIGS),
+                    help="how PyTorch runs (tools/bench/torch_nets.py TORCH_CONFIGS; default %(default)s)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     common.parse_nets(args.net)  # a known net, or one line naming the known ones
@@ -321,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         result["pytorch"] = {}
         for k, source in enumerate(torch_sources(args.net, args.torch_source)):
             for on in (True, False):
-                result["pytorch"][f"{source}, benchmark {'on' if on else 'off'}"] = pytorch(
-                    args.net, args.batch, 10, args.iterations, on, source, profile=on and k == 0)
+                result["pytorch"][f"{source} {args.torch_config}, benchmark {'on' if on else 'off'}"] = pytorch(
+                    args.net, args.batch, 10, args.iterations, on, source, profile=on and k == 0,
+                    config=args.torch_config)
     try:
         import torch
 

@@ -2,13 +2,17 @@
 
     python3 -m tools.bench.speed_zoo [--nets alexnet,vgg16,...] [--batches 64] [--iterations 5] [--quick]
                                      [--tf32 on|off] [--torch-benchmark on|off] [--part2] [--time-limit 540]
+                                     [--torch-configs fp32,fp32-cl,bf16-cl,bf16-cl-compile] [--precisions fp32,bf16]
 
 Part 1, batches both fit: ours with --memory auto and a pool of what the net needs (so auto keeps
-everything resident) against PyTorch plain, at each net's default batch (AlexNet 256, others 64) or
---batches. PyTorch runs twice in one worker: first the net built from the same prototxt
-(tools/bench/torch_nets.py, source="prototxt": the like-for-like column, and the ratio), then
-torchvision's model where torchvision has the net (a second column: torchvision's AlexNet, for one, has
-no LRN, no groups and fewer filters than Caffe's). The default nets are the paper's six plus DenseNet-121,
+everything resident), in each of --precisions, against PyTorch plain, at each net's default batch (AlexNet
+256, others 64) or --batches. PyTorch runs the net built from the same prototxt (tools/bench/torch_nets.py,
+source="prototxt": the like-for-like columns and the ratios) in each of --torch-configs, the ways its users
+run it: eager float32 NCHW, eager float32 channels_last, bfloat16 autocast channels_last and torch.compile of
+that (its compile time a column apart from the steady-state img/s); then torchvision's model in float32
+where torchvision has the net (a column of its own: torchvision's AlexNet, for one, has no LRN, no groups and
+fewer filters than Caffe's). Our float32 is compared with PyTorch's float32 configurations, our half
+precisions with its autocast ones. The default nets are the paper's six plus DenseNet-121,
 MobileNet (v1, depthwise convolutions) and SqueezeNet (v1.0, fire modules).
 
 Settings, stated in the table's title and in the JSON (`settings`, and per row): TF32 for cuDNN
@@ -41,7 +45,21 @@ import sys
 import time
 from pathlib import Path
 
-from tools.bench import common
+from tools.bench import common, torch_nets
+
+DEFAULT_CONFIGS = ("fp32", "fp32-cl", "bf16-cl", "bf16-cl-compile")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def comparable(precision: str, config: str) -> bool:
+    """Which of our precisions a ratio compares with which PyTorch configuration: float32 with PyTorch's
+    float32 runs, half with its autocast runs (bfloat16 or float16 alike)."""
+    return (precision == "fp32") == (torch_nets.TORCH_CONFIGS[config].autocast is None)
+
+
+def precision_arg(precision: str) -> dict[str, str]:
+    """ours_task's keyword for a precision: none for float32, so float32 rows run on any build of ours."""
+    return {} if precision == "fp32" else {"precision": precision}
 
 
 def ckpt_batches(args, nets: list[str]) -> dict[str, int]:
@@ -65,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-benchmark", choices=("on", "off"), default="on",
                     help="PyTorch's cudnn.benchmark (default %(default)s)")
     ap.add_argument("--no-torchvision", action="store_true", help="skip the torchvision column")
+    ap.add_argument("--torch-configs", default=",".join(DEFAULT_CONFIGS),
+                    help="PyTorch configurations, each on the net built from the same prototxt (default "
+                         f"%(default)s; of {', '.join(torch_nets.TORCH_CONFIGS)})")
+    ap.add_argument("--precisions", default="fp32",
+                    help="ours in these precisions (--precision of train: fp32, bf16, fp16; default %(default)s)")
     ap.add_argument("--part2", action="store_true", help="also run the ResNets at PyTorch-checkpoint's widest batch")
     ap.add_argument("--ckpt-batches", default="", help="e.g. 'resnet50=336,resnet101=256' (implies --part2)")
     ap.add_argument("--torch-offload", action="store_true",
@@ -76,6 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be 1 or more, not {args.repeats}")
+    configs = [c for c in args.torch_configs.split(",") if c]
+    precisions = [p for p in args.precisions.split(",") if p]
+    for c in configs:
+        if c not in torch_nets.TORCH_CONFIGS:
+            ap.error(f"--torch-configs: unknown configuration {c!r}; choose from {', '.join(torch_nets.TORCH_CONFIGS)}")
+    for p in precisions:
+        if p not in PRECISIONS:
+            ap.error(f"--precisions: unknown precision {p!r}; choose from {', '.join(PRECISIONS)}")
+    if not configs or not precisions:
+        ap.error("--torch-configs and --precisions each need at least one value")
     if args.quick:
         args.nets, args.iterations, args.warmup = "resnet50", min(args.iterations, 5), 2
     nets = common.parse_nets(args.nets)
@@ -106,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = common.NETS[net]
         bs = common.batches_for(net, batches, [spec.speed_batch])
         run = dict(iterations=args.iterations, warmup=args.warmup)
-        ours_tasks = [dict(kind="ours", net=net, batch=b, memory="auto", **run) for b in bs]
-        sources = ["prototxt"] + (["torchvision"] if spec.torchvision and not args.no_torchvision else [])
+        ours_tasks = [dict(kind="ours", net=net, batch=b, memory="auto", **precision_arg(p), **run)
+                      for b in bs for p in precisions]
+        tv = spec.torchvision and not args.no_torchvision
         torch_tasks = [dict(kind="torch", net=net, variant="plain", batch=b, source=src, benchmark=benchmark,
-                            tf32=tf32, **run) for b in bs for src in sources]
+                            tf32=tf32, config=c, **run)
+                       for b in bs for src, c in [("prototxt", c) for c in configs] + ([("torchvision", "fp32")]
+                                                                                      if tv else [])]
         wb = wide.get(net)
         capped = None
         if wb:
@@ -119,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                                    budget=budget if capped else common.UNCAPPED, **run))
             torch_tasks += [dict(kind="torch", net=net, variant=v, batch=wb, source=src, benchmark=benchmark,
                                  tf32=tf32, **run) for v, src in torch_variants]
-        print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, PyTorch from {', '.join(sources)}",
-              flush=True)
+        print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, ours {', '.join(precisions)}, "
+              f"PyTorch {', '.join(configs)}{' and torchvision' if tv else ''}", flush=True)
         ours_runs, pt_runs = [], []
         for _ in range(args.repeats):
             if not args.no_ours:
@@ -129,18 +165,32 @@ def main(argv: list[str] | None = None) -> int:
                 pt_runs.append(common.run_worker(torch_tasks, worker_timeout(), log=log))
         ours, pt = median_runs(ours_runs), median_runs(pt_runs)
         raw[net] = {"ours": ours, "torch": pt}
+        per_batch = len(configs) + (1 if tv else 0)
         for k, b in enumerate(bs):
-            o = _at(ours, k)
-            same = _at(pt, k * len(sources))
-            tv = _at(pt, k * len(sources) + 1) if len(sources) > 1 else {}
-            r = common.ratio(o.get("img_per_s"), same.get("img_per_s"))
-            rows.append([spec.label, b, o.get("memory_mode"), o.get("img_per_s"), same.get("img_per_s"), r,
-                         tv.get("img_per_s"), common.ratio(o.get("img_per_s"), tv.get("img_per_s")),
-                         _why(o) or _why(same) or _why(tv)])
-            targets.append(common.target(f"speed {spec.label} b{b}", ">= 1.0x PyTorch on the same prototxt", r, 1.0))
+            mine = {p: _at(ours, k * len(precisions) + i) for i, p in enumerate(precisions)}
+            theirs = {c: _at(pt, k * per_batch + i) for i, c in enumerate(configs)}
+            tv_run = _at(pt, k * per_batch + len(configs)) if tv else {}
+            row, notes = [spec.label, b, mine[precisions[0]].get("memory_mode")], []
+            row += [mine[p].get("img_per_s") for p in precisions]
+            row += [theirs[c].get("img_per_s") for c in configs]
+            row += [theirs[c].get("compile_s") for c in configs if torch_nets.TORCH_CONFIGS[c].compiled]
+            for p in precisions:
+                for c in configs:
+                    if comparable(p, c):
+                        r = common.ratio(mine[p].get("img_per_s"), theirs[c].get("img_per_s"))
+                        row.append(r)
+                        goal = 1.0 if torch_nets.TORCH_CONFIGS[c].compiled else 1.05
+                        targets.append(common.target(f"speed {spec.label} b{b} ours {p} / PyTorch {c}",
+                                                     f">= {goal:g}x PyTorch {torch_nets.TORCH_CONFIGS[c].label}, "
+                                                     "same prototxt", r, goal))
+            row += [tv_run.get("img_per_s"), common.ratio(mine[precisions[0]].get("img_per_s"),
+                                                          tv_run.get("img_per_s"))]
+            notes = [_why(r) for r in list(mine.values()) + list(theirs.values()) + [tv_run]]
+            row.append(next((n for n in notes if n), ""))
+            rows.append(row)
         if wb:
-            o = _at(ours, len(bs))
-            first = len(bs) * len(sources)
+            o = _at(ours, len(bs) * len(precisions))
+            first = len(bs) * (len(configs) + (1 if tv else 0))
             tv = {key: _at(pt, first + i) for i, key in enumerate(torch_variants)}
             same = tv[torch_variants[0]]
             ck = same.get("img_per_s")
@@ -154,12 +204,15 @@ def main(argv: list[str] | None = None) -> int:
                                          ">= 1.0x PyTorch checkpoint on the same prototxt", r, 1.0,
                                          "" if capped else "ours ran without the budget: the planner says it "
                                                            "does not fit at this batch"))
+    header = (["net", "batch", "ours mode"] + [f"ours {p} img/s" for p in precisions]
+              + [f"PyTorch {torch_nets.TORCH_CONFIGS[c].label} img/s" for c in configs]
+              + [f"PyTorch {c} compile s" for c in configs if torch_nets.TORCH_CONFIGS[c].compiled]
+              + [f"ours {p} / PyTorch {c}" for p in precisions for c in configs if comparable(p, c)]
+              + ["PyTorch torchvision fp32 img/s", "ratio vs torchvision", "note"])
     for net in skipped:
-        rows.append([common.NETS[net].label, None, None, None, None, None, None, None,
-                     f"not run: --time-limit {args.time_limit:g} s reached"])
+        rows.append([common.NETS[net].label] + [None] * (len(header) - 2)
+                    + [f"not run: --time-limit {args.time_limit:g} s reached"])
     in_force = settings_in_force(raw, tf32, benchmark)
-    header = ["net", "batch", "ours mode", "ours img/s", "PyTorch same prototxt img/s", "ratio",
-              "PyTorch torchvision img/s", "ratio vs torchvision", "note"]
     title = f"Training speed where both fit (Fig. 14); {describe(in_force)}"
     tables = [] if not rows2 else [{
         "title": f"At PyTorch-checkpoint's widest batch (ours: --memory auto under {args.budget}; PyTorch: "

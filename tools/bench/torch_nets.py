@@ -1,4 +1,4 @@
-"""The PyTorch side of the benchmarks: the same nets as ours, in three variants.
+"""The PyTorch side of the benchmarks: the same nets as ours, in three variants and four configurations.
 
 - plain: the model as is;
 - checkpoint: torch.utils.checkpoint (non-reentrant) over each residual block / natural segment;
@@ -21,6 +21,11 @@ still needed later (the label aside). Between two cuts lies either a single laye
 with branches (a residual block, an Inception module). Blocks are segments of their own; runs of chain
 layers are merged into one segment that closes after each pooling layer.
 
+Configurations (`TORCH_CONFIGS`), as a PyTorch user who cares about speed runs a model: `fp32` (eager, NCHW:
+PyTorch's default), `fp32-cl` (eager, channels_last), `bf16-cl` (bfloat16 autocast, channels_last, eager),
+`bf16-cl-compile` (that under torch.compile; the first step's time, which includes compiling, is reported as
+`compile_s` apart from the steady state) and `fp16-cl` (float16 autocast with a GradScaler, channels_last).
+
 Everything here imports torch lazily enough that the segmenting logic (`segments_of`) runs without it.
 """
 from __future__ import annotations
@@ -33,6 +38,26 @@ from typing import Any, Callable, Sequence
 from tools.bench import common
 
 VARIANTS = ("plain", "checkpoint", "offload")
+
+
+@dataclass(frozen=True)
+class TorchConfig:
+    """One way of running a model: memory layout, autocast type (None: float32) and whether torch.compile
+    wraps it."""
+    name: str
+    label: str
+    channels_last: bool
+    autocast: str | None
+    compiled: bool
+
+
+TORCH_CONFIGS: dict[str, TorchConfig] = {c.name: c for c in (
+    TorchConfig("fp32", "fp32 NCHW", False, None, False),
+    TorchConfig("fp32-cl", "fp32 channels_last", True, None, False),
+    TorchConfig("bf16-cl", "bf16 autocast channels_last", True, "bfloat16", False),
+    TorchConfig("bf16-cl-compile", "torch.compile bf16 autocast channels_last", True, "bfloat16", True),
+    TorchConfig("fp16-cl", "fp16 autocast + GradScaler channels_last", True, "float16", False),
+)}
 SOURCES = ("auto", "prototxt", "torchvision")
 _CHAIN_CLOSERS = ("Pooling",)
 _SKIP = ("Accuracy", "Silence")
@@ -444,39 +469,61 @@ def build(net: str, variant: str, batch: int, source: str = "auto"):
 # Measuring
 # ---------------------------------------------------------------------------------------------------
 class Trainer:
-    """One model, its SGD optimizer (our solver's lr, momentum, weight decay) and a training step."""
+    """One model, its SGD optimizer (our solver's lr, momentum, weight decay) and a training step, run in one of
+    TORCH_CONFIGS."""
 
-    def __init__(self, net: str, variant: str, batch: int, source: str = "auto"):
+    def __init__(self, net: str, variant: str, batch: int, source: str = "auto", config: str = "fp32"):
         torch = _torch()
         from superneurons.io.prototxt import read_solver
 
+        if config not in TORCH_CONFIGS:
+            raise ValueError(f"config {config!r}: choose from {', '.join(TORCH_CONFIGS)}")
+        self.config = TORCH_CONFIGS[config]
         spec = common.NETS["resnet50" if net.startswith("deep:") else net]
         sp = read_solver(str(common.ROOT / spec.solver))
         torch.manual_seed(0)
         self.dev = torch.device("cuda")
         model, self.shape, self.source = build(net, variant, batch, source)
         self.model = model.to(self.dev).train()
+        if self.config.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=sp.base_lr or 0.01, momentum=sp.momentum,
                                    weight_decay=sp.weight_decay)
+        self.forward = torch.compile(self.model) if self.config.compiled else self.model
+        # float16 autocast needs loss scaling, as its users run it; bfloat16 has float32's range.
+        self.scaler = torch.amp.GradScaler("cuda") if self.config.autocast == "float16" else None
         self.variant = variant
         self.x = self.y = None
 
     def set_batch(self, batch: int) -> None:
         torch = _torch()
         self.x = self.y = None
-        self.x = torch.randn((batch,) + self.shape[1:], device=self.dev)
+        x = torch.randn((batch,) + self.shape[1:], device=self.dev)
+        self.x = x.to(memory_format=torch.channels_last) if self.config.channels_last else x
         self.y = torch.full((batch,), 7, dtype=torch.long, device=self.dev)
+
+    def _loss(self):
+        torch = _torch()
+        if self.config.autocast is None:
+            return self.forward(self.x, self.y)
+        with torch.autocast("cuda", dtype=getattr(torch, self.config.autocast)):
+            return self.forward(self.x, self.y)
 
     def step(self):
         torch = _torch()
         self.opt.zero_grad(set_to_none=True)
         if self.variant == "offload":
             with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                loss = self.model(self.x, self.y)
+                loss = self._loss()
         else:
-            loss = self.model(self.x, self.y)
-        loss.backward()
-        self.opt.step()
+            loss = self._loss()
+        if self.scaler is None:
+            loss.backward()
+            self.opt.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
         return loss
 
 
@@ -510,21 +557,27 @@ def settings(benchmark: bool, tf32: bool | None) -> dict:
 
 
 def measure(net: str, variant: str, batch: int, iterations: int = 10, warmup: int = 3, budget: int | None = None,
-            source: str = "auto", benchmark: bool = False, tf32: bool | None = None) -> dict:
-    """img/s of `variant` at `batch` (warm-up untimed); {'ok': False, 'fits': False} on OOM."""
+            source: str = "auto", benchmark: bool = False, tf32: bool | None = None, config: str = "fp32") -> dict:
+    """img/s of `variant` at `batch` in `config` (warm-up untimed; the first step, which compiles under
+    torch.compile, is timed apart as `compile_s`); {'ok': False, 'fits': False} on OOM."""
     torch = _torch()
     in_force = settings(benchmark, tf32)
     info = cap(budget)
     try:
-        tr = Trainer(net, variant, batch, source)
+        tr = Trainer(net, variant, batch, source, config)
         tr.set_batch(batch)
-        timing = common.time_loop(tr.step, torch.cuda.synchronize, warmup, iterations)
+        t0 = time.perf_counter()
+        tr.step()
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        timing = common.time_loop(tr.step, torch.cuda.synchronize, max(0, warmup - 1), iterations)
         loss = float(tr.step().detach())
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError as e:
-        return {"ok": False, "fits": False, "batch": batch, "variant": variant, "source": source,
+        return {"ok": False, "fits": False, "batch": batch, "variant": variant, "source": source, "config": config,
                 "error": f"OOM: {str(e)[:200]}", **in_force}
-    result = {"net": net, "variant": variant, "batch": batch, "source": tr.source, "fits": True,
+    result = {"net": net, "variant": variant, "batch": batch, "source": tr.source, "config": config, "fits": True,
+              "first_step_s": first_s, "compile_s": first_s if tr.config.compiled else None,
               "img_per_s": batch * iterations / timing["seconds"] if iterations else None,
               "max_memory_allocated": torch.cuda.max_memory_allocated(), "loss": loss,
               **in_force, **timing, **info}
@@ -554,8 +607,9 @@ def _fits(trainer_for: Callable[[int], Any], batch_of: Callable[[int], int], val
 
 
 def widest(net: str, variant: str, start: int, budget: int, step: int = 8, max_probes: int = 8,
-           source: str = "auto", iterations: int = 2) -> dict:
-    """The widest batch (multiple of `step`) `variant` trains under `budget`, probing around `start`."""
+           source: str = "auto", iterations: int = 2, config: str = "fp32") -> dict:
+    """The widest batch (multiple of `step`) `variant` trains under `budget` in `config`, probing around
+    `start`."""
     torch = _torch()
     torch.backends.cudnn.benchmark = False  # no algorithm search with its own workspace trials
     info = cap(budget)
@@ -565,7 +619,7 @@ def widest(net: str, variant: str, start: int, budget: int, step: int = 8, max_p
     def trainer(batch: int):
         # one model for all probes: only the batch changes (its momentum comes with the first update)
         if "tr" not in holder:
-            holder["tr"] = Trainer(net, variant, start, source)
+            holder["tr"] = Trainer(net, variant, start, source, config)
         return holder["tr"]
 
     def fits(batch: int) -> bool:
@@ -578,13 +632,14 @@ def widest(net: str, variant: str, start: int, budget: int, step: int = 8, max_p
         best = common.search_edge(fits, start, step, max_probes)
     except torch.cuda.OutOfMemoryError as e:  # the model itself did not fit
         return {"ok": False, "widest": 0, "probes": probes, "error": f"OOM building the model: {str(e)[:200]}", **info}
-    return {"net": net, "variant": variant, "widest": best, "probes": probes,
+    return {"net": net, "variant": variant, "config": config, "widest": best, "probes": probes,
             "source": holder["tr"].source if "tr" in holder else None, **info}
 
 
 def deepest(variant: str, start: int, budget: int, batch: int = 16, step: int = 8, max_probes: int = 8,
-            iterations: int = 2) -> dict:
-    """The largest N (multiple of `step`) for which make_resnet 6,32,N,6 trains at `batch` under `budget`."""
+            iterations: int = 2, config: str = "fp32") -> dict:
+    """The largest N (multiple of `step`) for which make_resnet 6,32,N,6 trains at `batch` under `budget` in
+    `config`."""
     torch = _torch()
     torch.backends.cudnn.benchmark = False
     info = cap(budget)
@@ -592,10 +647,11 @@ def deepest(variant: str, start: int, budget: int, batch: int = 16, step: int = 
 
     def fits(n: int) -> bool:
         t0 = time.perf_counter()
-        ok = _fits(lambda v: Trainer(f"deep:{v}", variant, batch, "prototxt"), lambda v: batch, n, iterations)
+        ok = _fits(lambda v: Trainer(f"deep:{v}", variant, batch, "prototxt", config), lambda v: batch, n,
+                   iterations)
         probes.append({"n": n, "depth": common.deep_depth(n), "fits": ok, "s": time.perf_counter() - t0})
         return ok
 
     best = common.search_edge(fits, start, step, max_probes)
-    return {"variant": variant, "deepest_n": best, "depth": common.deep_depth(best) if best else None,
+    return {"variant": variant, "config": config, "deepest_n": best, "depth": common.deep_depth(best) if best else None,
             "probes": probes, **info}
