@@ -21,7 +21,7 @@ from numpy.lib.stride_tricks import as_strided
 from superneurons.backend.cpu.activation import relu_forward
 from superneurons.backend.geometry import ConvGeometry
 
-__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward"]
+__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "im2col_forward", "im2col_backward"]
 
 _COL_ELEMENTS = 1 << 23  # 32 MiB of float32 columns per chunk
 
@@ -75,6 +75,20 @@ def conv_relu_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.
     """y = relu(conv(x, w) + b) with Caffe's leaky ReLU (slope >= 0)."""
     conv_forward(x, w, b, y, geom)
     relu_forward(y, y, slope)
+
+
+def im2col_forward(x: np.ndarray, col: np.ndarray, geom: ConvGeometry) -> None:
+    """col (N, C * kh * kw, OH, OW) = the column buffer of x (N, C, H, W): entry [n, (c * kh + i) * kw + j, oh, ow]
+    is the pixel kernel tap (i, j) of output (oh, ow) reads in channel c, 0 in the padding (Caffe's Im2col)."""
+    n, _, oh, ow = col.shape
+    taps = _taps(_padded(x, geom.pad), (oh, ow), geom)  # (C, kh, kw, N, OH, OW)
+    col[...] = taps.transpose(3, 0, 1, 2, 4, 5).reshape(col.shape)
+
+
+def im2col_backward(dcol: np.ndarray, dx: np.ndarray, geom: ConvGeometry) -> None:
+    """dx = the adjoint of im2col_forward (overwritten): every column entry added back to the pixel it read."""
+    n, _, oh, ow = dcol.shape
+    _col2im(np.ascontiguousarray(dcol.transpose(1, 0, 2, 3)), dx, (oh, ow), geom)
 
 
 def _chunks(x: np.ndarray, y: np.ndarray, geom: ConvGeometry):

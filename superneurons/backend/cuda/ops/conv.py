@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from superneurons import settings
 from superneurons.backend.cuda import cudnn, kernels as K
-from superneurons.backend.cuda.kernels import conv_relu as ck, reduce as rk
+from superneurons.backend.cuda.kernels import conv_relu as ck, im2col as ik, reduce as rk
 from superneurons.backend.cuda.ops import activation, basic
 from superneurons.backend.cuda.device import current, flat, scalar
 from superneurons.backend.geometry import ConvGeometry
 
-__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward"]
+__all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "im2col_forward", "im2col_backward"]
 
 
 def _plan(x, w, y, geom: ConvGeometry):
@@ -53,6 +53,25 @@ def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float) -> None:
         bias_relu(y, b, n, m, oh * ow, slope)
     else:
         activation.relu_forward(y, y, slope)
+
+
+def _window(geom: ConvGeometry):
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.pad, geom.dilation
+    return kh, kw, sh, sw, ph, pw, dh, dw
+
+
+def im2col_forward(x, col, geom: ConvGeometry) -> None:
+    """col (N, C * kh * kw, OH, OW) = the column buffer of x (N, C, H, W) (Caffe's Im2col), one thread per entry."""
+    if col.size:
+        _n, c, h, w = x.shape
+        K.launch(ik.im2col, col.size)(flat(x), flat(col), c, h, w, col.shape[2], col.shape[3], *_window(geom))
+
+
+def im2col_backward(dcol, dx, geom: ConvGeometry) -> None:
+    """dx = the adjoint of im2col_forward (overwritten); one thread per pixel sums the entries that read it."""
+    if dx.size:
+        _n, c, h, w = dx.shape
+        K.launch(ik.col2im, dx.size)(flat(dcol), flat(dx), c, h, w, dcol.shape[2], dcol.shape[3], *_window(geom))
 
 
 # The pass of the fused forward over y viewed as (outer, dim, inner) = (N, C, H*W) (not an op of its own: no
