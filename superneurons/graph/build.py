@@ -102,20 +102,10 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     if not stages and net.state.HasField("level") and not level:
         state.level = net.state.level
     filtered = insert_splits(filter_net(net, state), where)
-    params = list(filtered.layer)
-    if not params:
+    if not filtered.layer:
         raise UserError(f"{where}: the net has no layers in phase {pb.Phase.Name(phase)}")
-    names = unique_layer_names([p.name for p in params])
-    route = build_route([list(p.bottom) for p in params], [list(p.top) for p in params])
-    nodes: list[Node] = []
-    for i in route:
-        p = params[i]
-        cls = layer_class(p.type, f"{where}: layer {p.name!r}")
-        layer = cls(p, phase)
-        layer.name = names[i]  # the key the runtime uses; `layer.param.name` stays the prototxt's
-        layer.layer_index = i
-        nodes.append(Node(layer, list(p.bottom), list(p.top)))
-    _mark_data_copies(nodes)
+    filtered, parts = _unroll(filtered, phase, where)
+    nodes = _instantiate(filtered, phase, where, parts)
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
     _mark_backward(nodes, bool(net.force_backward))
@@ -129,13 +119,97 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         fuse_relu_backward_into_max_pool(nodes)
         concat_slices = concat_slice_readers(nodes)
     consumed = {b for n in nodes for b in n.bottoms}
+    # The state an unrolled layer leaves unread (an LSTM's last c_t without expose_hidden) is no output of the net
+    inner = {t for n in nodes if n.layer.part_of is not None for t in n.tops} - _unrolled_tops(nodes)
     outputs = []
     for n in nodes:
         for t in n.tops:
-            if t not in consumed and t not in outputs:
+            if t not in consumed and t not in outputs and t not in inner:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
                  internal_blobs=internal_blobs, concat_slices=concat_slices)
+
+
+def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, "_Part"] | None = None) -> list[Node]:
+    """The layers of `net` built in route order (Alg. 1), not yet set up; `parts`: the layers an unrolled
+    layer became (`_unroll`), by position."""
+    params = list(net.layer)
+    parts = parts or {}
+    names = unique_layer_names([p.name for p in params])
+    route = build_route([list(p.bottom) for p in params], [list(p.top) for p in params])
+    nodes: list[Node] = []
+    for i in route:
+        p = params[i]
+        part = parts.get(i)
+        cls = part.cls if part is not None and part.cls is not None else layer_class(p.type, f"{where}: layer {p.name!r}")
+        layer = cls(p, phase)
+        layer.name = names[i]  # the key the runtime uses; `layer.param.name` stays the prototxt's
+        layer.layer_index = i
+        if part is not None:
+            layer.layer_index = part.index
+            layer.part_of = part.part_of
+            if part.prototxt_param is not None:
+                layer.prototxt_param = part.prototxt_param
+        nodes.append(Node(layer, list(p.bottom), list(p.top)))
+    _mark_data_copies(nodes)
+    return nodes
+
+
+@dataclass
+class _Part:
+    """A layer of the net being built, for the layers an unrolled layer became: the class that builds it (None:
+    its registered type), the position of the prototxt's layer it comes from, the name of the unrolled layer
+    (None for the others), and whether it is the first part, which keeps the prototxt's LayerParameter."""
+
+    cls: type[Layer] | None
+    index: int
+    unrolled: str | None = None
+    prototxt_param: pb.LayerParameter | None = None
+
+    @property
+    def part_of(self) -> str | None:
+        return self.unrolled if self.prototxt_param is None else None
+
+
+def _unroll(net: pb.NetParameter, phase: int, where: str) -> tuple[pb.NetParameter, dict[int, _Part]]:
+    """`net` with every layer that runs as several (`Layer.unrolls`: RNN and LSTM over their time steps) replaced
+    by its parts, splits inserted where the parts read a blob twice, and every layer's `_Part` by position. The
+    number of parts depends on the bottom shapes, so the net's shapes are inferred once as it is, first."""
+    if not any(getattr(layer_class(p.type, f"{where}: layer {p.name!r}"), "unrolls", False) for p in net.layer):
+        return net, {}
+    nodes = _instantiate(net, phase, where)
+    _infer_shapes(nodes, where)
+    by_index = {n.layer.layer_index: n.layer for n in nodes}
+    out = pb.NetParameter()
+    out.CopyFrom(net)
+    del out.layer[:]
+    parts: list[_Part] = []
+    for i, p in enumerate(net.layer):
+        layer = by_index[i]
+        if not layer.unrolls:
+            parts.append(_Part(None, i))
+            out.layer.add().CopyFrom(p)
+            continue
+        for k, (part, cls) in enumerate(layer.unroll()):
+            parts.append(_Part(cls, i, layer.name, p if k == 0 else None))
+            out.layer.add().CopyFrom(part)
+    split = insert_splits(out, where)
+    # insert_splits keeps the layers' order and puts each new Split right after the layer whose top it splits.
+    final: dict[int, _Part] = {}
+    j = 0
+    for pos, p in enumerate(split.layer):
+        if j < len(out.layer) and p.name == out.layer[j].name and p.type == out.layer[j].type:
+            final[pos] = parts[j]
+            j += 1
+        else:
+            before = parts[j - 1]
+            final[pos] = _Part(None, before.index, before.unrolled)
+    return split, final
+
+
+def _unrolled_tops(nodes: list[Node]) -> set[str]:
+    """The tops the prototxt gives the layers that were unrolled (their parts produce them)."""
+    return {t for n in nodes if n.layer.prototxt_param is not n.layer.param for t in n.layer.prototxt_param.top}
 
 
 def unique_layer_names(names: list[str]) -> list[str]:

@@ -87,8 +87,10 @@ def net_to_proto(net: Any) -> pb.NetParameter:
     net.bind_params()
     out = pb.NetParameter(name=net.name)
     for node in net.layers_in_prototxt_order():
+        if node.layer.part_of is not None:
+            continue  # a step of an unrolled layer: the layer of the prototxt holds its weights
         lp = out.layer.add()
-        lp.CopyFrom(node.layer.param)
+        lp.CopyFrom(node.layer.prototxt_param)
         del lp.blobs[:]
         for decl in node.layer.params:
             array_to_blob(net.backend.to_host(_param_source(decl).data), lp.blobs.add())
@@ -227,7 +229,8 @@ def load_weights(net: Any, source: str | pb.NetParameter) -> LoadReport:
             net.backend.from_host(_param_source(decl).data, values)
         if decls:
             report.copied.append(lp.name)
-    report.missing = [n.name for n in net.layers_in_prototxt_order() if n.layer.params and n.name not in seen]
+    report.missing = [n.name for n in net.layers_in_prototxt_order()
+                      if n.layer.params and n.name not in seen and n.layer.part_of is None]
     return report
 
 

@@ -151,6 +151,11 @@ class Layer:
         self.in_place = len(param.top) > 0 and len(param.bottom) > 0 and param.top[0] == param.bottom[0]
         self.ctx: Any = None  # set by the runtime: RunContext (iteration, seed, recomputing flag)
         self.layer_index = 0  # position in the prototxt; part of Dropout's mask hash
+        # Set by graph.build on the layers a layer that `unrolls` became: `part_of` on every part but the first,
+        # the name of the prototxt's layer they compute (caffemodels and pycaffe's layer lists leave them out);
+        # `prototxt_param` on the first, the prototxt's own LayerParameter (what a caffemodel saves).
+        self.part_of: str | None = None
+        self.prototxt_param = param
         # Set by graph.build on a layer that `can_copy_data`: its tops hold copies, not views, of bottom 0.
         self.copy_data = False
         # Set by graph/fuse.py (`absorb_into`): the layer that computes this one; its own steps then pass through.
@@ -192,6 +197,16 @@ class Layer:
         before writing that element (the fused BatchNorm out of place): memory/aliases.py may then share
         the memory, as an in-place layer's gradients do."""
         return ()
+
+    # The layer runs as several layers of other types (a recurrent layer unrolled over its time steps): graph.build
+    # sets it up once to learn its shapes, then puts the parts `unroll()` returns in its place.
+    unrolls: ClassVar[bool] = False
+
+    def unroll(self) -> list[tuple[pb.LayerParameter, "type[Layer] | None"]]:
+        """The layers to run instead of this one (after `setup`), in order, each with the class that builds it
+        (None: its registered type); the first keeps this layer's name and the others read their weights from
+        it by parameter name."""
+        raise NotImplementedError
 
     # An owner of absorbed layers (graph/fuse.py) runs their backward in its own step (True) or only their
     # forward, leaving each absorbed layer's backward to that layer's step (False: Convolution, see there).

@@ -1,0 +1,328 @@
+"""Caffe's recurrent layers: RNN and LSTM over (T, N, ...) sequences, and LSTMUnit, the LSTM cell of one step.
+
+Bottoms: x (T time steps, N streams, ...), cont (T, N), whose 0 at (t, n) starts a new sequence in stream n
+(the state carried from step t-1 is multiplied by it), then an optional static input x_static (N, ...) seen
+at every step, then with `expose_hidden` the initial state: h_0 (RNN), h_0 and c_0 (LSTM), each (1, N,
+num_output). Tops: the outputs of every step (T, N, num_output), then with `expose_hidden` the final state
+(h_T; h_T and c_T). Without `expose_hidden` the initial state is zero.
+
+Caffe runs each such layer as an inner net unrolled over the T steps. Here the unrolled steps are the
+runtime's own: `unroll` rewrites the layer into the same per-step layers (Slice, Scale, InnerProduct,
+Eltwise, TanH or LSTMUnit, Concat) sharing their weights by parameter name, which graph.build puts in the
+net in its place. Liveness, offload and recomputation then plan every time step like any other layer, and
+`superneurons memory` shows them. The layer of the prototxt stays in the net as the step that transforms x
+(and x_static) for all time steps at once (one matrix product, as Caffe's x_transform): it keeps the
+prototxt's name and owns every weight in Caffe's blob order, so caffemodels and pycaffe see Caffe's
+blobs; the step layers are named `<layer>/<Caffe's inner name>` and are not saved.
+
+    LSTM (blobs W_xc, b_c[, W_xc_static], W_hc):
+        gate_input_t = W_hc (cont_t h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static]
+        (c_t, h_t) = LSTMUnit(c_{t-1}, gate_input_t, cont_t)          (backend/cpu/recurrent.py)
+    RNN (blobs W_xh, b_h[, W_xh_static], W_hh, W_ho, b_o):
+        h_t = tanh(W_hh (cont_t h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static])
+        o_t = tanh(W_ho h_t + b_o)
+"""
+from __future__ import annotations
+
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, register
+from superneurons.layers.inner_product import InnerProduct
+from superneurons.proto import superneurons_pb2 as pb
+
+
+@register("LSTMUnit")
+class LSTMUnit(Layer):
+    """Bottoms c_{t-1} (1, N, H), the gate input (1, N, 4H) and cont_t (1, N); tops c_t and h_t (1, N, H)."""
+
+    n_bottoms = (3, 3)
+    n_tops = (2, 2)
+    label_bottoms = (2,)  # Caffe cannot backpropagate to the sequence indicators either
+
+    def setup(self, bottom_shapes):
+        c_prev, gates, cont = (tuple(s) for s in bottom_shapes)
+        for k, (shape, axes) in enumerate(((c_prev, 3), (gates, 3), (cont, 2))):
+            if len(shape) != axes or shape[0] != 1:
+                raise self.fail(f"bottom {k} must be {axes}-D with one time step (1, N{', ...' * (axes > 2)}), "
+                                f"got {shape}")
+            if shape[1] != c_prev[1]:
+                raise self.fail(f"bottom {k} has {shape[1]} streams, bottom 0 has {c_prev[1]}")
+        if gates[2] != 4 * c_prev[2]:
+            raise self.fail(f"the gate input (bottom 1) must be 4 x {c_prev[2]} = {4 * c_prev[2]} wide, "
+                            f"got {gates[2]}")
+        return [c_prev, c_prev]
+
+    def backward_needs(self):
+        return frozenset({NEEDS_BOTTOM})  # the gates and c_t are recomputed from the bottoms
+
+    def forward(self, bottom, top):
+        self.ops.lstm_unit_forward(bottom[0], bottom[1], bottom[2], top[0], top[1])
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        self.ops.lstm_unit_backward(bottom[0], bottom[1], bottom[2], top_diff[0], top_diff[1],
+                                    bottom_diff[0] if propagate_down[0] else None,
+                                    bottom_diff[1] if propagate_down[1] else None)
+
+
+class _Recurrent(Layer):
+    """What RNN and LSTM share: the bottoms' checks, the input transform, and the unrolled steps' wiring."""
+
+    n_bottoms = (2, 5)
+    n_tops = (1, 3)
+    label_bottoms = (1,)  # cont
+    unrolls = True
+    # Per subclass: the recurrent state blobs ("h", or "h" and "c"), the names of the input transform's tops
+    # (x's, x_static's: Caffe's), the class of the input transform and the name of the outputs' Concat.
+    state_names: tuple[str, ...] = ()
+    input_blobs: tuple[str, str] = ("", "")
+    transform_class: type[Layer]
+    concat_name = ""
+
+    def setup(self, bottom_shapes):
+        p = self.param.recurrent_param
+        if p.num_output < 1:
+            raise self.fail(f"recurrent_param.num_output must be 1 or more, got {p.num_output}")
+        self.hidden = int(p.num_output)
+        states = len(self.state_names)
+        exposed = states if p.expose_hidden else 0
+        x, cont = bottom_shapes[0], bottom_shapes[1]
+        if len(x) < 2:
+            raise self.fail(f"bottom 0 (x) must have at least 2 axes (T time steps, N streams, ...), got {x}")
+        self.steps, self.streams = int(x[0]), int(x[1])
+        if tuple(cont) != (self.steps, self.streams):
+            raise self.fail(f"bottom 1 (cont) must be (T, N) = ({self.steps}, {self.streams}), got {tuple(cont)}")
+        extra = len(bottom_shapes) - 2 - exposed
+        if extra not in (0, 1):
+            raise self.fail(f"takes x, cont, an optional static input"
+                            f"{f' and {exposed} initial state(s) (expose_hidden)' if exposed else ''}: "
+                            f"{2 + exposed}..{3 + exposed} bottoms, got {len(bottom_shapes)}")
+        self.static = extra == 1
+        if self.static:
+            xs = bottom_shapes[2]
+            if len(xs) < 1 or xs[0] != self.streams:
+                raise self.fail(f"bottom 2 (the static input) must be (N, ...) with N = {self.streams}, got {xs}")
+        state_shape = (1, self.streams, self.hidden)
+        for k, shape in enumerate(bottom_shapes[2 + extra:]):
+            if tuple(shape) != state_shape:
+                raise self.fail(f"bottom {2 + extra + k} (initial {self.state_names[k]}_0) must be "
+                                f"{state_shape}, got {tuple(shape)}")
+        if len(self.param.top) != 1 + exposed:
+            raise self.fail(f"has {1 + exposed} top(s) (the outputs{', then the final state' * bool(exposed)}), "
+                            f"got {len(self.param.top)}")
+        self.x_shape = tuple(x)
+        self.static_shape = tuple(bottom_shapes[2]) if self.static else None
+        return [(self.steps, self.streams, self.hidden)] + [state_shape] * exposed
+
+    # ---- the unrolled form ------------------------------------------------------------------------------
+    def unroll(self) -> list[tuple[pb.LayerParameter, type[Layer] | None]]:
+        """The layers that replace this one in the net, in order, each with the class that builds it (None:
+        its registered type). The first is this layer's own name: the input transform (`_InputTransform`)."""
+        name = self.name
+        bottoms, tops = list(self.param.bottom), list(self.param.top)
+        states = len(self.state_names)
+        exposed = bool(self.param.recurrent_param.expose_hidden)
+        x_t, x_static = self.input_blobs
+        head = pb.LayerParameter()
+        head.CopyFrom(self.param)
+        del head.bottom[:], head.top[:], head.propagate_down[:], head.loss_weight[:]
+        head.bottom.append(bottoms[0])
+        head.top.append(f"{name}/{x_t}")
+        if self.static:
+            head.bottom.append(bottoms[2])
+            head.top.append(f"{name}/{x_static}")
+        if self.param.propagate_down:
+            head.propagate_down.extend([self.param.propagate_down[0]] +
+                                       ([self.param.propagate_down[2]] if self.static else []))
+        self.fill_param_names(head)
+        out: list[tuple[pb.LayerParameter, type[Layer] | None]] = [(head, self.transform_class)]
+        if exposed:
+            first = {s: bottoms[len(bottoms) - states + k] for k, s in enumerate(self.state_names)}
+        else:
+            zeros = pb.LayerParameter(name=f"{name}/state_0", type="DummyData",
+                                      top=[f"{name}/{s}_0" for s in self.state_names])
+            zeros.dummy_data_param.shape.add().dim.extend([1, self.streams, self.hidden])
+            out.append((zeros, None))
+            first = {s: f"{name}/{s}_0" for s in self.state_names}
+        steps = range(1, self.steps + 1)
+        out.append((self._part("cont_slice", "Slice", [bottoms[1]], [f"{name}/cont_{t}" for t in steps],
+                               slice_param=pb.SliceParameter(axis=0)), None))
+        out.append((self._part(f"{x_t}_slice", "Slice", [f"{name}/{x_t}"], [f"{name}/{x_t}_{t}" for t in steps],
+                               slice_param=pb.SliceParameter(axis=0)), None))
+        outputs = []
+        for t in steps:
+            state = {s: (first[s] if t == 1 else f"{name}/{s}_{t - 1}") for s in self.state_names}
+            if exposed and t == self.steps:
+                last = {s: tops[1 + k] for k, s in enumerate(self.state_names)}
+            else:
+                last = {s: f"{name}/{s}_{t}" for s in self.state_names}
+            parts, output = self.step(t, state, last)
+            out += [(part, None) for part in parts]
+            outputs.append(output)
+        out.append((self._part(self.concat_name, "Concat", outputs, [tops[0]],
+                               concat_param=pb.ConcatParameter(axis=0)), None))
+        return out
+
+    def fill_param_names(self, head: pb.LayerParameter) -> None:
+        """Name every blob of the head (the prototxt's names kept), so the steps can share them by name."""
+        names = self.blob_names()
+        while len(head.param) < len(names):
+            head.param.add()
+        for spec, blob in zip(head.param, names):
+            if not spec.name:
+                spec.name = f"{self.name}/{blob}"
+        self.shared = {blob: spec for blob, spec in zip(names, head.param)}
+
+    def blob_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def step(self, t: int, state: dict[str, str], last: dict[str, str]) -> tuple[list[pb.LayerParameter], str]:
+        """The layers of time step t from the state blobs `state` (t - 1) to `last` (t), and its output blob."""
+        raise NotImplementedError
+
+    def shared_ip(self, part: str, bottom: str, top: str, blobs: tuple[str, ...], width: int):
+        """A step's InnerProduct over axis 2 (`width` outputs), its weights the head's blobs `blobs` (by name):
+        a weight, and a bias when two are named."""
+        rp = self.param.recurrent_param
+        bias = len(blobs) == 2
+        ip = pb.InnerProductParameter(num_output=width, bias_term=bias, axis=2, weight_filler=rp.weight_filler)
+        if bias:
+            ip.bias_filler.CopyFrom(rp.bias_filler)
+        layer = self._part(part, "InnerProduct", [bottom], [top], inner_product_param=ip)
+        for blob in blobs:
+            layer.param.add().CopyFrom(self.shared[blob])
+        return layer
+
+    def conted(self, t: int, h_prev: str) -> tuple[pb.LayerParameter, str]:
+        """h_conted_{t-1} = cont_t * h_{t-1}: the state a new sequence does not see."""
+        top = f"{self.name}/h_conted_{t - 1}"
+        scale = self._part(f"h_conted_{t - 1}", "Scale", [h_prev, f"{self.name}/cont_{t}"], [top],
+                           scale_param=pb.ScaleParameter(axis=0))
+        scale.propagate_down.extend([True, False])
+        return scale, top
+
+    def gate_sum(self, part: str, top: str, recurrent: str, t: int) -> pb.LayerParameter:
+        bottoms = [recurrent, f"{self.name}/{self.input_blobs[0]}_{t}"]
+        if self.static:
+            bottoms.append(f"{self.name}/{self.input_blobs[1]}")
+        return self._part(part, "Eltwise", bottoms, [top], eltwise_param=pb.EltwiseParameter(operation="SUM"))
+
+    def _part(self, part: str, type_name: str, bottoms: list[str], tops: list[str], **fields) -> pb.LayerParameter:
+        return pb.LayerParameter(name=f"{self.name}/{part}", type=type_name, bottom=bottoms, top=tops, **fields)
+
+
+class _InputTransform(Layer):
+    """The recurrent layer of the prototxt once unrolled (`_Recurrent.unroll`): x (T, N, D) -> W x + b for every
+    time step at once (T, N, G), and x_static (N, ...) -> W_static x_static (1, N, G), where G is the gate
+    width. It owns every blob of the layer in Caffe's order, the recurrent ones included (the steps share
+    them by name), so a caffemodel's blobs for the layer land here."""
+
+    n_bottoms = (1, 2)
+    n_tops = (1, 2)
+    # The blobs of the recurrent weights that only the steps use, after the input transform's own
+    recurrent_blobs: tuple[tuple[int, bool], ...] = ()  # (rows as a multiple of num_output, has a bias)
+    gates = 1
+
+    def setup(self, bottom_shapes):
+        p = self.param.recurrent_param
+        hidden = int(p.num_output)
+        width = self.gates * hidden
+        x = bottom_shapes[0]
+        self.x_ip = self._ip(x, 2, width, True)
+        out = [(x[0], x[1], width)]
+        self.static_ip = None
+        if len(bottom_shapes) == 2:
+            xs = bottom_shapes[1]
+            self.static_ip = self._ip(xs, 1, width, False)
+            out.append((1, xs[0], width))
+        for rows, bias in self.recurrent_blobs:
+            self.add_param((rows * hidden, hidden), p.weight_filler)
+            if bias:
+                self.add_param((rows * hidden,), p.bias_filler)
+        return out
+
+    def _ip(self, shape, axis: int, width: int, bias: bool) -> InnerProduct:
+        p = self.param.recurrent_param
+        ip = pb.InnerProductParameter(num_output=width, bias_term=bias, axis=axis, weight_filler=p.weight_filler)
+        if bias:
+            ip.bias_filler.CopyFrom(p.bias_filler)
+        layer = InnerProduct(pb.LayerParameter(name=self.name, type="InnerProduct", bottom=["x"], top=["y"],
+                                               inner_product_param=ip), self.phase)
+        try:
+            layer.setup([shape])
+        finally:
+            self.params += layer.params  # in Caffe's order: W_x, b (the x transform), then W_static
+        return layer
+
+    def backward_needs(self):
+        return frozenset({NEEDS_BOTTOM})
+
+    def forward_flops(self):
+        return sum(ip.forward_flops() for ip in self._ips())
+
+    def _ips(self) -> list[InnerProduct]:
+        return [self.x_ip] + ([self.static_ip] if self.static_ip is not None else [])
+
+    def forward(self, bottom, top):
+        for ip, b, t in zip(self._ips(), bottom, top):
+            ip.ops = self.ops
+            ip.forward([b], [t])
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        for k, ip in enumerate(self._ips()):
+            ip.ops = self.ops
+            ip.backward([top[k]], [top_diff[k]], [propagate_down[k]], [bottom[k]], [bottom_diff[k]])
+
+
+class _LSTMTransform(_InputTransform):
+    type_name = "LSTM"
+    gates = 4
+    recurrent_blobs = ((4, False),)  # W_hc
+
+
+class _RNNTransform(_InputTransform):
+    type_name = "RNN"
+    recurrent_blobs = ((1, False), (1, True))  # W_hh; W_ho, b_o
+
+
+@register("LSTM")
+class LSTM(_Recurrent):
+    state_names = ("h", "c")
+    input_blobs = ("W_xc_x", "W_xc_x_static")
+    transform_class = _LSTMTransform
+    concat_name = "h_concat"
+
+    def blob_names(self):
+        return ["W_xc", "b_c"] + (["W_xc_static"] if self.static else []) + ["W_hc"]
+
+    def step(self, t, state, last):
+        name = self.name
+        scale, h_conted = self.conted(t, state["h"])
+        gate_input = f"{name}/gate_input_{t}"
+        parts = [scale,
+                 self.shared_ip(f"transform_{t}", h_conted, f"{name}/W_hc_h_{t - 1}", ("W_hc",), 4 * self.hidden),
+                 self.gate_sum(f"gate_input_{t}", gate_input, f"{name}/W_hc_h_{t - 1}", t),
+                 self._part(f"unit_{t}", "LSTMUnit", [state["c"], gate_input, f"{name}/cont_{t}"],
+                            [last["c"], last["h"]])]
+        return parts, last["h"]
+
+
+@register("RNN")
+class RNN(_Recurrent):
+    state_names = ("h",)
+    input_blobs = ("W_xh_x", "W_xh_x_static")
+    transform_class = _RNNTransform
+    concat_name = "o_concat"
+
+    def blob_names(self):
+        return ["W_xh", "b_h"] + (["W_xh_static"] if self.static else []) + ["W_hh", "W_ho", "b_o"]
+
+    def step(self, t, state, last):
+        name = self.name
+        scale, h_conted = self.conted(t, state["h"])
+        neuron_input = f"{name}/h_neuron_input_{t}"
+        parts = [scale,
+                 self.shared_ip(f"W_hh_h_{t - 1}", h_conted, f"{name}/W_hh_h_{t - 1}", ("W_hh",), self.hidden),
+                 self.gate_sum(f"h_input_sum_{t}", neuron_input, f"{name}/W_hh_h_{t - 1}", t),
+                 self._part(f"h_neuron_{t}", "TanH", [neuron_input], [last["h"]]),
+                 self.shared_ip(f"W_ho_h_{t}", last["h"], f"{name}/W_ho_h_{t}", ("W_ho", "b_o"), self.hidden),
+                 self._part(f"o_neuron_{t}", "TanH", [f"{name}/W_ho_h_{t}"], [f"{name}/o_{t}"])]
+        return parts, f"{name}/o_{t}"
+

@@ -1,0 +1,196 @@
+"""RNN, LSTM and LSTMUnit (layers/recurrent.py) on the CPU backend.
+
+LSTMUnit against the cell's equations in float64 and central differences. RNN and LSTM run unrolled into the
+runtime's own steps; a float32 net is compared step by step with a float64 NumPy implementation of Caffe's
+documented equations (forward), and its gradients with central differences of that reference (backward),
+with and without expose_hidden, a static input and sequence starts (cont = 0) inside the batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import _numeric, check_gradients, cpu_net, forward, make_layer
+
+from superneurons.errors import UserError
+from superneurons.io.caffemodel import net_to_proto
+
+
+def sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def test_lstm_unit_reference_and_gradient(rng):
+    n, hidden = 3, 2
+    c_prev, x = rng.standard_normal((1, n, hidden)), rng.standard_normal((1, n, 4 * hidden))
+    cont = np.array([[1.0, 0.0, 0.7]])  # a continuing stream, a new sequence, and a fraction (the formula's)
+    layer, shapes = make_layer("type: 'LSTMUnit' top: 'c' top: 'h'", [c_prev.shape, x.shape, cont.shape])
+    assert shapes == [(1, n, hidden)] * 2 and layer.label_bottoms == (2,)
+    c, h = forward(layer, [c_prev, x, cont], shapes)
+    i, f, o = (sigmoid(x[..., k * hidden:(k + 1) * hidden]) for k in range(3))
+    g = np.tanh(x[..., 3 * hidden:])
+    want_c = cont[..., None] * f * c_prev + i * g
+    np.testing.assert_allclose(c, want_c, rtol=1e-13)
+    np.testing.assert_allclose(h, o * np.tanh(want_c), rtol=1e-13)
+    check_gradients("type: 'LSTMUnit' top: 'c' top: 'h'", [c_prev, x, cont], check_bottoms=[0, 1])
+
+
+def test_lstm_unit_refuses_mismatched_bottoms():
+    with pytest.raises(UserError, match=r"\(LSTMUnit\): the gate input \(bottom 1\) must be 4 x 3 = 12 wide, got 8"):
+        make_layer("type: 'LSTMUnit' top: 'c' top: 'h'", [(1, 2, 3), (1, 2, 8), (1, 2)])
+    with pytest.raises(UserError, match=r"bottom 2 must be 2-D with one time step \(1, N\), got \(2, 2\)"):
+        make_layer("type: 'LSTMUnit' top: 'c' top: 'h'", [(1, 2, 3), (1, 2, 12), (2, 2)])
+
+
+# ---- the unrolled layers against Caffe's equations -------------------------------------------------------
+
+def lstm_reference(w, x, cont, x_static, h0, c0):
+    """Caffe's LSTM: gate_input_t = W_hc (cont_t h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static]; i, f, o
+    sigmoid and g tanh of its four parts; c_t = cont_t f c_{t-1} + i g; h_t = o tanh(c_t)."""
+    hidden = w["W_hc"].shape[1]
+    h, c, outs = h0[0], c0[0], []
+    static = 0 if x_static is None else x_static.reshape(len(x_static), -1) @ w["W_xc_static"].T
+    for t in range(len(x)):
+        k = cont[t][:, None]
+        gates = (k * h) @ w["W_hc"].T + x[t].reshape(len(x[t]), -1) @ w["W_xc"].T + w["b_c"] + static
+        i, f, o = (sigmoid(gates[:, j * hidden:(j + 1) * hidden]) for j in range(3))
+        g = np.tanh(gates[:, 3 * hidden:])
+        c = k * f * c + i * g
+        h = o * np.tanh(c)
+        outs.append(h)
+    return np.stack(outs), h[None], c[None]
+
+
+def rnn_reference(w, x, cont, x_static, h0):
+    """Caffe's RNN: h_t = tanh(W_hh (cont_t h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]);
+    o_t = tanh(W_ho h_t + b_o)."""
+    h, outs = h0[0], []
+    static = 0 if x_static is None else x_static.reshape(len(x_static), -1) @ w["W_xh_static"].T
+    for t in range(len(x)):
+        k = cont[t][:, None]
+        h = np.tanh((k * h) @ w["W_hh"].T + x[t].reshape(len(x[t]), -1) @ w["W_xh"].T + w["b_h"] + static)
+        outs.append(np.tanh(h @ w["W_ho"].T + w["b_o"]))
+    return np.stack(outs), h[None]
+
+
+BLOBS = {"LSTM": ["W_xc", "b_c", "W_xc_static", "W_hc"], "RNN": ["W_xh", "b_h", "W_xh_static", "W_hh", "W_ho", "b_o"]}
+
+
+def recurrent_net(kind, steps, streams, dim, hidden, static, exposed):
+    states = ["h", "c"] if kind == "LSTM" else ["h"]
+    shapes = [(steps, streams, dim), (steps, streams)] + ([(streams, 3)] if static else [])
+    names = ["x", "cont"] + (["xs"] if static else [])
+    if exposed:
+        shapes += [(1, streams, hidden)] * len(states)
+        names += [f"{s}0" for s in states]
+    inputs = "".join(f"shape {{ {' '.join(f'dim: {d}' for d in s)} }} " for s in shapes)
+    tops = "out" + "".join(f"' top: '{s}T" for s in states) if exposed else "out"
+    losses = "".join(f"layer {{ name: 'in_{s}' type: 'Input' top: 't_{s}' input_param {{ shape {{ dim: 1 dim: "
+                     f"{streams} dim: {hidden} }} }} }} "
+                     f"layer {{ name: 'loss_{s}' type: 'EuclideanLoss' bottom: '{s}T' bottom: 't_{s}' top: 'l_{s}' }} "
+                     for s in states) if exposed else ""
+    text = (f"force_backward: true "
+            f"layer {{ name: 'in' type: 'Input' {' '.join(f'top: {n!r}' for n in names)} input_param {{ {inputs} }} }} "
+            f"layer {{ name: 'target' type: 'Input' top: 'target' input_param {{ shape {{ dim: {steps} dim: {streams} "
+            f"dim: {hidden} }} }} }} "
+            f"layer {{ name: 'rec' type: '{kind}' {' '.join(f'bottom: {n!r}' for n in names)} top: '{tops}' "
+            f"recurrent_param {{ num_output: {hidden} expose_hidden: {str(exposed).lower()} }} }} "
+            f"layer {{ name: 'loss' type: 'EuclideanLoss' bottom: 'out' bottom: 'target' top: 'loss' }} " + losses)
+    return cpu_net(text), names, states
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+@pytest.mark.parametrize("static,exposed", [(False, False), (True, True)])
+def test_unrolled_layer_matches_caffes_equations(rng, kind, static, exposed):
+    steps, streams, hidden = 4, 2, 3
+    net, names, states = recurrent_net(kind, steps, streams, 2, hidden, static, exposed)
+    layer = net.layer("rec")
+    blobs = [b for b in BLOBS[kind] if static or "static" not in b]
+    assert layer.type_name == kind and len(layer.params) == len(blobs)
+    w = {b: 0.6 * rng.standard_normal(decl.shape) for b, decl in zip(blobs, layer.params)}
+    values = {"x": rng.standard_normal((steps, streams, 2)),
+              "cont": np.array([[0, 0], [1, 1], [1, 0], [1, 1]], float),  # stream 1 starts again at t = 2
+              "xs": rng.standard_normal((streams, 3)), "target": rng.standard_normal((steps, streams, hidden))}
+    for s in states:
+        values[f"{s}0"] = rng.standard_normal((1, streams, hidden))
+        values[f"t_{s}"] = rng.standard_normal((1, streams, hidden))
+    zero = np.zeros((1, streams, hidden))
+
+    def reference():
+        args = [w, values["x"], values["cont"], values["xs"] if static else None]
+        args += [values[f"{s}0"] if exposed else zero for s in states]
+        out, *last = (lstm_reference if kind == "LSTM" else rnn_reference)(*args)
+        return out, last
+
+    def loss():
+        out, last = reference()
+        total = ((out - values["target"]) ** 2).sum() / (2 * steps)
+        if exposed:
+            total += sum(((v - values[f"t_{s}"]) ** 2).sum() / 2 for s, v in zip(states, last))
+        return total
+
+    for decl, b in zip(layer.params, blobs):
+        decl.data[...] = w[b]
+    for name, v in values.items():
+        if name in net.data:
+            net.data[name].array[...] = v
+    net.clear_param_diffs()
+    net.forward_backward()
+    out, last = reference()
+    np.testing.assert_allclose(net.blob("out"), out, rtol=2e-5, atol=2e-6)
+    if exposed:
+        for s, v in zip(states, last):
+            np.testing.assert_allclose(net.blob(f"{s}T"), v, rtol=2e-5, atol=2e-6)
+    for decl, b in zip(layer.params, blobs):
+        np.testing.assert_allclose(decl.diff, _numeric(loss, w[b], 1e-6), rtol=2e-3, atol=2e-5, err_msg=b)
+    for name in names:
+        if name != "cont":
+            np.testing.assert_allclose(net.diff[name].array, _numeric(loss, values[name], 1e-6), rtol=2e-3,
+                                       atol=2e-5, err_msg=name)
+
+
+def test_caffemodel_sees_the_layer_with_caffes_blobs():
+    net, _names, _states = recurrent_net("LSTM", 3, 2, 4, 5, static=False, exposed=False)
+    saved = {lp.name: lp for lp in net_to_proto(net).layer}
+    assert list(saved) == ["in", "target", "rec", "loss"]
+    rec = saved["rec"]
+    assert rec.type == "LSTM" and list(rec.bottom) == ["x", "cont"] and list(rec.top) == ["out"]
+    assert [tuple(b.shape.dim) for b in rec.blobs] == [(20, 4), (20,), (20, 5)]  # W_xc, b_c, W_hc
+    assert net.graph.outputs == ["loss"]
+
+
+def test_recurrent_layers_refuse_bad_bottoms():
+    base = "layer { name: 'in' type: 'Input' top: 'x' top: 'cont' input_param { shape { dim: 3 dim: 2 dim: 4 } %s } } "
+    lstm = "layer { name: 'lstm' type: 'LSTM' bottom: 'x' bottom: 'cont' top: 'h' recurrent_param { num_output: %d } }"
+    with pytest.raises(UserError, match=r"'lstm' \(LSTM\): bottom 1 \(cont\) must be \(T, N\) = \(3, 2\), got \(3, 4\)"):
+        cpu_net(base % "shape { dim: 3 dim: 4 }" + lstm % 5)
+    with pytest.raises(UserError, match=r"'lstm' \(LSTM\): recurrent_param.num_output must be 1 or more, got 0"):
+        cpu_net(base % "shape { dim: 3 dim: 2 }" + lstm % 0)
+
+
+LSTM_NET = """
+layer { name: 'input' type: 'Input' top: 'data' top: 'label'
+        input_param { shape { dim: 8 dim: 4 dim: 8 } shape { dim: 8 dim: 4 } } }
+layer { name: 'cont' type: 'DummyData' top: 'cont'
+        dummy_data_param { shape { dim: 8 dim: 4 } data_filler { type: 'constant' value: 1 } } }
+layer { name: 'lstm' type: 'LSTM' bottom: 'data' bottom: 'cont' top: 'h'
+        recurrent_param { num_output: 32 weight_filler { type: 'gaussian' std: 0.3 }
+                          bias_filler { type: 'constant' value: 0.1 } } }
+layer { name: 'fc' type: 'InnerProduct' bottom: 'h' top: 'fc'
+        inner_product_param { num_output: 3 axis: 2 weight_filler { type: 'gaussian' std: 0.3 } } }
+layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'fc' bottom: 'label' top: 'loss' softmax_param { axis: 2 } }
+"""
+
+
+def test_lstm_trains_to_the_same_weights_in_every_memory_mode():
+    """The unrolled time steps are the runtime's steps: every mode trains bit-identically to baseline, the pool
+    under liveness holds what the plan says at every step, and recomputation plans a lower peak."""
+    from test_memory_modes import _check_modes, _graph, train
+
+    from superneurons.memory.plan import make_plan
+
+    _check_modes(LSTM_NET, tight=False)
+    plan = make_plan(_graph(LSTM_NET), plan_backward=False)
+    net, _, _ = train(LSTM_NET, "liveness", iters=2)
+    assert net.memory.trace == plan.traces["liveness"].bytes
+    assert max(net.memory.trace) < plan.traces["baseline"].bytes[0]
+    assert plan.peak("recompute")[0] < plan.peak("liveness")[0] < plan.peak("baseline")[0]
