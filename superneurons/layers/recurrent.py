@@ -136,11 +136,8 @@ class _Recurrent(Layer):
         if exposed:
             first = {s: bottoms[len(bottoms) - states + k] for k, s in enumerate(self.state_names)}
         else:
-            zeros = pb.LayerParameter(name=f"{name}/state_0", type="DummyData",
-                                      top=[f"{name}/{s}_0" for s in self.state_names])
-            zeros.dummy_data_param.shape.add().dim.extend([1, self.streams, self.hidden])
-            out.append((zeros, None))
             first = {s: f"{name}/{s}_0" for s in self.state_names}
+            out.append((self._carried_state(list(first.values()), []), _CarriedState))
         steps = range(1, self.steps + 1)
         out.append((self._part("cont_slice", "Slice", [bottoms[1]], [f"{name}/cont_{t}" for t in steps],
                                slice_param=pb.SliceParameter(axis=0)), None))
@@ -158,7 +155,24 @@ class _Recurrent(Layer):
             outputs.append(output)
         out.append((self._part(self.concat_name, "Concat", outputs, [tops[0]],
                                concat_param=pb.ConcatParameter(axis=0)), None))
+        if not exposed:
+            out.append((self._carried_state([], [f"{name}/{s}_{self.steps}" for s in self.state_names]),
+                        _CarriedState))
         return out
+
+    def _carried_state(self, tops: list[str], bottoms: list[str]) -> pb.LayerParameter:
+        """The part that gives the first step the state the last step of the previous forward left (tops), or
+        the one that keeps the last step's state for the next forward (bottoms). Each net has its own state:
+        the phase is in the name, so a test net does not borrow the training net's (as in Caffe)."""
+        phase = pb.Phase.Name(self.phase).lower()
+        role = "state" if tops else "keep_state"
+        part = self._part(f"{phase}_{role}", "RecurrentState", bottoms, tops)
+        for _top in tops:
+            part.input_param.shape.add().dim.extend([1, self.streams, self.hidden])
+        for s in self.state_names:
+            for kept in (("held", "next") if tops else ("next",)):
+                part.param.add(name=f"{self.name}/{phase}_{s}_{kept}", lr_mult=0, decay_mult=0)
+        return part
 
     def fill_param_names(self, head: pb.LayerParameter) -> None:
         """Name every blob of the head (the prototxt's names kept), so the steps can share them by name."""
@@ -206,6 +220,44 @@ class _Recurrent(Layer):
 
     def _part(self, part: str, type_name: str, bottoms: list[str], tops: list[str], **fields) -> pb.LayerParameter:
         return pb.LayerParameter(name=f"{self.name}/{part}", type=type_name, bottom=bottoms, top=tops, **fields)
+
+
+class _CarriedState(Layer):
+    """The state a recurrent layer without expose_hidden carries from one forward pass to the next, as Caffe's
+    does: the last time step's h (and c) become the next pass's initial state, zero before the first pass,
+    and cont = 0 at a stream's first step ignores it. Two parts share the state blobs by name (not learnable,
+    never saved): one without bottoms whose tops are the initial state, one without tops that reads the last
+    step's state. The reader writes a "next" blob, which the giver moves to its "held" blob at the start of
+    a pass and not when a recomputation replays its forward, so a replay reads the state the pass began with."""
+
+    type_name = "RecurrentState"
+    n_bottoms = (0, 2)
+    n_tops = (0, 2)
+    has_backward = False  # the initial state gets no gradient (Caffe discards it too)
+
+    def setup(self, bottom_shapes):
+        # the giver learns the state's shape from its input_param, the keeper from its bottoms
+        shapes = [tuple(s.dim) for s in self.param.input_param.shape] if self.param.top else bottom_shapes
+        if self.param.top:
+            pairs = [(self.add_param(s, None, learnable=False), self.add_param(s, None, learnable=False))
+                     for s in shapes]
+            self.held, self.next = [h for h, _ in pairs], [n for _, n in pairs]
+        else:
+            self.held, self.next = [], [self.add_param(s, None, learnable=False) for s in shapes]
+        return [tuple(s) for s in shapes] if self.param.top else []
+
+    def backward_needs(self):
+        return frozenset()
+
+    def forward(self, bottom, top):
+        if top:
+            for held, nxt, t in zip(self.held, self.next, top):
+                if not self.ctx.recomputing:
+                    self.ops.copy(nxt.data, held.data)
+                self.ops.copy(held.data, t)
+        else:
+            for nxt, b in zip(self.next, bottom):
+                self.ops.copy(b, nxt.data)
 
 
 class _InputTransform(Layer):
