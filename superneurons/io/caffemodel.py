@@ -101,10 +101,11 @@ def is_hdf5(path: str) -> bool:
     return path.endswith((".h5", ".hdf5"))
 
 
-def save_weights(net: Any, path: str) -> None:
-    """Write the net's weights to `path` (atomically: a reader never sees half a file); `.h5` writes HDF5."""
+def save_weights(net: Any, path: str, hdf5: bool | None = None) -> None:
+    """Write the net's weights to `path` (atomically: a reader never sees half a file); `.h5` writes HDF5
+    (`hdf5`: HDF5 or not whatever the name, pycaffe's save_hdf5)."""
     try:
-        if is_hdf5(path):
+        if is_hdf5(path) if hdf5 is None else hdf5:
             write_hdf5_atomic(path, lambda f: _proto_to_hdf5(net_to_proto(net), f))
         else:
             write_binary(path, net_to_proto(net))
@@ -187,9 +188,10 @@ class LoadReport:
         return out
 
 
-def read_weights(path: str) -> pb.NetParameter:
-    """A .caffemodel (binary NetParameter) or Caffe's .caffemodel.h5, as a NetParameter with blobs."""
-    if is_hdf5(path):
+def read_weights(path: str, hdf5: bool | None = None) -> pb.NetParameter:
+    """A .caffemodel (binary NetParameter) or Caffe's .caffemodel.h5 (`hdf5`: whatever the name), as a
+    NetParameter with blobs."""
+    if is_hdf5(path) if hdf5 is None else hdf5:
         if not os.path.exists(path):
             raise UserError(f"{path}: no such file")
         return _hdf5_to_proto(path)

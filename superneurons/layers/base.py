@@ -74,6 +74,8 @@ class ParamDecl:
     # The decl whose tensors this one uses (shared parameters, a test net reading the train net's weights);
     # set by the runtime, None for the owner itself.
     owner: "ParamDecl | None" = None
+    # Values the layer set in setup (a Python layer's blobs), used instead of the filler.
+    initial: Any = None
     # True while `diff` holds the zeros the parameter store cleared it to (set on the root decl of shared
     # parameters): the first writer may then overwrite it instead of adding (`claim_cleared_diff`).
     diff_cleared: bool = False

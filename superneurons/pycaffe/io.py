@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, UserValueError
 from superneurons.proto import superneurons_pb2 as pb
 
 __all__ = ["Transformer", "load_image", "resize_image", "oversample", "array_to_datum", "datum_to_array",
@@ -201,16 +201,16 @@ class Transformer:
         shape = self.inputs[in_]
         if mean.ndim == 1:
             if mean.shape[0] != shape[1]:
-                raise UserError(f"Transformer.set_mean({in_!r}): {mean.shape[0]} mean values for "
+                raise UserValueError(f"Transformer.set_mean({in_!r}): {mean.shape[0]} mean values for "
                                 f"{shape[1]} channels")
             mean = mean[:, None, None]
         else:
             ms = (1,) + mean.shape if mean.ndim == 2 else mean.shape
             if len(ms) != 3:
-                raise UserError(f"Transformer.set_mean({in_!r}): a mean of shape {mean.shape}; give K values "
+                raise UserValueError(f"Transformer.set_mean({in_!r}): a mean of shape {mean.shape}; give K values "
                                 "or a K x H x W image")
             if ms != shape[1:]:
-                raise UserError(f"Transformer.set_mean({in_!r}): mean shape {ms} differs from the input's "
+                raise UserValueError(f"Transformer.set_mean({in_!r}): mean shape {ms} differs from the input's "
                                 f"{shape[1:]}")
             mean = mean.reshape(ms)
         self.mean[in_] = mean
@@ -233,7 +233,7 @@ def blobproto_to_array(blob: Any, return_diff: bool = False) -> np.ndarray:
     else:
         shape = tuple(blob.shape.dim)
     if values.size != int(np.prod(shape, dtype=np.int64)):
-        raise UserError(f"blobproto_to_array: the blob's shape {shape} needs {int(np.prod(shape))} values but "
+        raise UserValueError(f"blobproto_to_array: the blob's shape {shape} needs {int(np.prod(shape))} values but "
                         f"it holds {values.size}")
     return values.reshape(shape)
 
@@ -247,7 +247,7 @@ def array_to_blobproto(arr: np.ndarray, diff: np.ndarray | None = None) -> pb.Bl
     if diff is not None:
         diff = np.asarray(diff)
         if diff.shape != arr.shape:
-            raise UserError(f"array_to_blobproto: diff shape {diff.shape} differs from data shape {arr.shape}")
+            raise UserValueError(f"array_to_blobproto: diff shape {diff.shape} differs from data shape {arr.shape}")
         blob.diff.extend(diff.astype(float).ravel().tolist())
     return blob
 
@@ -269,7 +269,7 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> pb.Datum:
     """A C x H x W array as a Datum: uint8 arrays as bytes, others as float_data."""
     arr = np.asarray(arr)
     if arr.ndim != 3:
-        raise UserError(f"array_to_datum: expected a C x H x W array, got shape {arr.shape}")
+        raise UserValueError(f"array_to_datum: expected a C x H x W array, got shape {arr.shape}")
     datum = pb.Datum(channels=arr.shape[0], height=arr.shape[1], width=arr.shape[2])
     if arr.dtype == np.uint8:
         datum.data = np.ascontiguousarray(arr).tobytes()

@@ -33,6 +33,11 @@ def set_random_seed(seed: int) -> None:
     _state["seed"] = int(seed)
 
 
+def device() -> int:
+    """The GPU `set_device` chose."""
+    return int(_state["device"])
+
+
 def random_seed(default: int = 0) -> int:
     seed = _state["seed"]
     return default if seed is None else seed
@@ -56,3 +61,31 @@ def current_backend() -> Any:
 
 def is_gpu() -> bool:
     return bool(_state["gpu"])
+
+
+# Data parallelism the train.py way (one process per GPU, each told its place): Caffe's solver_count and
+# solver_rank. The NCCL object of pycaffe/nccl.py reads them; `set_multiprocess` is Caffe's flag that the
+# ranks are processes, not threads, which is the only way SuperNeurons runs them.
+_ranks: dict[str, Any] = {"count": 1, "rank": 0, "multiprocess": False}
+
+
+def solver_count() -> int:
+    """How many solvers (processes) train together."""
+    return int(_ranks["count"])
+
+
+def set_solver_count(count: int) -> None:
+    _ranks["count"] = int(count)
+
+
+def solver_rank() -> int:
+    """This process's place among them (0: the one that logs and snapshots)."""
+    return int(_ranks["rank"])
+
+
+def set_solver_rank(rank: int) -> None:
+    _ranks["rank"] = int(rank)
+
+
+def set_multiprocess(multiprocess: bool) -> None:
+    _ranks["multiprocess"] = bool(multiprocess)

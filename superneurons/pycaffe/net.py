@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from superneurons.errors import UserError
+from superneurons.memory.interface import StepHooks
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.pycaffe import mode
 
@@ -124,6 +125,29 @@ class Blob:
         return f"<Blob {self._key[-1]!r} {self.shape}>"
 
 
+class LayerCallbacks(StepHooks):
+    """Calls `fn(layer index)` at one point (`when`: before_forward, after_backward, ...) of every layer's step."""
+
+    def __init__(self, when: str, fn: Callable[[int], Any]):
+        self.when, self.fn = when, fn
+
+    def _call(self, when: str, step: Any) -> None:
+        if when == self.when:
+            self.fn(step.node.layer.layer_index)
+
+    def before_forward(self, i: int, step: Any) -> None:
+        self._call("before_forward", step)
+
+    def after_forward(self, i: int, step: Any) -> None:
+        self._call("after_forward", step)
+
+    def before_backward(self, i: int, step: Any) -> None:
+        self._call("before_backward", step)
+
+    def after_backward(self, i: int, step: Any) -> None:
+        self._call("after_backward", step)
+
+
 class Layer:
     """A layer as pycaffe shows it: `.type`, `.name`, `.blobs` (its parameters)."""
 
@@ -192,6 +216,9 @@ class Net:
 
     def _attach(self, runtime: Any) -> None:
         self._net = runtime
+        self._callbacks: list[LayerCallbacks] = getattr(self, "_callbacks", [])
+        for hooks in self._callbacks:  # a net set up again (reshape, share_with) keeps them
+            runtime.add_hooks(hooks)
         self._host = HostArrays(runtime.backend)
         nodes = list(runtime.layers_in_prototxt_order())
         self._layer_names = [n.name for n in nodes]
@@ -241,6 +268,63 @@ class Net:
     def _blob_names(self) -> list[str]:
         return list(self.blobs)
 
+    # pycaffe's lower-level names, which scripts use: blobs and layers by index, ranges by index
+    @property
+    def _blobs(self) -> list[Blob]:
+        return list(self.blobs.values())
+
+    @property
+    def _blob_loss_weights(self) -> list[float]:
+        return list(self.blob_loss_weights.values())
+
+    @property
+    def _inputs(self) -> list[int]:
+        return [self._blob_names.index(b) for b in self.inputs]
+
+    @property
+    def _outputs(self) -> list[int]:
+        return [self._blob_names.index(b) for b in self.outputs]
+
+    def _bottom_ids(self, i: int) -> list[int]:
+        names = self._blob_names
+        return [names.index(b) for b in self.bottom_names[self._layer_names[i]]]
+
+    def _top_ids(self, i: int) -> list[int]:
+        names = self._blob_names
+        return [names.index(b) for b in self.top_names[self._layer_names[i]]]
+
+    def _forward(self, start: int, end: int) -> float:
+        """Caffe's ForwardFromTo: layers start..end by index; returns the weighted loss."""
+        self.forward(start=self._layer_names[start], end=self._layer_names[end])
+        return float(self._net.loss_value())
+
+    def _backward(self, start: int, end: int) -> None:
+        """Caffe's BackwardFromTo: layers start down to end by index."""
+        self.backward(start=self._layer_names[start], end=self._layer_names[end])
+
+    def _set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        self.set_input_arrays(data, labels)
+
+    # pycaffe's per-layer callbacks: fn(layer index) around each layer's forward or backward
+    def before_forward(self, fn: Callable[[int], Any]) -> None:
+        self._add_callback("before_forward", fn)
+
+    def after_forward(self, fn: Callable[[int], Any]) -> None:
+        self._add_callback("after_forward", fn)
+
+    def before_backward(self, fn: Callable[[int], Any]) -> None:
+        self._add_callback("before_backward", fn)
+
+    def after_backward(self, fn: Callable[[int], Any]) -> None:
+        """`fn(layer index)` after each layer's backward; an NCCL object reduces each layer's gradients as
+        soon as its backward is done (Caffe's layer-wise reduce)."""
+        self._add_callback("after_backward", fn)
+
+    def _add_callback(self, when: str, fn: Callable[[int], Any]) -> None:
+        hooks = LayerCallbacks(when, fn)
+        self._callbacks.append(hooks)
+        self._net.add_hooks(hooks)
+
     @property
     def runtime(self) -> Any:
         """The superneurons.runtime Net underneath (memory manager, pool, graph)."""
@@ -287,7 +371,8 @@ class Net:
         diffs = list(diffs or [])
         first = self._position(end, "end") if end is not None else 0
         last = self._position(start, "start") if start is not None else len(self._layer_names) - 1
-        outputs = set([self._blob_for(end)] + diffs) if end is not None else set(self.inputs + diffs)
+        # pycaffe returns the gradients of the end layer's bottoms (what the range computed last)
+        outputs = set(self.bottom_names[end] + diffs) if end is not None else set(self.inputs + diffs)
         if kwargs and set(kwargs) != set(self.outputs):
             raise UserError(f"backward() got gradients for {sorted(kwargs)}, the net's outputs are {self.outputs}")
         if not self._net.runs_backward():
@@ -327,7 +412,7 @@ class Net:
         blobs = list(blobs or [])
         wanted = set(self.outputs + blobs)
         collected: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
-        for batch in self._batches(kwargs):
+        for batch in self._batch(kwargs):
             for name, value in self.forward(blobs=blobs, **batch).items():
                 _collect(collected[name], value)
         n = len(next(iter(kwargs.values()))) if kwargs else 0
@@ -341,7 +426,7 @@ class Net:
         backward_in = {k: v for k, v in kwargs.items() if k not in self.inputs}
         outs: dict[str, list[np.ndarray]] = {name: [] for name in set(self.outputs + blobs)}
         grads: dict[str, list[np.ndarray]] = {name: [] for name in set(self.inputs + diffs)}
-        for fb, bb in zip(self._batches(forward_in), self._batches(backward_in)):
+        for fb, bb in zip(self._batch(forward_in), self._batch(backward_in)):
             for name, value in self.forward(blobs=blobs, **fb).items():
                 _collect(outs[name], value)
             for name, value in self.backward(diffs=diffs, **bb).items():
@@ -349,7 +434,8 @@ class Net:
         n = len(next(iter(kwargs.values()))) if kwargs else 0
         return {k: _trim(v, n) for k, v in outs.items()}, {k: _trim(v, n) for k, v in grads.items()}
 
-    def _batches(self, arrays: dict[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
+    def _batch(self, arrays: dict[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
+        """pycaffe's batches of `arrays`, the last one padded with zeros."""
         if not arrays:
             yield {}
             return
@@ -409,6 +495,12 @@ class Net:
         self._host.push()
         weights = net_to_proto(self._net)
         runtime = self._build_runtime(share if share is not None else self._shares)
+        # Layers whose weights are now another net's keep that net's values, not this net's old ones.
+        borrowed = {n.name for n in runtime.graph.nodes
+                    if n.layer.params and all(d.owner is not None for d in n.layer.params)}
+        own = [layer for layer in weights.layer if layer.name not in borrowed]
+        del weights.layer[:]
+        weights.layer.extend(own)
         load_weights(runtime, weights)
         self._attach(runtime)
 
@@ -428,12 +520,25 @@ class Net:
         save_weights(self._net, str(path))
 
     def save_hdf5(self, path: str) -> None:
+        """Write the weights in Caffe's HDF5 layout, whatever the file's name."""
         from superneurons.io.caffemodel import save_weights
 
-        if not str(path).endswith((".h5", ".hdf5")):
-            raise UserError(f"save_hdf5({path!r}): give a file name ending in .h5 or .hdf5")
         self._host.push()
-        save_weights(self._net, str(path))
+        save_weights(self._net, str(path), hdf5=True)
+
+    def load_hdf5(self, path: str) -> None:
+        """Load weights from Caffe's HDF5 layout (`save_hdf5`'s), whatever the file's name."""
+        from superneurons.io.caffemodel import load_weights, read_weights
+
+        self._host.push()
+        load_weights(self._net, read_weights(str(path), hdf5=True))
+        self._host.pull()
+
+    def clear_param_diffs(self) -> None:
+        """Zero every learnable parameter's gradient (backward adds into them, as in Caffe)."""
+        self._host.push()
+        self._net.clear_param_diffs()
+        self._host.pull()
 
     def share_with(self, other: "Net") -> None:
         """Use `other`'s weights for the layers both nets have (same name and shapes), as Caffe's

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, UserTypeError
 from superneurons.proto import superneurons_pb2 as pb
 
 __all__ = ["NetSpec", "Top", "Function", "layers", "params", "to_proto", "param_name_dict"]
@@ -85,7 +85,8 @@ class Function:
         self.type_name = type_name
         for i, bottom in enumerate(inputs):
             if not isinstance(bottom, Top):
-                raise UserError(f"L.{type_name}: bottom {i} is not a layer's output (got {type(bottom).__name__})")
+                # pycaffe's words, which code written for it may match
+                raise UserTypeError(f"{type_name} input {i} is not a Top (type is {type(bottom)})")
         self.inputs = inputs
         self.params = dict(params)
         self.ntop = int(self.params.pop("ntop", 1))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, UserTypeError
 from superneurons.pycaffe import mode
 from superneurons.pycaffe.net import Net
 
@@ -102,31 +102,73 @@ class Solver:
         """Score every test net now (the log lines Caffe prints at test_interval)."""
         self._run(self._solver.test_all)
 
+    def apply_update(self) -> None:
+        """One update of the weights from the gradients they hold now (the rule, learning rate, momentum and
+        weight decay of the prototxt), without a forward or backward pass; the iteration stays."""
+        self._run(self._solver.apply_update)
 
+    @property
+    def lr(self) -> float:
+        """The learning rate of the current iteration."""
+        return float(self._solver.lr_policy.rate(self._solver.iter))
+
+    def add_callback(self, on_start: Any, on_gradients_ready: Any = None) -> None:
+        """`add_callback(on_start, on_gradients_ready)`: two functions of no argument called at the start of
+        every iteration and once its gradients are computed, before the update; `add_callback(nccl)`: average
+        the gradients across the job's processes there (caffe.NCCL)."""
+        if on_gradients_ready is None:
+            if not hasattr(on_start, "on_gradients_ready"):
+                raise UserTypeError("add_callback(on_start, on_gradients_ready) takes two functions, or one "
+                                    "caffe.NCCL")
+            callback = on_start
+            on_start, on_gradients_ready = callback.on_start, callback.on_gradients_ready
+        nets = self._nets()
+
+        def around(fn: Any) -> Any:
+            def call() -> None:  # the user's code reads and writes the host arrays
+                for net in nets:
+                    net._host.pull()
+                fn()
+                for net in nets:
+                    net._host.push()
+            return call
+
+        self._solver.on_start.append(around(on_start))
+        self._solver.on_gradients_ready.append(around(on_gradients_ready))
+
+
+# As in pycaffe, every rule is an SGDSolver (`isinstance(solver, caffe.SGDSolver)` holds for Adam's).
 class SGDSolver(Solver):
     type_name = "SGD"
 
 
-class NesterovSolver(Solver):
+class NesterovSolver(SGDSolver):
     type_name = "Nesterov"
 
 
-class AdaGradSolver(Solver):
+class AdaGradSolver(SGDSolver):
     type_name = "AdaGrad"
 
 
-class RMSPropSolver(Solver):
+class RMSPropSolver(SGDSolver):
     type_name = "RMSProp"
 
 
-class AdaDeltaSolver(Solver):
+class AdaDeltaSolver(SGDSolver):
     type_name = "AdaDelta"
 
 
-class AdamSolver(Solver):
+class AdamSolver(SGDSolver):
     type_name = "Adam"
 
 
 def get_solver(solver_file: str, **kwargs: Any) -> Solver:
-    """The solver of the type the prototxt's `type` names (SGD when unset)."""
-    return Solver(solver_file, **kwargs)
+    """An instance of the class of the rule the prototxt names (`type`, or the old `solver_type` enum;
+    SGD when unset): SGDSolver, AdamSolver, ..."""
+    from superneurons.io.prototxt import read_solver
+
+    rule = read_solver(str(solver_file)).type or "SGD"
+    classes = {cls.type_name.lower(): cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
+                                                      AdaDeltaSolver, AdamSolver)}
+    cls = classes.get(rule.lower(), Solver)  # an unknown rule: the solver names it in its error
+    return cls(solver_file, **kwargs)

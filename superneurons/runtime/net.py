@@ -301,7 +301,7 @@ class Net:
             for decl in node.layer.params:
                 if decl.owner is None:
                     try:
-                        values = fill_host(decl.filler, decl.shape, rng)
+                        values = decl.initial if decl.initial is not None else fill_host(decl.filler, decl.shape, rng)
                     except MemoryError:  # the pool fitted (check_fits); the host copy being filled did not
                         nbytes = tensor_bytes(decl.shape, FLOAT32)
                         raise UserError(f"layer {node.name!r}: no host memory left to fill its parameter of shape "

@@ -64,6 +64,10 @@ class Solver:
         self.iter = 0
         self.iter_size = max(1, int(param.iter_size))
         self.callbacks: list[IterationCallback] = []
+        # Caffe's Solver::Callback (pycaffe's add_callback, NCCL): functions of no argument called at the start
+        # of every iteration, and once its gradients are computed, before the update.
+        self.on_start: list[Callable[[], None]] = []
+        self.on_gradients_ready: list[Callable[[], None]] = []
         self.net = self._build(train_net_source(param, self.where), pb.TRAIN, memory)
         self.test_nets = [self._build(src, pb.TEST, memory, share=self.net)
                           for src in test_net_sources(param, self.where)]
@@ -160,6 +164,8 @@ class Solver:
             net.clear_param_diffs(already_zero=self._grouped is not None and self._grouped.clear_grads())
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
+            for call in self.on_start:
+                call()
             display = bool(p.display) and self.iter % p.display == 0 and self._display_allowed()
             loss = 0.0
             for k in range(self.iter_size):
@@ -172,6 +178,8 @@ class Solver:
                 per_s = (self.iter - iters_last) / lapse if lapse > 0 else 0.0
                 self._display(lapse, per_s)
                 timer, iters_last = time.perf_counter(), self.iter
+            for call in self.on_gradients_ready:
+                call()
             self.apply_update(display)
             self.iter += 1
             for callback in self.callbacks:
