@@ -189,7 +189,7 @@ def test_netspec_names_unnamed_tops_and_reports_bad_fields():
     assert [lp.name for lp in caffe.to_proto(hidden).layer] == ["DummyData1", "InnerProduct1"]
     with pytest.raises(UserError, match="kernel_szie"):
         caffe.to_proto(L.Convolution(n.data, kernel_szie=3))
-    with pytest.raises(UserError, match="not a layer's output"):
+    with pytest.raises(TypeError, match=r"^ReLU input 0 is not a Top \(type is <class 'str'>\)$"):  # pycaffe's words and type
         L.ReLU("data")
     assert P.Pooling.MAX == caffe_pb2.PoolingParameter.MAX and P.Data.LMDB == caffe_pb2.DataParameter.LMDB
 

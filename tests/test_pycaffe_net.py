@@ -254,7 +254,7 @@ def test_solver_step_is_sgd_with_momentum_and_weight_decay(mlp_file, tmp_path, r
     np.testing.assert_array_equal(seen_by_test_net, net.params["ip2"][1].data)  # the test net reads the same
     solver.snapshot()
     assert (tmp_path / "mlp_iter_2.caffemodel").exists() and (tmp_path / "mlp_iter_2.solverstate").exists()
-    assert type(caffe.get_solver(str(solver_file))).__name__ == "Solver"
+    assert type(caffe.get_solver(str(solver_file))) is caffe.AdamSolver  # the class of its rule, as in pycaffe
     assert caffe.get_solver(str(solver_file)).runtime.rule.name == "Adam"
     no_momentum = tmp_path / "adagrad.prototxt"
     no_momentum.write_text(solver_file.read_text().replace("momentum: 0.9", ""))

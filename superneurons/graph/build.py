@@ -142,6 +142,8 @@ def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, 
         p = params[i]
         part = parts.get(i)
         cls = part.cls if part is not None and part.cls is not None else layer_class(p.type, f"{where}: layer {p.name!r}")
+        if cls.is_loss and len(p.top) < cls.n_tops[0]:
+            add_automatic_tops(p, cls.n_tops[0])
         layer = cls(p, phase)
         layer.name = names[i]  # the key the runtime uses; `layer.param.name` stays the prototxt's
         layer.layer_index = i
@@ -210,6 +212,13 @@ def _unroll(net: pb.NetParameter, phase: int, where: str) -> tuple[pb.NetParamet
 def _unrolled_tops(nodes: list[Node]) -> set[str]:
     """The tops the prototxt gives the layers that were unrolled (their parts produce them)."""
     return {t for n in nodes if n.layer.prototxt_param is not n.layer.param for t in n.layer.prototxt_param.top}
+
+
+def add_automatic_tops(p: pb.LayerParameter, wanted: int) -> None:
+    """Caffe's AutoTopBlobs: a loss layer written without a top (old prototxts, e.g. V1 SOFTMAX_LOSS) gets
+    anonymous ones, so its loss is still computed and counted; each is named after its layer."""
+    while len(p.top) < wanted:
+        p.top.append(f"{p.name} (automatic)" if len(p.top) == 0 else f"{p.name} (automatic {len(p.top)})")
 
 
 def unique_layer_names(names: list[str]) -> list[str]:

@@ -131,8 +131,8 @@ def coord_map_from_to(top_from: Top, top_to: Top) -> tuple[int | None, Any, Any]
     ax_f, a_f, b_f = from_maps[common]  # common -> top_from
     ax_t, a_t, b_t = to_maps[common]  # common -> top_to
     # invert common -> top_from, then go common -> top_to
-    inverse = (ax_f, 1.0 / np.asarray(a_f, dtype=np.float64), -np.asarray(b_f, dtype=np.float64) / a_f)
-    ax, a, b = _compose(tuple(_scalar(v) if v is not None else None for v in inverse), (ax_t, a_t, b_t))
+    inverse = (1.0 / np.asarray(a_f, dtype=np.float64), -np.asarray(b_f, dtype=np.float64) / a_f)
+    ax, a, b = _compose((ax_f, _scalar(inverse[0]), _scalar(inverse[1])), (ax_t, a_t, b_t))
     return ax, _scalar(a), _scalar(b)
 
 

@@ -544,6 +544,8 @@ class Net:
         """Use `other`'s weights for the layers both nets have (same name and shapes), as Caffe's
         ShareTrainedLayersWith: a change to one net's weights is seen by the other."""
         if not self._standalone:
+            if getattr(self._net, "_shared_params", None) is other._net.params:
+                return  # a solver's test net reads its train net's weights already (Caffe shares them here too)
             raise UserError("share_with: a solver's nets share their weights already; call it on a Net you built")
         other._host.push()
         self._shares = other._net
