@@ -82,6 +82,9 @@ class Backend(Protocol):
     ops: Any  # namespace of operations: ops.relu_forward(...), ops.gemm(...), ...
     # True when ops return before the device has finished them: timers must `synchronize` around them.
     asynchronous: bool
+    # The element types tensors may be stored in (superneurons.dtypes); a net storing others is refused when
+    # it is built, in one line, rather than computed wrongly.
+    storage_types: tuple[np.dtype, ...]
 
     def arena(self, nbytes: int) -> Any:
         """One contiguous block of memory of `nbytes`; the pool carves every tensor out of it."""

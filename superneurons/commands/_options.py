@@ -99,6 +99,14 @@ def split_stages(stages: list[str] | None) -> list[str]:
     return [s.strip() for arg in stages or () for s in arg.split(",") if s.strip()]
 
 
+def add_precision_option(p: argparse.ArgumentParser) -> None:
+    """--precision: the storage type of activations and gradients, in place of the net's defaults."""
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"],
+                   help="store activations and gradients in float32, float16 or bfloat16 (math stays float32), "
+                        "overriding the net's default_forward_type/default_backward_type; layers that set "
+                        "their own forward_type keep it (docs/PRECISION.md)")
+
+
 def add_input_options(p: argparse.ArgumentParser) -> None:
     """--batch and --input-shape: what `summary`, `memory` and `time` run a net's shapes with."""
     p.add_argument("--batch", type=int, help="override the batch size of the data/input layers")

@@ -5,9 +5,10 @@ import argparse
 import json
 import re
 
-from superneurons.commands._options import add_input_options, read_model
+from superneurons.commands._options import add_input_options, add_precision_option, read_model
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
+from superneurons.graph.precision import override_defaults
 from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets
 from superneurons.memory.cost import TIE, Choice, choose
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
@@ -55,6 +56,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, metavar="N",
                    help="data parallel over N GPUs: --batch and --gpu-memory are per GPU; also show the gradient "
                         "buckets the reduction holds")
+    add_precision_option(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/MEMORY.md describes its keys)")
     p.add_argument("--at-peak", action="store_true",
                    help="list the tensors on the device at each shown mode's peak step, by kind and layer")
@@ -67,7 +69,7 @@ def run(args) -> int:
     budget = parse_size(args.gpu_memory) if args.gpu_memory else None
     if args.memory == "auto" and budget is None:
         raise UserError("--memory auto needs --gpu-memory SIZE (the budget auto must fit)")
-    net = read_model(args)
+    net = override_defaults(read_model(args), args.precision)
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model)
     given = tuple(t.strip() for t in (args.checkpoints or "").split(",") if t.strip())
     sets = checkpoint_sets(graph, given)

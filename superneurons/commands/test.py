@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import add_device_options, parse_size, pick_backend, split_stages
+from superneurons.commands._options import (add_device_options, add_precision_option, parse_size, pick_backend,
+                                             split_stages)
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -23,6 +24,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--weights", help="comma-separated .caffemodel files (without: the fillers' random weights)")
     p.add_argument("--iterations", type=int, default=50, help="number of batches to score (default 50)")
     add_device_options(p)
+    add_precision_option(p)
     p.add_argument("--level", type=int, default=0)
     p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
     p.set_defaults(func=run)
@@ -31,6 +33,7 @@ def register(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from superneurons.graph.build import build_graph
+    from superneurons.graph.precision import override_defaults
     from superneurons.io.caffemodel import load_weights_files
     from superneurons.io.prototxt import read_net
     from superneurons.runtime.logging import TrainLog, capped_outputs, num, score_line
@@ -41,7 +44,7 @@ def run(args) -> int:
         raise UserError(f"--iterations must be positive, got {args.iterations}")
     log = TrainLog()
     backend = pick_backend(args.gpu)
-    graph = build_graph(read_net(args.model), pb.TEST, args.level, tuple(split_stages(args.stage)),
+    graph = build_graph(override_defaults(read_net(args.model), args.precision), pb.TEST, args.level, tuple(split_stages(args.stage)),
                         source=args.model)
     net = Net(graph, backend, train=False, seed=0, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
     if args.weights:

@@ -15,10 +15,11 @@ import argparse
 import json
 import sys
 
-from superneurons.commands._options import (add_device_options, add_input_options, net_state, parse_size,
-                                             pick_backend, read_model, split_stages)
+from superneurons.commands._options import (add_device_options, add_input_options, add_precision_option, net_state,
+                                             parse_size, pick_backend, read_model, split_stages)
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, build_graph
+from superneurons.graph.precision import override_defaults
 from superneurons.graph.state import is_included
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
@@ -43,6 +44,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, default=0)
     p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
     add_input_options(p)
+    add_precision_option(p)
     p.add_argument("--json", action="store_true", help="print the measurements as JSON instead of a table")
     p.add_argument("--weights", help="initialise from a .caffemodel")
     add_device_options(p)
@@ -54,7 +56,7 @@ def run(args) -> int:
     if args.iterations <= 0:
         raise UserError(f"--iterations must be positive, got {args.iterations}")
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    net_param = read_model(args, say)
+    net_param = override_defaults(read_model(args, say), args.precision)
 
     def build() -> Graph:
         return build_graph(net_param, pb.Phase.Value(args.phase), args.level, tuple(split_stages(args.stage)),

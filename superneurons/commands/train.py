@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import (MEMORY_HELP, add_device_options, parse_size, pick_backend,
-                                             split_stages)
+from superneurons.commands._options import (MEMORY_HELP, add_device_options, add_precision_option, parse_size,
+                                             pick_backend, split_stages)
 from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
 from superneurons.runtime.logging import TrainLog
@@ -45,6 +45,7 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--weights", help="comma-separated .caffemodel files to initialize from (fine-tuning)")
     p.add_argument("--gpu", help="GPU ids to train on, e.g. 0 or 0,1,2,3 or all, or -1 for the CPU (overrides the "
                                  "solver's solver_mode; several GPUs train data parallel, one process each)")
+    add_precision_option(p)
     p.add_argument("--level", type=int, help="the train net's state level (overrides the solver's train_state)")
     p.add_argument("--stage", action="append", help="a train net state stage (repeatable or comma-separated)")
     p.add_argument("--sigint-effect", default=DEFAULT_SIGINT, choices=EFFECTS,
@@ -91,7 +92,7 @@ def _solver(args, param, log):
     mode = param.solver_mode if param.HasField("solver_mode") else None
     backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
     return Solver(param, args.solver, backend=backend, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
-                  log=log)
+                  log=log, precision=args.precision)
 
 
 def train(args, param, make_solver, root: bool = True) -> int:

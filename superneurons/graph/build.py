@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from superneurons.errors import UserError
 from superneurons.graph.fuse import (concat_slice_readers, fuse_batch_norm_chains, fuse_conv_relu,
                                      fuse_eltwise_relu, fuse_relu_backward_into_max_pool)
+from superneurons.graph.precision import Precision, resolve as resolve_precision
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
@@ -61,6 +62,8 @@ class Graph:
     diff_alias: bool = True
     # Blobs graph/fuse.py split off a blob of the prototxt (a fused BatchNorm's input): name -> that blob.
     internal_blobs: dict[str, str] = field(default_factory=dict)
+    # Storage types of every blob's values and gradients, and the loss scaling (graph/precision.py).
+    precision: Precision = field(default_factory=Precision)
     # ReLUs that may read their gradient from a Concat's top gradient (graph/fuse.py: concat_slice_readers):
     # (ReLU, where, the Concat's bottom index); `use_concat_slices` turns them on and off.
     concat_slices: list[tuple[Layer, GradientSlice, int]] = field(default_factory=list)
@@ -118,6 +121,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
         fuse_conv_relu(nodes)
         fuse_relu_backward_into_max_pool(nodes)
         concat_slices = concat_slice_readers(nodes)
+    precision = resolve_precision(net, nodes, source)
     consumed = {b for n in nodes for b in n.bottoms}
     # The state an unrolled layer leaves unread (an LSTM's last c_t without expose_hidden) is no output of the net
     inner = {t for n in nodes if n.layer.part_of is not None for t in n.tops} - _unrolled_tops(nodes)
@@ -127,7 +131,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
             if t not in consumed and t not in outputs and t not in inner:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
-                 internal_blobs=internal_blobs, concat_slices=concat_slices)
+                 internal_blobs=internal_blobs, concat_slices=concat_slices, precision=precision)
 
 
 def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, "_Part"] | None = None) -> list[Node]:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from superneurons.dtypes import BFLOAT16, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.io.prototxt import open_temp_beside, read_binary, write_binary
 from superneurons.io.upgrade import upgrade_net
@@ -53,15 +54,31 @@ def blob_shape(blob: pb.BlobProto) -> tuple[int, ...]:
     return (blob.num, blob.channels, blob.height, blob.width)
 
 
+# NVCaffe's `raw_data`: little-endian elements of `raw_data_type`.
+_RAW_TYPES = {pb.DOUBLE: np.dtype("<f8"), pb.FLOAT: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2"),
+              pb.BFLOAT16: BFLOAT16}
+
+
 def blob_to_array(blob: pb.BlobProto, where: str = "") -> np.ndarray:
     """The blob's values in its shape (float32); a negative dimension or a count that disagrees with the
-    shape is an error naming `where` (Python integers: a product beyond int64 cannot wrap into a match)."""
-    double = len(blob.double_data) > 0
-    values = blob.double_data if double else blob.data
+    shape is an error naming `where` (Python integers: a product beyond int64 cannot wrap into a match).
+    Values come from `double_data`, `data`, or NVCaffe's `raw_data` in its `raw_data_type` (FLOAT16 included)."""
     shape = blob_shape(blob)
     if any(d < 0 for d in shape):
         raise UserError(f"{where}: blob has a negative dimension in its shape {_fmt(shape)}")
     n = math.prod(shape)
+    if blob.HasField("raw_data"):
+        kind = blob.raw_data_type if blob.HasField("raw_data_type") else pb.FLOAT
+        if kind not in _RAW_TYPES:
+            raise UserError(f"{where}: blob's raw_data_type is {pb.Type.Name(kind)}; weights are read from "
+                            f"{', '.join(pb.Type.Name(t) for t in _RAW_TYPES)}")
+        dtype = _RAW_TYPES[kind]
+        if len(blob.raw_data) != tensor_bytes(shape, dtype):
+            raise UserError(f"{where}: the blob's shape {_fmt(shape)} needs {n} {pb.Type.Name(kind)} values "
+                            f"({tensor_bytes(shape, dtype)} bytes) but its raw_data holds {len(blob.raw_data)} bytes")
+        return np.frombuffer(blob.raw_data, dtype=dtype).astype(np.float32).reshape(shape)
+    double = len(blob.double_data) > 0
+    values = blob.double_data if double else blob.data
     if len(values) != n:
         raise UserError(f"{where}: the blob's shape {_fmt(shape)} needs {n} values but it holds {len(values)}")
     return np.asarray(values, dtype=np.float64 if double else np.float32).astype(np.float32, copy=False).reshape(shape)

@@ -9,6 +9,8 @@ from superneurons.layers.softmax_loss import check_label_count, run_label_op
 
 @register("Accuracy")
 class Accuracy(Layer):
+    float32_only = True
+
     has_backward = False
     label_bottoms = (1,)
     n_bottoms = (2, 2)

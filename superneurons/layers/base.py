@@ -122,6 +122,9 @@ class Layer:
     is_data: ClassVar[bool] = False
     # Loss layers get loss_weight 1 on their first top unless the prototxt says otherwise.
     is_loss: ClassVar[bool] = False
+    # Stores its tops and their gradients in float32 whatever the net's precision (graph/precision.py): outputs
+    # that half precision would round too coarsely (probabilities, metrics, indices, normalized sums).
+    float32_only: ClassVar[bool] = False
     # Bottom indexes that never receive a gradient (labels).
     label_bottoms: ClassVar[tuple[int, ...]] = ()
     # Tops are views of bottom 0's data (Flatten, Reshape, Split) / its diff (Flatten, Reshape).

@@ -13,6 +13,8 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("LRN")
 class LRN(Layer):
+    float32_only = True
+
     def setup(self, bottom_shapes):
         p = self.param.lrn_param
         shape = bottom_shapes[0]

@@ -7,6 +7,8 @@ from superneurons.layers.base import NEEDS_TOP, Layer, count, register
 
 @register("MVN")
 class MVN(Layer):
+    float32_only = True
+
     def setup(self, bottom_shapes):
         p = self.param.mvn_param
         shape = bottom_shapes[0]

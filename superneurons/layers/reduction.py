@@ -7,6 +7,8 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("Reduction")
 class Reduction(Layer):
+    float32_only = True
+
     def setup(self, bottom_shapes):
         p = self.param.reduction_param
         shape = bottom_shapes[0]
@@ -37,6 +39,7 @@ class Reduction(Layer):
 class ArgMax(Layer):
     """The top_k largest values' indices (or values) along `axis`; without an axis, over each sample,
     giving (N, 1, top_k) indices or (N, 2, top_k) indices then values (Caffe's layout)."""
+    float32_only = True
 
     has_backward = False
 

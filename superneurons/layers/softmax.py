@@ -12,6 +12,8 @@ def axis_split(shape: Shape, axis: int) -> tuple[int, int, int]:
 
 @register("Softmax")
 class Softmax(Layer):
+    float32_only = True
+
     def setup(self, bottom_shapes):
         shape = bottom_shapes[0]
         self.dims = axis_split(shape, canonical_axis(self.param.softmax_param.axis, len(shape), self))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from superneurons.dtypes import FLOAT32, tensor_bytes
+from superneurons.dtypes import tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program, Schedule, Trace,
@@ -112,7 +112,7 @@ def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
                 continue
             if name:
                 seen[name] = 1
-            one = round_up(tensor_bytes(decl.shape, FLOAT32))
+            one = round_up(tensor_bytes(decl.shape, graph.precision.master))
             total += one * (1 + (1 if train else 0) + (history if decl.learnable else 0))
     return total
 
@@ -121,7 +121,7 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
     """(bytes of parameters each global step streams in, the same for each forward step by route index (what
     a replay brings in), bytes one parameter's update needs)."""
     def size(decl) -> int:
-        return round_up(tensor_bytes(decl.shape, FLOAT32))
+        return round_up(tensor_bytes(decl.shape, program.graph.precision.master))
 
     def node_bytes(layers, grads: bool) -> int:
         owned = {}
@@ -210,7 +210,7 @@ def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
             entry["segments"] = dict(info.get("strategies", {}))
         modes[mode] = entry
     doc: dict[str, Any] = {
-        "net": p.graph.name, "batch": batch, "budget_bytes": None,
+        "net": p.graph.name, "batch": batch, "budget_bytes": None, "precision": p.graph.precision.name(),
         "param_bytes": plan.param_bytes,
         "streamed_param_peaks": {m: plan.streamed_peak(m) for m in plan.traces if m != "baseline"},
         "checkpoint_types": list(plan.checkpoint_types),

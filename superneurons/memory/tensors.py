@@ -127,7 +127,10 @@ class TensorLayout:
 
     def add(self, kind: str, owner: str, index: int | str, shape, dtype=FLOAT32, base: str | None = None,
             layer: str | None = None) -> str:
-        """Declare one more tensor (after its base, if it is a view); returns its key. `layer`: its owner."""
+        """Declare one more tensor (after its base, if it is a view, whose type it takes); returns its key.
+        `layer`: its owner."""
+        if base is not None:
+            dtype = self.by_key[base].dtype
         spec = TensorSpec(tensor_key(kind, owner, index), tuple(int(d) for d in shape), np.dtype(dtype), kind, base,
                           layer)
         self.specs.append(spec)
@@ -156,10 +159,12 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
     out = TensorLayout()
     out.aliases = diff_aliases(graph, need_backward, propagate_down, seeds) if train else DiffAliases()
     data, diff = out.data_key, out.diff_key
+    data_type, diff_type = graph.precision.data, graph.precision.diff  # storage types (graph/precision.py)
+    master = graph.precision.master  # the weights', their gradients' and the history's
 
     def bottom_diff(b: str, layer: str) -> str:
         if b not in diff:
-            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b], layer=layer)
+            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b], diff_type.get(b, FLOAT32), layer=layer)
         return diff[b]
 
     borrowed = set(borrowed)
@@ -170,7 +175,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
         for t, shape in zip(node.tops, node.top_shapes):
             if t in data and node.bottoms and t == node.bottoms[0]:
                 continue  # in place: the bottom's tensor
-            data[t] = out.add(DATA, t, 0, shape, base=data[node.bottoms[0]] if view else None, layer=node.name)
+            data[t] = out.add(DATA, t, 0, shape, data_type.get(t, FLOAT32), base=data[node.bottoms[0]] if view else None,
+                              layer=node.name)
         if train:
             # Bottom gradients first: a top gradient that is a view (Flatten) needs its bottom's gradient,
             # which does not exist yet when the bottom comes from a layer without backward (force_backward).
@@ -184,7 +190,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                     base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
                     if t in out.aliases.views:
                         base = bottom_diff(out.aliases.views[t], node.name)
-                    diff[t] = out.add(DIFF, t, 0, shape, base=base, layer=node.name)
+                    diff[t] = out.add(DIFF, t, 0, shape, diff_type.get(t, FLOAT32), base=base, layer=node.name)
         out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype, layer=node.name), name,
                                        bool(buf.for_backward)) for name, buf in layer.buffers.items()]
         specs = layer.param.param
@@ -202,10 +208,10 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                 continue
             if name:
                 named[name] = (node.name, k, tuple(decl.shape))
-            value = out.add(PARAM, node.name, k, decl.shape, layer=node.name)
-            grad = out.add(PARAM_DIFF, node.name, k, decl.shape, layer=node.name) if train else None
+            value = out.add(PARAM, node.name, k, decl.shape, master, layer=node.name)
+            grad = out.add(PARAM_DIFF, node.name, k, decl.shape, master, layer=node.name) if train else None
             out.params.append(ParamSlot(node.name, k, value, grad, decl.learnable))
     learnable = out.learnable()
-    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape, layer=p.node) for p in learnable]
+    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape, master, layer=p.node) for p in learnable]
                    for j in range(history)]
     return out

@@ -161,12 +161,14 @@ class Layer:
 class Net:
     """`Net(model, phase)`, `Net(model, weights, phase)` or `Net(model, phase, weights=...)`, as pycaffe;
     `level`/`stages` pick the NetState rules. Ours: `memory` (`baseline` default, so every blob stays
-    readable; `liveness`, `offload`, `recompute` or `auto`), `gpu_memory` (the pool's size, e.g. '12G')."""
+    readable; `liveness`, `offload`, `recompute` or `auto`), `gpu_memory` (the pool's size, e.g. '12G'),
+    `precision` ("fp32", "fp16", "bf16": the storage of activations and gradients, over the net's defaults)."""
 
     def __init__(self, network_file: str, *args: Any, phase: int | None = None, weights: str | None = None,
                  level: int = 0, stages: Iterable[str] | None = None, memory: str = "baseline",
-                 gpu_memory: str | int | None = None):
+                 gpu_memory: str | int | None = None, precision: str | None = None):
         from superneurons.commands._options import parse_size
+        from superneurons.graph.precision import override_defaults
         from superneurons.io.prototxt import read_net
 
         if len(args) == 1:
@@ -178,7 +180,7 @@ class Net:
         if phase not in (TRAIN, TEST):
             raise UserError(f"Net({network_file!r}, ...): phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
         self._file = str(network_file)
-        self._net_param = read_net(self._file)
+        self._net_param = override_defaults(read_net(self._file), precision)  # "fp32", "fp16", "bf16"
         self._phase, self._level, self._stages = int(phase), int(level), tuple(stages or ())
         self._memory = memory
         self._pool_bytes = gpu_memory if isinstance(gpu_memory, int) else parse_size(gpu_memory)

@@ -21,9 +21,11 @@ class Solver:
 
     type_name: str | None = None
 
-    def __init__(self, solver_file: str, memory: str | None = None, gpu_memory: str | int | None = None):
+    def __init__(self, solver_file: str, memory: str | None = None, gpu_memory: str | int | None = None,
+                 precision: str | None = None):
         """`memory`: the memory mode (default: the prototxt's memory_param.mode when set, else baseline, so every
-        blob stays readable); `gpu_memory`: the training net's pool size, e.g. '12G'."""
+        blob stays readable); `gpu_memory`: the training net's pool size, e.g. '12G'; `precision`: "fp32", "fp16" or
+        "bf16" in place of the nets' default storage types."""
         from superneurons.commands._options import parse_size
         from superneurons.io.prototxt import read_solver
         from superneurons.runtime.logging import TrainLog
@@ -37,7 +39,7 @@ class Solver:
         pool = gpu_memory if isinstance(gpu_memory, int) else parse_size(gpu_memory)
         backend = mode.current_backend()
         self._solver = RuntimeSolver(param, str(solver_file), backend=backend, memory=memory, pool_bytes=pool,
-                                     log=TrainLog(stream=sys.stderr))
+                                     log=TrainLog(stream=sys.stderr), precision=precision)
         self._net = Net._wrap(self._solver.net, backend)
         self._test_nets = [Net._wrap(n, backend) for n in self._solver.test_nets]
 

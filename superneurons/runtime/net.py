@@ -18,6 +18,7 @@ import numpy as np
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, Node
+from superneurons.graph.precision import check_backend
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.aliases import install as install_aliases
@@ -101,6 +102,7 @@ class Net:
         self.ops = backend.ops
         self.train = train
         self.ctx = RunContext(seed=seed)
+        self.loss_scale = 1.0  # the solver's loss scale (solver/loss_scale.py): backward seeds weight x scale
         self.tensors: list[Tensor] = []
         self.data: dict[str, Tensor] = {}
         self.diff: dict[str, Tensor] = {}
@@ -118,6 +120,7 @@ class Net:
             pool_bytes = param_pool if own_budget else self.default_pool_bytes(share_params_with)
         self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
         # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
+        check_backend(graph, backend)  # storage types it cannot compute on
         check_fits(self.tensors, pool_bytes, backend, graph)
         self.pool = make_pool(pool_bytes, backend, self.policy.allocator)
         self.memory: MemoryManager = make_manager(custom or mode, self, types)
@@ -514,7 +517,7 @@ class Net:
         for _data, diff, w in self.loss_blobs:
             if diff is not None:
                 self.memory.ensure(diff)
-                self.ops.fill(diff.array, w)
+                self.ops.fill(diff.array, w * self.loss_scale)
 
     def _partial(self, first: int, last: int | None, what: str, backward: bool = False) -> bool:
         """Whether first..last leaves out some layer; such a run needs every tensor resident."""

@@ -17,7 +17,10 @@ import time
 from typing import Any, Callable
 
 from superneurons.backend import get_backend
+from superneurons.dtypes import FLOAT32
 from superneurons.graph.build import build_graph
+from superneurons.graph.precision import STORAGE_TYPES, override_defaults
+from superneurons.errors import UserError
 from superneurons.io.caffemodel import load_weights_files
 from superneurons.layers.base import count
 from superneurons.proto import superneurons_pb2 as pb
@@ -26,6 +29,7 @@ from superneurons.runtime.net import Net
 from superneurons.settings import memory_policy
 from superneurons.solver.evaluate import evaluate, output_values, score_blobs
 from superneurons.solver.fused_update import grouped_update
+from superneurons.solver.loss_scale import LossScale, NonFiniteWatch, non_finite_loss
 from superneurons.solver.lr_policy import LrPolicy
 from superneurons.solver.nets import NetSource, test_net_sources, train_net_source
 from superneurons.solver.signals import SignalEffects
@@ -44,11 +48,13 @@ def clock_seed() -> int:
 class Solver:
     def __init__(self, param: pb.SolverParameter, solver_path: str = "", *, backend: Any = None,
                  memory: str | None = None, pool_bytes: int | None = None, log: TrainLog | None = None,
-                 signals: SignalEffects | None = None):
+                 signals: SignalEffects | None = None, precision: str | None = None):
         """`memory`: the mode (None: the solver's `memory_param.mode`, whose default is auto).
         `pool_bytes`: the training net's pool size in bytes, what `--gpu-memory` gives (None:
         `memory_param.pool_bytes` when set, else the Net's default). Test nets size their own pools.
-        `signals`: what SIGINT/SIGHUP do during `solve` (default Caffe's: SIGINT stops, SIGHUP snapshots)."""
+        `signals`: what SIGINT/SIGHUP do during `solve` (default Caffe's: SIGINT stops, SIGHUP snapshots).
+        `precision`: "fp32", "fp16" or "bf16" overrides the nets' default storage types (graph/precision.py)."""
+        self.precision = precision
         self.param = param
         self.pool_bytes = pool_bytes
         self.where = solver_path or "<solver>"
@@ -73,9 +79,16 @@ class Solver:
                           for src in test_net_sources(param, self.where)]
         self.test_passes = [0] * len(self.test_nets)  # forward passes each test net has run (its data position)
         self._history = self.net.history  # pool tensors (zeroed), `n_history` sets of one per learnable param
+        self.loss_scale = LossScale(self.net.graph.precision, self.net.graph.source or self.where)
+        # Where float16 storage runs without adaptive scaling, an Inf or NaN loss stops the run naming the layer.
+        self._watch: NonFiniteWatch | None = None
+        if self.net.graph.precision.float16 and not self.loss_scale.adaptive:
+            self._watch = NonFiniteWatch(self.ops)
+            self.net.add_hooks(self._watch)
         # One launch for the whole update and one for clearing the gradients, where it applies (else None:
-        # the per-parameter ops; solver/fused_update.py says when).
-        self._grouped = grouped_update(self.net, self.rule.name, param)
+        # the per-parameter ops; solver/fused_update.py says when: float32 masters, no loss scale).
+        plain = not self.loss_scale.active and self.net.graph.precision.master == FLOAT32
+        self._grouped = grouped_update(self.net, self.rule.name, param) if plain else None
         self._losses: list[float] = []
         self.smoothed_loss = 0.0
         self._stop_requested = False
@@ -83,8 +96,10 @@ class Solver:
     # -- construction -------------------------------------------------------------------------
     def _build(self, src: NetSource, phase: int, memory: str | None, share: Net | None = None) -> Net:
         memory_param = self.param.memory_param if self.param.HasField("memory_param") else None
-        graph = build_graph(src.param, phase, src.level, src.stages, source=src.where,
+        net_param = override_defaults(_copy(src.param), self.precision)
+        graph = build_graph(net_param, phase, src.level, src.stages, source=src.where,
                             policy=memory_policy(memory_param))
+        graph.precision.master = master_type(self.param, self.where)
         # The budget is the training net's; a test net (sharing its parameters) sizes its pool to its need.
         pool = self.pool_bytes if share is None else None
         return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
@@ -168,10 +183,13 @@ class Solver:
                 call()
             display = bool(p.display) and self.iter % p.display == 0 and self._display_allowed()
             loss = 0.0
+            net.loss_scale = self.loss_scale.scale
             for k in range(self.iter_size):
                 net.ctx.iteration = self.iter * self.iter_size + k
                 loss += net.forward_backward()
             loss /= self.iter_size
+            if self._watch is not None and not math.isfinite(loss):
+                raise non_finite_loss(self.net.graph.source or self.where, self.iter, loss, self._watch.first)
             self._update_smoothed_loss(loss, start_iter)
             if display:
                 lapse = time.perf_counter() - timer
@@ -231,6 +249,9 @@ class Solver:
         if display:
             self.log.info(f"Iteration {self.iter}, lr = {num(rate)}")
         store = self.net.params
+        if self.loss_scale.adaptive and not self.loss_scale.after_check(self._gradients_finite(store), self.iter,
+                                                                         self.log):
+            return rate  # an overflow: the step is skipped (the gradients are cleared before the next)
         if store.offloaded:
             self._update_streamed(store, rate, display and p.debug_info)
             return rate
@@ -247,8 +268,8 @@ class Solver:
         p, ops = self.param, self.ops
         if clip_scale != 1.0:
             ops.scal(clip_scale, decl.diff)
-        if self.iter_size > 1:
-            ops.scal(1.0 / self.iter_size, decl.diff)
+        if self.iter_size > 1 or self.loss_scale.scale != 1.0:  # the mean over passes, without the loss scale
+            ops.scal(1.0 / self.iter_size / self.loss_scale.scale, decl.diff)
         decay = float(p.weight_decay) * decl.decay_mult
         if decay:
             ops.regularize(decl.data, decl.diff, decay, p.regularization_type == "L1")
@@ -267,7 +288,7 @@ class Solver:
                 store.acquire([decl.diff_tensor])
                 total += self.ops.sumsq(decl.diff)
                 store.release([decl.diff_tensor])
-            clip_scale = self._clip_scale(math.sqrt(total))
+            clip_scale = self._clip_scale(math.sqrt(total) / self.loss_scale.scale)
         for i, decl in enumerate(self.net.learnable):
             tensors = [decl.data_tensor, decl.diff_tensor] + [hist_set[i] for hist_set in self._history]
             store.acquire(tensors)
@@ -300,7 +321,20 @@ class Solver:
         update applies it (Caffe: before iter_size)."""
         if float(self.param.clip_gradients) < 0:
             return 1.0
-        return self._clip_scale(math.sqrt(sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable)))
+        total = sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable)
+        return self._clip_scale(math.sqrt(total) / self.loss_scale.scale)
+
+    def _gradients_finite(self, store: Any) -> bool:
+        """Whether every weight gradient of this iteration is finite (streamed ones brought in to be summed)."""
+        for decl in self.net.learnable:
+            if store.offloaded:
+                store.acquire([decl.diff_tensor])
+            finite = math.isfinite(self.ops.sumsq(decl.diff))
+            if store.offloaded:
+                store.release([decl.diff_tensor])
+            if not finite:
+                return False
+        return True
 
     def _clip_scale(self, norm: float) -> float:
         """clip_gradients / norm when the global L2 norm exceeds it (logged, as Caffe does), else 1."""
@@ -339,6 +373,21 @@ class Solver:
         """Finish the current iteration and return from `solve` (what Ctrl-C does), with the final
         snapshot when snapshot_after_train is on."""
         self._stop_requested = True
+
+
+def _copy(net: pb.NetParameter) -> pb.NetParameter:
+    out = pb.NetParameter()
+    out.CopyFrom(net)
+    return out
+
+
+def master_type(param: pb.SolverParameter, where: str):
+    """The storage type of the master weights, their gradients and the history: `solver_data_type`."""
+    kind = param.solver_data_type
+    if kind not in STORAGE_TYPES:
+        raise UserError(f"{where}: solver_data_type: {pb.Type.Name(kind)} cannot store weights; use FLOAT, FLOAT16 "
+                        f"or BFLOAT16")
+    return STORAGE_TYPES[kind]
 
 
 def _named(values: list[tuple[str, float]]) -> dict[str, float]:

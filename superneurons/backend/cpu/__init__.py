@@ -12,7 +12,8 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.backend.base import collect_ops
-from superneurons.dtypes import tensor_bytes
+from superneurons.backend.cpu.half_storage import with_float32_math
+from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32, tensor_bytes
 
 _ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are aligned too
 
@@ -20,9 +21,11 @@ _ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are
 class CpuBackend:
     name = "cpu"
     asynchronous = False  # every op has finished when it returns
+    storage_types = (FLOAT32, FLOAT16, BFLOAT16)  # what tensors may be stored in
 
     def __init__(self) -> None:
-        self.ops = collect_ops(sys.modules[__name__])
+        # float16 and bfloat16 arrays are storage: ops compute in float32 on them (half_storage.py)
+        self.ops = with_float32_math(collect_ops(sys.modules[__name__]))
         self.workspace_source: Any = None  # accepted for the Backend interface; NumPy convolutions need none
 
     def arena(self, nbytes: int) -> np.ndarray:

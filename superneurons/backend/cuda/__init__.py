@@ -15,7 +15,7 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.backend.base import collect_ops
-from superneurons.dtypes import tensor_bytes
+from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 
 DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may ask for
@@ -34,6 +34,8 @@ def _env_tf32() -> bool:
 class CudaBackend:
     name = "cuda"
     asynchronous = True  # kernels are queued on the default stream: timers synchronize
+    # The kernels, cuDNN descriptors and cuBLAS calls are float32 ones: half storage is the CPU's for now.
+    storage_types = (FLOAT32,)
 
     def __init__(self, device: int = 0, tf32: bool | None = None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT):
         try:

@@ -1,0 +1,162 @@
+"""Which element type each blob's values and gradients are stored in: NVCaffe's per-layer types, resolved once.
+
+A layer's `forward_type` is the storage type of its tops, its `backward_type` that of its tops' gradients
+(NetParameter's `default_forward_type` / `default_backward_type` where the layer sets none); `forward_math`
+and `backward_math` name what its kernels accumulate in. Storage in FLOAT16 or BFLOAT16 halves an activation
+or gradient; the math stays float32 (on the CPU every op computes in float32 on half storage, see
+backend/cpu/__init__.py; a math type of FLOAT16 is computed in float32 as well).
+
+Some layers keep float32 whatever the types say, as PyTorch's autocast keeps its list (`Layer.float32_only`):
+softmax, every loss, LRN, MVN, Reduction, Accuracy and ArgMax (their outputs are probabilities, losses,
+metrics and indices that half precision would round). BatchNorm's running statistics are parameters, and
+parameters (the master weights), their gradients and the solver's history are stored in the solver's
+`solver_data_type` (float32 by default). A data layer writes its first top (the batch) in the net's forward
+type and its other tops (labels) in float32: bfloat16 holds integers exactly only up to 256.
+
+`override_defaults(net, "bf16")` is what `--precision` and the Python API's `precision=` do: set the net's
+defaults, leaving the layers that name their own types alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32, PRECISIONS, dtype_name
+from superneurons.errors import UserError
+from superneurons.proto import superneurons_pb2 as pb
+
+STORAGE_TYPES = {pb.FLOAT: FLOAT32, pb.FLOAT16: FLOAT16, pb.BFLOAT16: BFLOAT16}
+MATH_TYPES = (pb.DOUBLE, pb.FLOAT, pb.FLOAT16, pb.BFLOAT16)
+PRECISION_TYPES = {"fp32": pb.FLOAT, "fp16": pb.FLOAT16, "bf16": pb.BFLOAT16}
+HALF_MAX = {FLOAT16: float(np.finfo(np.float16).max)}  # bfloat16 spans float32's range
+
+
+@dataclass(frozen=True)
+class LayerPrecision:
+    forward: np.dtype  # storage of the layer's tops
+    backward: np.dtype  # storage of its tops' gradients
+    forward_math: int  # pb.Type
+    backward_math: int
+
+
+@dataclass
+class Precision:
+    """The net's storage types: per layer, per blob (values and gradients), and its loss scaling."""
+
+    layers: dict[str, LayerPrecision] = field(default_factory=dict)
+    data: dict[str, np.dtype] = field(default_factory=dict)  # blob -> storage of its values
+    diff: dict[str, np.dtype] = field(default_factory=dict)  # blob -> storage of its gradient
+    grad_scale: float = 1.0  # global_grad_scale
+    adaptive: bool = False  # global_grad_scale_adaptive
+    # Storage of the master weights, their gradients and the solver's history: SolverParameter's
+    # solver_data_type, which the solver sets before it builds the Net (float32 elsewhere).
+    master: np.dtype = FLOAT32
+
+    @property
+    def half(self) -> bool:
+        """Whether any blob is stored in a half type."""
+        return any(d != FLOAT32 for d in (*self.data.values(), *self.diff.values()))
+
+    @property
+    def float16(self) -> bool:
+        return any(d == FLOAT16 for d in (*self.data.values(), *self.diff.values()))
+
+    def name(self) -> str:
+        """What `superneurons memory` reports: the type most blobs are stored in."""
+        kinds = list(self.data.values())
+        if not kinds:
+            return "float32"
+        return dtype_name(max(set(kinds), key=kinds.count))
+
+
+def override_defaults(net: pb.NetParameter, precision: str | None) -> pb.NetParameter:
+    """Set `net`'s default forward and backward types to `precision` ("fp32", "fp16", "bf16"; None: leave)."""
+    if precision is None:
+        return net
+    if precision not in PRECISION_TYPES:
+        raise UserError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    net.default_forward_type = net.default_backward_type = PRECISION_TYPES[precision]
+    return net
+
+
+def _where(source: str, layer: str) -> str:
+    from superneurons.io.prototxt import layer_line
+
+    line = layer_line(source, layer) if source else None
+    return f"{source or '<net>'}{f':{line}' if line else ''}: layer {layer!r}"
+
+
+def _storage(value: int, what: str, where: str) -> np.dtype:
+    if value not in STORAGE_TYPES:
+        raise UserError(f"{where}: {what}: {pb.Type.Name(value)} cannot store a layer's blobs; use FLOAT, "
+                        f"FLOAT16 or BFLOAT16")
+    return STORAGE_TYPES[value]
+
+
+def _math(value: int, what: str, where: str) -> int:
+    if value not in MATH_TYPES:
+        raise UserError(f"{where}: {what}: {pb.Type.Name(value)} is no math type; use FLOAT, FLOAT16, BFLOAT16 "
+                        f"or DOUBLE")
+    return value
+
+
+def layer_precision(net: pb.NetParameter, lp: pb.LayerParameter, where: str) -> LayerPrecision:
+    def pick(name: str) -> int:
+        return getattr(lp, name) if lp.HasField(name) else getattr(net, f"default_{name}")
+
+    return LayerPrecision(_storage(pick("forward_type"), "forward_type", where),
+                          _storage(pick("backward_type"), "backward_type", where),
+                          _math(pick("forward_math"), "forward_math", where),
+                          _math(pick("backward_math"), "backward_math", where))
+
+
+def _check_fillers(layer, types: LayerPrecision, where: str) -> None:
+    """A weight or DummyData filler whose values overflow the layer's half type fails at setup, not as Inf later."""
+    limit = HALF_MAX.get(types.forward)
+    if limit is None:
+        return
+    fillers = [(f"param {k}", decl.filler) for k, decl in enumerate(layer.params)]
+    if layer.param.HasField("dummy_data_param"):
+        fillers += [(f"data_filler {k}", f) for k, f in enumerate(layer.param.dummy_data_param.data_filler)]
+    for what, f in fillers:
+        big = max(abs(f.value) if f.type == "constant" else 0.0,
+                  max(abs(f.min), abs(f.max)) if f.type == "uniform" else 0.0)
+        if big > limit:
+            raise UserError(f"{where}: {what}'s {f.type} filler reaches {big:g}, beyond {dtype_name(types.forward)}'s "
+                            f"largest value {limit:g}; set the layer's forward_type: FLOAT or change the filler")
+
+
+def resolve(net: pb.NetParameter, nodes, source: str) -> Precision:
+    """The storage type of every blob of `nodes` (built layers, in route order), checked."""
+    if net.global_grad_scale <= 0:
+        raise UserError(f"{source or '<net>'}: global_grad_scale is {net.global_grad_scale:g}; it must be above 0")
+    out = Precision(grad_scale=float(net.global_grad_scale), adaptive=bool(net.global_grad_scale_adaptive))
+    for n in nodes:
+        layer = n.layer
+        where = _where(source, n.name)
+        types = layer_precision(net, layer.param, where)
+        if layer.float32_only or layer.is_loss:
+            types = LayerPrecision(FLOAT32, FLOAT32, types.forward_math, types.backward_math)
+        out.layers[n.name] = types
+        _check_fillers(layer, types, where)
+        for j, t in enumerate(n.tops):
+            if t in out.data:
+                continue  # in place: the bottom's tensor
+            if layer.views_bottom_data and n.bottoms:
+                out.data[t] = out.data[n.bottoms[0]]
+                out.diff[t] = out.diff[n.bottoms[0]]
+                continue
+            out.data[t] = types.forward if not (layer.is_data and j > 0) else FLOAT32
+            out.diff[t] = types.backward if not (layer.is_data and j > 0) else FLOAT32
+    return out
+
+
+def check_backend(graph, backend) -> None:
+    """Refuse, in one line, a net storing a type the backend cannot compute on (the CUDA backend is float32)."""
+    stored = {*graph.precision.data.values(), *graph.precision.diff.values(), graph.precision.master}
+    missing = sorted(dtype_name(d) for d in stored if d not in backend.storage_types)
+    if missing:
+        raise UserError(f"{graph.source or graph.name or '<net>'}: the {backend.name} backend stores tensors in "
+                        f"{', '.join(dtype_name(d) for d in backend.storage_types)} only, and this net asks for "
+                        f"{', '.join(missing)}; run it with --precision fp32 (or precision='fp32'), or on the CPU")
