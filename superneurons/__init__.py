@@ -14,9 +14,9 @@ _PYCAFFE = {name: ("superneurons.pycaffe", name) for name in (
     "set_solver_rank", "set_multiprocess", "has_nccl", "NCCL")}
 _PYCAFFE.update({
     "Layer": ("superneurons.layers.python_layer", "UserLayer"),
-    "NetSpec": ("superneurons.pycaffe.net_spec", "NetSpec"),
-    "to_proto": ("superneurons.pycaffe.net_spec", "to_proto"),
-    "params": ("superneurons.pycaffe.net_spec", "params"),
+    "NetSpec": ("superneurons.io.net_spec", "NetSpec"),
+    "to_proto": ("superneurons.io.net_spec", "to_proto"),
+    "params": ("superneurons.io.net_spec", "params"),
     "Classifier": ("superneurons.pycaffe.classifier", "Classifier"),
     "Detector": ("superneurons.pycaffe.classifier", "Detector"),
     "proto": ("superneurons.proto", None),
@@ -28,7 +28,7 @@ _PYCAFFE.update({
 # one of ours under another name.
 _SUBMODULES = {
     "draw": "superneurons.pycaffe.draw",
-    "net_spec": "superneurons.pycaffe.net_spec",
+    "net_spec": "superneurons.io.net_spec",
     "classifier": "superneurons.pycaffe.classifier",
     "detector": "superneurons.pycaffe.classifier",
     "coord_map": "superneurons.pycaffe.coord_map",

@@ -23,7 +23,7 @@ from superneurons.backend.cpu import CpuBackend
 from superneurons.cli import main
 from superneurons.data.datum import datum_to_array, load_image, parse_datum
 from superneurons.data.imageset import SHUFFLE_SEED
-from superneurons.data.record_db import open_reader, write_database
+from superneurons.data.databases import open_reader, write_database
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.io.binaryproto import read_mean

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from superneurons.cli import main
-from superneurons.commands.memory import parse_size
+from superneurons.memory.pool import parse_size
 from superneurons.errors import UserError
 from superneurons.layers.base import known_types
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program

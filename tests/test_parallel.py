@@ -17,6 +17,7 @@ from test_solver import TINY_NET, Quiet
 
 import parallel_job as job
 from superneurons.cli import main
+from superneurons.commands.train import WORKER
 from superneurons.errors import UserError
 from superneurons.parallel import launch
 from superneurons.parallel.devices import parse_gpus
@@ -285,12 +286,12 @@ def test_local_launcher_relays_the_failing_rank_message(workdir, monkeypatch, ca
     (workdir / "conf/solver.prototxt").write_text(
         'net: "nets/tiny.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\ndisplay: 0\nmax_iter: 1000000\n'
         'snapshot: 0\nsnapshot_after_train: false\nrandom_seed: 1\n')
-    monkeypatch.setattr(launch, "worker_command", lambda n, args_file: [
+    monkeypatch.setattr(launch, "worker_command", lambda n, args_file, entry: [
         launch.find_mpiexec(), "-n", str(n), sys.executable, JOB, "fail", "conf/solver.prototxt", "0", "3"])
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     args = SimpleNamespace(solver="conf/solver.prototxt", gpu=None)
     with pytest.raises(UserError, match=r"^rank 0: injected failure at iteration 3$"):
-        launch.spawn(args, [0, 1])
+        launch.spawn(args, [0, 1], entry=WORKER)
     assert not _left_running(f"{JOB} fail conf/solver.prototxt 0 3"), "a rank outlived the job"
     assert "MPI_Abort" not in capfd.readouterr().err  # the rank's line is the message, not MPI's
 
@@ -334,7 +335,7 @@ def test_a_rank_killed_by_a_signal_is_named_and_ends_the_job(workdir, monkeypatc
     killer.start()
     args = build_parser().parse_args(["train", "--solver", "conf/solver.prototxt", "--no-progress"])
     with pytest.raises(UserError) as e:
-        launch.spawn(args, [0, 1])
+        launch.spawn(args, [0, 1], entry=WORKER)
     ended = time.monotonic()
     killer.join(5)
     assert "pid" in victim, "the killer never found rank 1"
@@ -343,7 +344,7 @@ def test_a_rank_killed_by_a_signal_is_named_and_ends_the_job(workdir, monkeypatc
     assert "killed by signal 9 (SIGKILL)" in str(e.value) and "every rank has been stopped" in str(e.value)
     err = capfd.readouterr().err
     assert "BAD TERMINATION" not in err and "YOUR APPLICATION TERMINATED" not in err  # MPI's report is ours now
-    assert not _left_running("superneurons.parallel.worker"), "a rank outlived the job"
+    assert not _left_running(WORKER), "a rank outlived the job"
 
 
 def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
@@ -351,7 +352,7 @@ def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
 
     args = build_parser().parse_args(["train", "--solver", "conf/solver.prototxt", "--no-progress"])
     os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]
-    assert launch.spawn(args, [0, 1]) == 0  # the workers have no --gpu: two CPU ranks
+    assert launch.spawn(args, [0, 1], entry=WORKER) == 0  # the workers have no --gpu: two CPU ranks
     out = messages(capfd.readouterr().err)  # the workers' glog lines, passed on by the launcher
     assert out.count("Optimization Done.") == 1 and any(l.startswith("Data parallel: 2 rank(s)") for l in out)
     assert json.loads((workdir / "out/tiny_iter_6.solverstate.extra").read_text())["ranks"] == 2

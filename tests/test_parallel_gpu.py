@@ -223,7 +223,7 @@ def test_a_killed_rank_ends_the_job_within_seconds(tmp_path, lmdb_source):
     assert last.startswith(f"superneurons train: error: rank 1 (pid {victim} on "), rest[-2000:]
     assert "killed by signal 9 (SIGKILL)" in last
     assert took < 30
-    assert not _left_running("superneurons.parallel.worker"), "a rank outlived the job"
+    assert not _left_running("superneurons.commands._train_worker"), "a rank outlived the job"
 
 
 def test_a_snapshot_taken_on_n_gpus_resumes_to_the_uninterrupted_weights(tmp_path, lmdb_source):

@@ -9,6 +9,14 @@ from __future__ import annotations
 from superneurons.backend.base import Backend
 
 
+def device_report(gpu: str = "all") -> list[str]:
+    """Caffe's device_query lines for GPU `gpu` (an id, or 'all'): the GPUs, the driver, cuDNN and cuBLAS.
+    A UserError when the machine has no usable GPU."""
+    from superneurons.backend.cuda.device_report import device_report as report  # only a GPU machine loads it
+
+    return report(gpu)
+
+
 def get_backend(name: str = "cpu", device: int = 0) -> Backend:
     if name == "cpu":
         from superneurons.backend.cpu import CpuBackend

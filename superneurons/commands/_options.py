@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Callable
 
 from superneurons.errors import UserError
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
-
-
-def parse_size(text: str | None) -> int | None:
-    """'12G', '512M', '1.5GiB' or a byte count -> bytes; None stays None."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise UserError(f"cannot read memory size {text!r}; use a number with an optional unit, e.g. 12G or 512M")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
 
 MEMORY_HELP = "memory mode: baseline, liveness, offload, recompute or auto"
 

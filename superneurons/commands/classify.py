@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from superneurons.errors import UserError
+from superneurons.io.caffe_io import load_image
 from superneurons.io.prototxt import decode_text
 
 EXAMPLES = """examples:
@@ -73,21 +74,6 @@ def parse_mean_values(items: list[str]) -> list[float]:
                 except ValueError:
                     raise UserError(f"--mean-value {item!r}: {v!r} is not a number") from None
     return out
-
-
-def load_image(path: str, color: bool = True) -> np.ndarray:
-    """An image as H x W x 3 float32 RGB (or H x W x 1 gray) in [0, 1] (caffe.io.load_image)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            pixels = im.convert("RGB" if color else "L")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such image file") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"{path}: cannot read it as an image ({e})") from None
-    img = np.asarray(pixels, dtype=np.float32) / 255.0
-    return img if color else img[:, :, None]
 
 
 def resize_image(img: np.ndarray, height: int, width: int) -> np.ndarray:

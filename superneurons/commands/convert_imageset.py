@@ -8,7 +8,8 @@ import sys
 from superneurons.commands._gflags import add_flag, add_switch
 from superneurons.data.image_list import read_image_list
 from superneurons.data.imageset import ImagesetOptions, imageset_records, shuffled
-from superneurons.data.record_db import BACKENDS, write_database
+from superneurons.data.databases import write_database
+from superneurons.data.record_db import BACKENDS
 from superneurons.errors import UserError
 from superneurons.runtime.progress import bar_size, progress_wanted
 

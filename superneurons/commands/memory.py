@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 from superneurons.commands._options import add_input_options, add_precision_option, read_model
 from superneurons.errors import UserError
@@ -13,7 +12,7 @@ from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets
 from superneurons.memory.cost import TIE, Choice, choose
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
-from superneurons.memory.pool import format_bytes
+from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
 
 EXAMPLES = """examples:
@@ -24,18 +23,6 @@ EXAMPLES = """examples:
   superneurons memory --model train_val.prototxt --input-shape data=64,3,224,224   # no LMDB needed
   superneurons memory --model M --batch 64 --ranks 8 --gpu-memory 12G   # each of 8 GPUs: batch 64, 12 GiB
 """
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'12G', '512M', '1.5GiB', '1048576' -> bytes (binary units, as the pool counts)."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise UserError(f"--gpu-memory {text!r}: expected a size such as 12G, 512M or a number of bytes")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
 
 def register(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="plan a net's memory per step under each memory mode (no GPU needed)",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import (add_device_options, add_precision_option, parse_size, pick_backend,
-                                             split_stages)
+from superneurons.commands._options import add_device_options, add_precision_option, pick_backend, split_stages
 from superneurons.errors import UserError
+from superneurons.memory.pool import parse_size
 from superneurons.proto import superneurons_pb2 as pb
 
 EXAMPLES = """examples:

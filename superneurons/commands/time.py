@@ -16,12 +16,12 @@ import json
 import sys
 
 from superneurons.commands._options import (add_device_options, add_input_options, add_precision_option, net_state,
-                                             parse_size, pick_backend, read_model, split_stages)
+                                             pick_backend, read_model, split_stages)
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, build_graph
 from superneurons.graph.precision import override_defaults
 from superneurons.graph.state import is_included
-from superneurons.memory.pool import format_bytes
+from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 from superneurons.runtime.profiler import MEMORY_COUNTERS, Profiler

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import (MEMORY_HELP, add_device_options, add_precision_option, parse_size,
-                                             pick_backend, split_stages)
+from superneurons.commands._options import (MEMORY_HELP, add_device_options, add_precision_option, pick_backend,
+                                             split_stages)
 from superneurons.errors import UserError
 from superneurons.io.prototxt import read_solver
+from superneurons.memory.pool import parse_size
 from superneurons.runtime.logging import TrainLog
 from superneurons.runtime.progress import TrainProgress
 from superneurons.solver.signals import DEFAULT_SIGHUP, DEFAULT_SIGINT, EFFECTS, SignalEffects
@@ -35,6 +36,9 @@ snapshot and goes on. --sigint-effect / --sighup-effect change that (stop, snaps
 On a terminal a progress bar (iterations, iter/s, ETA, smoothed loss) runs below the log lines; it is
 left out when stderr is a file or pipe, when CI is set, or with --no-progress.
 """
+
+
+WORKER = "superneurons.commands._train_worker"  # what each process of a local data-parallel job runs
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -78,11 +82,12 @@ def run(args) -> int:
         param.train_state.stage.extend(split_stages(args.stage))
     job = launch.plan(args.gpu)
     if job.spawn:  # several GPUs, started from one command: one process per GPU under mpiexec
-        return launch.spawn(args, job.gpus)
+        return launch.spawn(args, job.gpus, entry=WORKER)
     if job.rank:  # this process is one rank of an MPI job
         from superneurons.parallel.rank import train_rank
 
-        return train_rank(args, param, job.gpus)
+        return train_rank(args, param, job.gpus, parse_size(args.gpu_memory),
+                          lambda make_solver, root: train(args, param, make_solver, root=root))
     return train(args, param, lambda log: _solver(args, param, log))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from superneurons.data.datum import datum_to_array, parse_datum
-from superneurons.data.record_db import open_reader
+from superneurons.data.databases import open_reader
 from superneurons.errors import UserError
 
 

@@ -1,11 +1,11 @@
-"""Databases of serialized records (Caffe's `Datum`), kept in LMDB or LevelDB: one surface for both stores.
+"""Databases of serialized records (Caffe's `Datum`), kept in LMDB or LevelDB: what both stores share.
 
 A reader (`LmdbReader`, `LevelDbReader`) offers `count`, `values_from(start)` (values in key order
 from record `start` on, wrapping at the end as Caffe's cursor does), `cursor()` (records by number, for the
-data layers' position-addressed batches) and `close()`. `open_reader`
-picks the store by name, or, when none is named, by what the folder holds (LMDB: `data.mdb`,
-LevelDB: `CURRENT`), so an old prototxt that leaves `backend` unset (Caffe's default is LEVELDB)
-reads either. `write_database` builds a new database whole or not at all.
+data layers' position-addressed batches) and `close()`. `resolve_backend` picks the store by name, or, when
+none is named, by what the folder holds (LMDB: `data.mdb`, LevelDB: `CURRENT`), so an old prototxt that
+leaves `backend` unset (Caffe's default is LEVELDB) reads either. The stores (`lmdb_source.py`,
+`leveldb_source.py`) build on this module; `databases.py` opens and writes either.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class RecordCursor(Protocol):
 
 
 class RecordReader(Protocol):
-    """A read-only database of records, opened by `open_reader`."""
+    """A read-only database of records, opened by `databases.open_reader`."""
 
     path: str
     backend: str  # LMDB or LEVELDB
@@ -95,31 +95,6 @@ def resolve_backend(path: str, backend: str | None, where: str) -> str:
         raise UserError(f"{where}: {shown_path(path)} is neither an LMDB (data.mdb) nor a LevelDB (CURRENT) "
                         f"database")
     return found
-
-
-def open_reader(path: str, backend: str | None, where: str) -> RecordReader:
-    """A reader of the database at `path`; `backend` None reads whichever store the folder holds."""
-    backend = resolve_backend(path, backend, where)
-    if backend == LEVELDB:
-        from superneurons.data.leveldb_source import LevelDbReader
-
-        return LevelDbReader(path, where)
-    from superneurons.data.lmdb_source import LmdbReader
-
-    return LmdbReader(path, where)
-
-
-def write_database(path: str, records: Iterable[tuple[bytes, bytes]], backend: str = LMDB) -> int:
-    """Write (key, value) records into a new `backend` database at `path` (replaced if it exists)."""
-    if backend == LEVELDB:
-        from superneurons.data.leveldb_source import write_leveldb
-
-        return write_leveldb(path, records)
-    if backend != LMDB:
-        raise ValueError(f"unknown database backend {backend!r}")
-    from superneurons.data.lmdb_source import write_lmdb
-
-    return write_lmdb(path, records)
 
 
 class SharedHandles:

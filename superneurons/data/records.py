@@ -12,7 +12,8 @@ import numpy as np
 
 from superneurons.data.batches import SHUFFLE, Seeds
 from superneurons.data.datum import datum_to_array, load_image, parse_datum
-from superneurons.data.record_db import LEVELDB, RecordCursor, RecordReader, open_reader
+from superneurons.data.databases import open_reader
+from superneurons.data.record_db import LEVELDB, RecordCursor, RecordReader
 
 
 class DatumRecords:

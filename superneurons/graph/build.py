@@ -12,41 +12,13 @@ from superneurons.errors import UserError
 from superneurons.graph.fuse import (concat_slice_readers, fuse_batch_norm_chains, fuse_conv_relu,
                                      fuse_eltwise_relu, fuse_relu_backward_into_max_pool)
 from superneurons.graph.precision import Precision, resolve as resolve_precision
+from superneurons.graph.node import Node
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
 from superneurons.layers.base import GradientSlice, Layer, Shape, count, layer_class
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.settings import MemoryPolicy, memory_policy
-
-
-@dataclass
-class Node:
-    """One layer in the graph with its wiring."""
-
-    layer: Layer
-    bottoms: list[str]
-    tops: list[str]
-    top_shapes: list[Shape] = field(default_factory=list)
-    loss_weights: list[float] = field(default_factory=list)
-    need_backward: bool = False
-    propagate_down: list[bool] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.layer.name
-
-    def top_gradient_blobs(self) -> list[str]:
-        """The blobs whose gradients this node's backward reads as its top gradients: its tops, or the Concat
-        top whose slice it reads (`Layer.gradient_slice`). The planner and the Net both ask here."""
-        where = self.layer.gradient_slice
-        return [where.blob] if where is not None else self.tops
-
-    def bottom_gradients_written(self, propagate_down: list[bool]) -> list[bool]:
-        """Per bottom, whether this node's backward writes its gradient under `propagate_down`: not for those a
-        ReLU writes from this Concat's top gradient (`Layer.bottoms_taken`)."""
-        taken = self.layer.bottoms_taken
-        return [pd and j not in taken for j, pd in enumerate(propagate_down)]
 
 
 @dataclass

@@ -75,8 +75,9 @@ from typing import TYPE_CHECKING, Callable
 from superneurons.layers.base import GradientSlice, count
 from superneurons.proto import superneurons_pb2 as pb
 
+from superneurons.graph.node import Node
+
 if TYPE_CHECKING:
-    from superneurons.graph.build import Node
     from superneurons.layers.base import Layer
 
 

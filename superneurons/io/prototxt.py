@@ -8,6 +8,7 @@ from typing import TypeVar
 from google.protobuf import message, text_format
 
 from superneurons.errors import UserError
+from superneurons.io.upgrade import upgrade_net, upgrade_solver
 from superneurons.proto import superneurons_pb2 as pb
 
 M = TypeVar("M", bound=message.Message)
@@ -156,26 +157,9 @@ def write_text(path: str, msg: message.Message) -> None:
 def read_net(path: str) -> pb.NetParameter:
     """Read a net prototxt, upgrading V0/V1 layers to the current format."""
     net = read_text(path, pb.NetParameter())
-    from superneurons.io.upgrade import upgrade_net  # local: upgrade imports layer tables
-
     return upgrade_net(net, path)
 
 
 def read_solver(path: str) -> pb.SolverParameter:
     solver = read_text(path, pb.SolverParameter())
-    from superneurons.io.upgrade import upgrade_solver
-
     return upgrade_solver(solver, path)
-
-
-def layer_line(path: str, layer_name: str) -> int | None:
-    """The 1-based line of `name: "layer_name"` in a prototxt, for error messages; None if not found."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for i, line in enumerate(f, 1):
-                stripped = line.strip()
-                if stripped.startswith("name") and (f'"{layer_name}"' in stripped or f"'{layer_name}'" in stripped):
-                    return i
-    except OSError:
-        pass
-    return None

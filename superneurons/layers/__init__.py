@@ -11,6 +11,6 @@ def __getattr__(name: str):
     """`caffe.layers.Convolution(...)` (pycaffe's NetSpec `L`): a CamelCase name is a layer for a NetSpec."""
     if not name[:1].isupper():
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from superneurons.pycaffe.net_spec import layers
+    from superneurons.io.net_spec import layers
 
     return getattr(layers, name)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from superneurons.graph.build import Graph, Node
+from superneurons.graph.build import Graph
+from superneurons.graph.node import Node
 from superneurons.memory.liveness import RUN
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, offloaded_bytes
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from superneurons.graph.build import Graph, Node
+from superneurons.graph.build import Graph
+from superneurons.graph.node import Node
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
 from superneurons.memory.pool import round_up
 from superneurons.memory.tensors import BUFFER, DATA, DIFF, TensorLayout, declare_tensors

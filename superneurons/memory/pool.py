@@ -8,12 +8,13 @@ allocator, so everything above it behaves identically in CI.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
 import numpy as np
 
-from superneurons.errors import PoolExhausted
+from superneurons.errors import PoolExhausted, UserError
 
 _MAX_CACHED_VIEWS = 1 << 16  # distinct (offset, shape, dtype) views kept; cleared past this
 
@@ -22,6 +23,20 @@ BLOCK = 1024
 
 def round_up(nbytes: int) -> int:
     return max(BLOCK, (nbytes + BLOCK - 1) // BLOCK * BLOCK)
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(text: str | None) -> int | None:
+    """'12G', '512M', '1.5GiB' or a byte count -> bytes (binary units, as the pool counts); None stays None."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UserError(f"cannot read memory size {text!r}; use a number with an optional unit, e.g. 12G or 512M")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def format_bytes(n: float) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from superneurons.dtypes import tensor_bytes
-from superneurons.graph.build import Node
+from superneurons.graph.node import Node
 
 
 @dataclass

@@ -4,7 +4,6 @@ data with `batch_size` per rank, gradients averaged across ranks before every up
 - world.py: the ranks of an MPI job (mpi4py) and the host-side collectives the job needs
 - devices.py: `--gpu 0,1,2,3` / `--gpu all`, checked against the machine
 - launch.py: what kind of run `--gpu` asks for; the local launcher (one process per GPU via mpiexec)
-- worker.py: the entry point of a process the local launcher starts
 - rank.py: `train` as one rank (its device, its solver, failing the whole job at once)
 - solver.py: the Solver of one rank (rank 0's weights broadcast, rank 0 logs/tests/snapshots)
 - reducer.py: gradient buckets in the order backward finishes them, reduced during or after backward

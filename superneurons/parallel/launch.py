@@ -3,7 +3,7 @@
 `superneurons train --gpu 0,1,2,3` (or `--gpu all` on a machine with several GPUs) starts one worker
 process per GPU through the MPI launcher installed beside this Python (`mpiexec` from the `mpich` wheel),
 exactly as `mpiexec -n 4 superneurons train ... --gpu 0,1,2,3` would, and waits for them. The workers get
-the parsed command line in a file (worker.py), so every flag of `train` reaches them unchanged.
+the parsed command line in a file (`commands/_train_worker.py`), so every flag of `train` reaches them unchanged.
 
 A failing rank writes its one-line message into the launcher's folder and ends the job (MPI_Abort: the
 launcher kills the other ranks); the launcher then reports that message as its own error. A rank that dies
@@ -68,19 +68,21 @@ def find_mpiexec() -> str:
     return found
 
 
-def worker_command(n: int, args_file: str) -> list[str]:
-    return [find_mpiexec(), "-n", str(n), sys.executable, "-m", "superneurons.parallel.worker", args_file]
+def worker_command(n: int, args_file: str, entry: str) -> list[str]:
+    return [find_mpiexec(), "-n", str(n), sys.executable, "-m", entry, args_file]
 
 
-def spawn(args: Any, gpus: list[int]) -> int:
-    """Run `train` on every GPU of `gpus`, one process each, and wait; a failed rank's message becomes ours."""
+def spawn(args: Any, gpus: list[int], entry: str) -> int:
+    """Run `train` on every GPU of `gpus`, one process each, and wait; a failed rank's message becomes ours.
+    `entry`: the module each process runs with the parsed command line's file (`python -m entry ARGS.json`;
+    the command names it, so this package needs nothing of the commands)."""
     with tempfile.TemporaryDirectory(prefix="superneurons-dp-") as folder:
         args_file = os.path.join(folder, "args.json")
         fields = {k: v for k, v in vars(args).items() if k != "func"}
         with open(args_file, "w", encoding="utf-8") as f:
             json.dump({"args": fields}, f)
         env = dict(os.environ, **{ERRORS_ENV: folder})
-        proc = subprocess.Popen(worker_command(len(gpus), args_file), env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(worker_command(len(gpus), args_file, entry), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace")
         death = DeathReport()  # MPICH (the launcher we install) writes its report on stdout
         assert proc.stdout is not None and proc.stderr is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from superneurons.errors import UserError
 from superneurons import settings
@@ -35,11 +35,13 @@ def pick_device(world: World, gpus: list[int] | None, param: pb.SolverParameter)
     return gpus[world.local_rank]
 
 
-def train_rank(args: Any, param: pb.SolverParameter, gpus: list[int] | None) -> int:
+def train_rank(args: Any, param: pb.SolverParameter, gpus: list[int] | None, pool_bytes: int | None,
+               train: Callable[[Callable[[Any], Any], bool], int]) -> int:
+    """`train(make_solver, root)`: the command's training loop, run with this rank's solver."""
     world = World()
     _announce_pid(world)
     try:
-        return _train(args, param, gpus, world)
+        return _train(args, param, gpus, world, pool_bytes, train)
     except BaseException as e:  # noqa: BLE001 - every failure must end the whole job, not hang it
         if world.size == 1 and not settings.get(ERRORS_ENV):
             raise  # a job of one: the command line reports it as usual
@@ -48,10 +50,9 @@ def train_rank(args: Any, param: pb.SolverParameter, gpus: list[int] | None) -> 
         raise  # not reached: abort ends the process
 
 
-def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: World) -> int:
+def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: World, pool_bytes: int | None,
+           train: Callable[[Callable[[Any], Any], bool], int]) -> int:
     from superneurons.backend import get_backend
-    from superneurons.commands._options import parse_size
-    from superneurons.commands.train import train
     from superneurons.parallel.solver import RankSolver
 
     device = pick_device(world, gpus, param)
@@ -67,14 +68,14 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
 
     def make_solver(log):
         solver = RankSolver(param, args.solver, world=world, collective=collective, backend=backend,
-                            memory=args.memory, pool_bytes=parse_size(args.gpu_memory), log=log)
+                            memory=args.memory, pool_bytes=pool_bytes, log=log)
         where = "CPU" if device is None else f"GPU {device}"
         log.info(f"Data parallel: {world.size} rank(s), batch_size per rank; rank 0 on {where}, "
                  f"gradients averaged {'during' if solver.reducer.layer_wise else 'after'} backward "
                  f"in {len(solver.reducer.buckets)} bucket(s)")
         return solver
 
-    code = train(args, param, make_solver, root=world.is_root)
+    code = train(make_solver, world.is_root)
     if hasattr(collective, "close"):
         collective.close()
     return code

@@ -2,10 +2,12 @@
 
 What each name does and where it departs from pycaffe: docs/PYTHON.md. The modules: `mode` (CPU/GPU,
 device, seed, the ranks of a data-parallel job), `net` (Net, Blob), `solver` (get_solver and the solver
-classes), `io` (Transformer and the array/proto conversions), `net_spec` (NetSpec, layers, params),
-`coord_map` (the coordinate mapping between a NetSpec's tops, `crop`), `draw` (net pictures),
+classes), `coord_map` (the coordinate mapping between a NetSpec's tops, `crop`), `draw` (net pictures),
 `classifier` (Classifier, Detector), `glog` (log lines, Timer), `nccl` (NCCL between the processes of a
-job). `superneurons/__init__.py` re-exports them lazily, so the command line never imports this package.
+job). `caffe.io` (Transformer and the array/proto conversions) and NetSpec (`caffe.layers`, `caffe.params`)
+read and write Caffe's files, so they live below, in `superneurons/io/caffe_io.py` and
+`superneurons/io/net_spec.py`. `superneurons/__init__.py` re-exports them lazily, so the command line never
+imports this package.
 """
 from superneurons.layers.base import known_types as layer_type_list
 from superneurons.pycaffe.glog import Timer, init_log, log

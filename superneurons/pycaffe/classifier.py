@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.pycaffe import io
+from superneurons.io import caffe_io as io
 from superneurons.pycaffe.net import TEST, Net
 
 

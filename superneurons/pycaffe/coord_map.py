@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.pycaffe.net_spec import Top, layers as L
+from superneurons.io.net_spec import Top, layers as L
 
 # Layers whose top has the bottom's spatial layout, coordinate for coordinate.
 PASS_THROUGH = frozenset({"AbsVal", "BatchNorm", "Bias", "BNLL", "Dropout", "Eltwise", "ELU", "Exp", "Log",

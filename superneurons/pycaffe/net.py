@@ -167,7 +167,7 @@ class Net:
     def __init__(self, network_file: str, *args: Any, phase: int | None = None, weights: str | None = None,
                  level: int = 0, stages: Iterable[str] | None = None, memory: str = "baseline",
                  gpu_memory: str | int | None = None, precision: str | None = None):
-        from superneurons.commands._options import parse_size
+        from superneurons.memory.pool import parse_size
         from superneurons.graph.precision import override_defaults
         from superneurons.io.prototxt import read_net
 

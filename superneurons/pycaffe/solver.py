@@ -26,7 +26,7 @@ class Solver:
         """`memory`: the memory mode (default: the prototxt's memory_param.mode when set, else baseline, so every
         blob stays readable); `gpu_memory`: the training net's pool size, e.g. '12G'; `precision`: "fp32", "fp16" or
         "bf16" in place of the nets' default storage types."""
-        from superneurons.commands._options import parse_size
+        from superneurons.memory.pool import parse_size
         from superneurons.io.prototxt import read_solver
         from superneurons.runtime.logging import TrainLog
         from superneurons.solver.solver import Solver as RuntimeSolver

@@ -17,7 +17,8 @@ import numpy as np
 
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
-from superneurons.graph.build import Graph, Node
+from superneurons.graph.build import Graph
+from superneurons.graph.node import Node
 from superneurons.graph.precision import check_backend
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host

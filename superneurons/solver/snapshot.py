@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 import numpy as np
 
@@ -29,7 +29,29 @@ from superneurons.io.prototxt import read_binary, remove_stale_temps, write_atom
 from superneurons.proto import superneurons_pb2 as pb
 
 if TYPE_CHECKING:
-    from superneurons.solver.solver import Solver
+    from superneurons.runtime.net import Net
+    from superneurons.solver.lr_policy import LrPolicy
+    from superneurons.solver.updates import UpdateRule
+
+
+class Solver(Protocol):
+    """What a snapshot reads and restores of a solver (`solver.Solver`, which imports this module)."""
+
+    param: pb.SolverParameter
+    prefix: str
+    iter: int
+    seed: int
+    test_passes: list[int]
+    net: Net
+    log: Any
+    lr_policy: LrPolicy
+    rule: UpdateRule
+
+    def all_nets(self) -> list[tuple[str, Net]]: ...
+
+    def history_blobs(self) -> list[Any]: ...
+
+    def set_seed(self, seed: int) -> None: ...
 
 EXTRA_SUFFIX = ".extra"
 EXTRA_VERSION = 1

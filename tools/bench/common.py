@@ -152,7 +152,7 @@ def batches_for(net: str, batches: dict[str, list[int]] | list[int], default: Se
 def parse_size(text: str | int | None) -> int | None:
     if text is None or text == "":
         return None
-    from superneurons.commands._options import parse_size as _parse
+    from superneurons.memory.pool import parse_size as _parse
 
     return _parse(str(text))
 

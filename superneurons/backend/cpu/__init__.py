@@ -12,10 +12,10 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.backend.base import collect_ops
+from superneurons.backend.cpu.arena import host_arena, host_view
 from superneurons.backend.cpu.half_storage import with_float32_math
-from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32, tensor_bytes
-
-_ALIGN = 256  # bytes; every pool block starts on a 1 KiB boundary, so views are aligned too
+from superneurons.backend.cpu.transfer import CpuTransfer
+from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32
 
 
 class CpuBackend:
@@ -29,13 +29,10 @@ class CpuBackend:
         self.workspace_source: Any = None  # accepted for the Backend interface; NumPy convolutions need none
 
     def arena(self, nbytes: int) -> np.ndarray:
-        raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-        start = (-raw.ctypes.data) % _ALIGN
-        return raw[start:start + nbytes]
+        return host_arena(nbytes)
 
     def view(self, arena: np.ndarray, offset: int, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        return arena[offset:offset + tensor_bytes(shape, dtype)].view(dtype).reshape(shape)
+        return host_view(arena, offset, shape, dtype)
 
     def from_host(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = np.asarray(src, dtype=dst.dtype).reshape(dst.shape)
@@ -54,8 +51,6 @@ class CpuBackend:
 
     def make_transfer(self) -> Any:
         """NumPy copies; SUPERNEURONS_TRANSFER_LAG=N makes them lag, to exercise the asynchronous paths in CI."""
-        from superneurons.backend.cpu.transfer import CpuTransfer
-
         return CpuTransfer(lag=settings.get("SUPERNEURONS_TRANSFER_LAG"))
 
     def set_workspace_source(self, source: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from superneurons.backend.cpu import CpuBackend
+from superneurons.backend.cpu.arena import host_arena, host_view
 
 
 class CpuStream:
@@ -70,16 +70,15 @@ class CpuTransfer:
 
     def __init__(self, lag: int = 0):
         self.lag = int(lag)
-        self._host = CpuBackend()  # the host arena is carved exactly as the CPU pool's is
         self._d2h = CpuStream()
         self._h2d = CpuStream()
 
     # -- the host arena (HeapPool's backend interface) -------------------------------------------
     def arena(self, nbytes: int) -> np.ndarray:
-        return self._host.arena(nbytes)
+        return host_arena(nbytes)  # carved exactly as the CPU pool's arena is
 
     def view(self, arena: np.ndarray, offset: int, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        return self._host.view(arena, offset, shape, dtype)
+        return host_view(arena, offset, shape, dtype)
 
     # -- copies ------------------------------------------------------------------------------------
     def to_host(self, src: np.ndarray, dst: np.ndarray) -> CpuEvent:

@@ -23,9 +23,18 @@ __all__ = ["Transformer", "load_image", "resize_image", "oversample", "array_to_
 
 def load_image(filename: str, color: bool = True) -> np.ndarray:
     """An image file as H x W x 3 float32 RGB in [0, 1] (`color=False`: H x W x 1 gray)."""
-    from superneurons.commands.classify import load_image as load
+    from PIL import Image, UnidentifiedImageError  # Pillow loads only when an image is read
 
-    return load(str(filename), color)
+    path = str(filename)
+    try:
+        with Image.open(path) as im:
+            pixels = im.convert("RGB" if color else "L")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such image file") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise UserError(f"{path}: cannot read it as an image ({e})") from None
+    img = np.asarray(pixels, dtype=np.float32) / 255.0
+    return img if color else img[:, :, None]
 
 
 def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:

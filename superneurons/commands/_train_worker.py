@@ -1,4 +1,5 @@
-"""`python -m superneurons.parallel.worker ARGS.json`: one rank started by the local launcher (launch.py).
+"""`python -m superneurons.commands._train_worker ARGS.json`: one rank started by the local launcher
+(parallel/launch.py, which `train` tells to start this module).
 
 ARGS.json holds `train`'s parsed command line; the rank trains exactly as
 `mpiexec -n N superneurons train ...` would have it.
