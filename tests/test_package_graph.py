@@ -3,7 +3,7 @@
 From the top: the entry points (`__main__.py`, then `cli.py`, then `superneurons/__init__.py`, pycaffe's
 `import superneurons as caffe`), then `commands` and `pycaffe` (side by side: neither imports the other),
 `parallel`, `solver`, `runtime`, `memory`, `graph`, `layers`, `data`, `backend`, `io`, `settings`, and at
-the bottom `errors` and the generated `proto` modules. An import of a package at the same or a higher level
+the bottom `errors`, `dtypes` and the generated `proto` modules. An import of a package at the same or a higher level
 fails, and so does a cycle between modules (within a package too), each named with the imports that make it.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ STACK: list[tuple[str, ...]] = [
     ("backend",),
     ("io",),
     ("settings",),
-    ("errors", "proto"),
+    ("errors", "proto", "dtypes"),
 ]
 LEVEL = {unit: len(STACK) - i for i, units in enumerate(STACK) for unit in units}
 
