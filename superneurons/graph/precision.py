@@ -81,7 +81,7 @@ def override_defaults(net: pb.NetParameter, precision: str | None) -> pb.NetPara
 
 
 def _where(source: str, layer: str) -> str:
-    from superneurons.io.prototxt import layer_line
+    from superneurons.io.prototxt_lines import layer_line
 
     line = layer_line(source, layer) if source else None
     return f"{source or '<net>'}{f':{line}' if line else ''}: layer {layer!r}"

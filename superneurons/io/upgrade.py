@@ -25,6 +25,7 @@ from typing import Any
 from google.protobuf import message
 
 from superneurons.errors import UserError
+from superneurons.io.prototxt_lines import layer_line
 from superneurons.proto import superneurons_pb2 as pb
 
 V1 = pb.V1LayerParameter
@@ -167,19 +168,6 @@ SOLVER_TYPE_NAMES: dict[str, str] = {
     "ADADELTA": "AdaDelta",
     "ADAM": "Adam",
 }
-
-
-def layer_line(path: str, layer_name: str) -> int | None:
-    """The 1-based line of `name: "layer_name"` in a prototxt, for error messages; None if not found."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for i, line in enumerate(f, 1):
-                stripped = line.strip()
-                if stripped.startswith("name") and (f'"{layer_name}"' in stripped or f"'{layer_name}'" in stripped):
-                    return i
-    except OSError:
-        pass
-    return None
 
 
 # ---- nets -------------------------------------------------------------------------------------
