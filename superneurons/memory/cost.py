@@ -22,6 +22,7 @@ from superneurons.graph.build import Graph
 from superneurons.graph.node import Node
 from superneurons.memory.liveness import RUN
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, offloaded_bytes
+from superneurons.memory.pool import format_bytes
 
 # Effective rates of the device the ranking assumes: one H100 (SXM), fp32 with TF32 convolutions. Fitted
 # to our ResNet-50 runs at batch 344 in 12 GiB; the model then gives baseline 1508 img/s (measured ~1450),
@@ -108,8 +109,6 @@ class Choice:
 
     def summary(self) -> str:
         """'--memory auto with 12.0 GiB: recompute (checkpoints: Eltwise, Concat, Pooling)': for a log line."""
-        from superneurons.memory.pool import format_bytes
-
         notes = []
         if self.mode in MOVING_MODES:  # baseline and liveness move nothing: their checkpoints do not matter
             notes.append(f"checkpoints: {', '.join(self.checkpoint_types)}")

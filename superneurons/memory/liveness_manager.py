@@ -15,6 +15,7 @@ from superneurons.memory.interface import MemoryManager, NetServices
 from superneurons.memory.liveness import ALLOC, FREE, OFFLOAD, PREFETCH, RUN
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.params import OffloadedParams, ResidentParams
+from superneurons.memory.plan import make_plan
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.tensors import PARAM_KINDS  # parameters, their gradients, history: placed or streamed
 
@@ -36,8 +37,6 @@ class LivenessManager(MemoryManager):
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
-        from superneurons.memory.plan import make_plan  # plan imports this package's modules
-
         net = self.net
         self.in_setup = True
         # Planned on the layout the Net built its tensors from: the plan's keys are the Net's tensors.

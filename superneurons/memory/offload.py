@@ -17,7 +17,7 @@ import bisect
 from typing import Any, Hashable, Iterable
 
 from superneurons.errors import UserError
-from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule
+from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule, simulate
 from superneurons.memory.pool import HeapPool, format_bytes, round_up
 from superneurons.memory.tensors import DATA, tensor_key
 
@@ -109,8 +109,6 @@ def delay_prefetches(program: Program, schedule: Schedule, moves: dict[str, tupl
     """Cost-aware prefetching: a tensor brought back "one checkpoint ahead" that pushes a step on the way
     to its use (`due[k]`) over `limit` bytes is brought back just before its use instead. The copy is then
     less hidden, but the plan stays at `limit` where it can (`moves` is updated in place)."""
-    from superneurons.memory.liveness import simulate  # liveness imports nothing from here; keep it that way
-
     while True:
         peak = simulate(program, schedule).bytes
         late = {k: (off, back) for k, (off, back) in moves.items()

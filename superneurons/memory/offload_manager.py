@@ -11,6 +11,7 @@ block is returned only once its copy has completed.
 from __future__ import annotations
 
 from superneurons.errors import PoolExhausted
+from superneurons.memory.cache import TensorCache
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
 from superneurons.memory.liveness_manager import LivenessManager
 from superneurons.memory.offload import HostStore, host_store_limit
@@ -21,8 +22,6 @@ class OffloadManager(LivenessManager):
     name = "offload"
 
     def setup(self) -> None:
-        from superneurons.memory.cache import TensorCache
-
         self.cache = TensorCache()
         self.host_keys: set[str] = set()  # evicted: the data is on the host, or on its way there
         self.leaving: dict[str, None] = {}  # evicted, copy still in flight: device block held (oldest first)

@@ -23,6 +23,7 @@ from superneurons.graph.precision import STORAGE_TYPES, override_defaults
 from superneurons.errors import UserError
 from superneurons.io.caffemodel import load_weights_files
 from superneurons.layers.base import count
+from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import DisplayGate, TrainLog, capped_outputs, num, output_line
 from superneurons.runtime.net import Net
@@ -408,8 +409,6 @@ def _named(values: list[tuple[str, float]]) -> dict[str, float]:
 
 def memory_line(net: Net) -> str:
     """How the training net manages device memory: the mode (and what auto weighed to pick it), the pool."""
-    from superneurons.memory.pool import format_bytes
-
     choice = getattr(net.memory, "auto", None)
     if choice is not None:
         return f"Memory: {choice.summary()}"
