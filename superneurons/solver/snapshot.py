@@ -105,6 +105,7 @@ def write_snapshot(solver: "Solver") -> tuple[str, str]:
         "ranks": solver.net.ctx.ranks,  # data parallelism: the resume must run as many (superneurons/parallel)
         "test_passes": solver.test_passes,
         "layers": {key: layer.state() for key, layer in _stateful_layers(solver)},
+        "loss_scale": solver.loss_scale.state(),  # adaptive scaling goes on from where it was
     }
     state = pb.SolverState(iter=solver.iter, learned_net=model_path, current_step=solver.lr_policy.current_step)
     for hist in solver.history_blobs():
@@ -224,6 +225,8 @@ def _restore_extra(solver: "Solver", path: str) -> None:
     passes = extra.get("test_passes", [])
     for i in range(min(len(passes), len(solver.test_passes))):
         solver.test_passes[i] = passes[i]
+    if "loss_scale" in extra:
+        solver.loss_scale.restore(extra["loss_scale"], path)
     saved = extra.get("layers", {})
     for key, layer in _stateful_layers(solver):
         if key in saved:

@@ -1,0 +1,365 @@
+"""Half-precision storage (docs/PRECISION.md): NVCaffe's fields, per-blob storage types, each layer family's half
+result against float64, every memory mode in bfloat16, loss scaling, the errors, and bit-exact resumes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from harness import make_layer
+from superneurons.backend.cpu import CpuBackend
+from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from superneurons.errors import UserError
+from superneurons.graph.build import build_graph
+from superneurons.graph.precision import override_defaults
+from superneurons.io.caffemodel import blob_to_array, load_weights
+from superneurons.memory.plan import make_plan
+from superneurons.memory.pool import round_up
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
+from superneurons.solver import loss_scale
+from test_memory_modes import CONV_FAN, _input, _layer, ip
+from test_solver import Quiet, solver_param
+from superneurons.solver import Solver
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKEND = CpuBackend()
+HALVES = {"fp16": FLOAT16, "bf16": BFLOAT16}
+# Unit roundoff of each storage type: one rounding of a float32 result into it errs by at most this, relative.
+UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def _graph(text: str, precision: str | None = None, phase=pb.TRAIN):
+    net = override_defaults(text_format.Parse('name: "t"\n' + text, pb.NetParameter()), precision)
+    return build_graph(net, phase, source="net.prototxt")
+
+
+# -- the schema ----------------------------------------------------------------------------------------------
+NVCAFFE_NET = """
+default_forward_type: FLOAT16 default_backward_type: FLOAT16
+default_forward_math: FLOAT default_backward_math: FLOAT
+global_grad_scale: 8 global_grad_scale_adaptive: true
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 }
+    shape { dim: 8 dim: 6 } shape { dim: 8 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1" forward_type: BFLOAT16 backward_type: FLOAT
+  cudnn_math_override: 1 forward_math: FLOAT16
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "flat" type: "Flatten" bottom: "ip1" top: "flat" }
+layer { name: "ip2" type: "InnerProduct" bottom: "flat" top: "ip2"
+  inner_product_param { num_output: 4 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+def test_nvcaffe_fields_parse_and_give_each_blob_its_storage_type():
+    graph = _graph(NVCAFFE_NET)
+    p = graph.precision
+    assert (p.grad_scale, p.adaptive) == (8.0, True)
+    # The data layer's batch in the net's forward type, its labels in float32; a layer's own types win;
+    # in place and views follow the tensor they write or view; the loss stays float32.
+    assert p.data == {"data": FLOAT16, "label": FLOAT32, "ip1": BFLOAT16, "flat": BFLOAT16, "ip2": FLOAT16,
+                      "loss": FLOAT32}
+    assert p.diff["ip1"] == FLOAT32 and p.diff["ip2"] == FLOAT16
+    net = Net(graph, BACKEND)
+    assert net.data["ip1"].dtype == BFLOAT16 and net.diff["ip2"].dtype == FLOAT16
+    assert all(t.dtype == FLOAT32 for t in net.tensors if t.kind in ("param", "param_diff"))
+    solver = text_format.Parse("solver_data_type: FLOAT16", pb.SolverParameter())
+    assert solver.solver_data_type == pb.FLOAT16
+    # --precision and precision= set the defaults only: ip1 keeps its own forward type.
+    assert _graph(NVCAFFE_NET, "bf16").precision.data["ip2"] == BFLOAT16
+    assert _graph(NVCAFFE_NET, "bf16").precision.data["ip1"] == BFLOAT16
+
+
+def test_float16_raw_blobs_of_an_nvcaffe_model_load(tmp_path, rng):
+    graph = _graph(NVCAFFE_NET)
+    net = Net(graph, BACKEND)
+    model = pb.NetParameter(name="t")
+    expect = {}
+    for name, kind, dtype in (("ip1", pb.FLOAT16, np.dtype("<f2")), ("ip2", pb.BFLOAT16, BFLOAT16)):
+        lp = model.layer.add(name=name, type="InnerProduct")
+        for decl in net.layer(name).params:
+            values = rng.standard_normal(decl.shape).astype(dtype)
+            blob = lp.blobs.add(raw_data_type=kind, raw_data=values.tobytes())
+            blob.shape.dim.extend(decl.shape)
+            expect.setdefault(name, []).append(values.astype(np.float64))
+    path = tmp_path / "nv.caffemodel"
+    path.write_bytes(model.SerializeToString())
+    load_weights(net, str(path))
+    for name, arrays in expect.items():
+        for decl, want in zip(net.layer(name).params, arrays):
+            np.testing.assert_array_equal(BACKEND.to_host(decl.data).astype(np.float64), want)
+    short = pb.BlobProto(raw_data_type=pb.FLOAT16, raw_data=b"\0" * 6)
+    short.shape.dim.extend([4])
+    with pytest.raises(UserError, match=r"m\.caffemodel: the blob's shape \(4\) needs 4 FLOAT16 values \(8 bytes\).*6"):
+        blob_to_array(short, "m.caffemodel")
+
+
+# -- each layer family: half storage, float32 math, against float64 ------------------------------------------
+FAMILIES = {
+    "conv": ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 }', [(2, 3, 6, 6)]),
+    "deconv": ('type: "Deconvolution" convolution_param { num_output: 3 kernel_size: 2 stride: 2 }', [(2, 3, 4, 4)]),
+    "inner_product": ('type: "InnerProduct" inner_product_param { num_output: 5 }', [(3, 4, 2, 2)]),
+    "max_pool": ('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 stride: 2 }', [(2, 3, 6, 6)]),
+    "ave_pool": ('type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 }', [(2, 3, 7, 7)]),
+    "relu": ('type: "ReLU" relu_param { negative_slope: 0.1 }', [(3, 5, 4)]),
+    "sigmoid": ('type: "Sigmoid"', [(3, 5, 4)]),
+    "tanh": ('type: "TanH"', [(3, 5, 4)]),
+    "eltwise_sum": ('type: "Eltwise" eltwise_param { operation: SUM coeff: 0.5 coeff: -2 }', [(2, 3, 4), (2, 3, 4)]),
+    "eltwise_prod": ('type: "Eltwise" eltwise_param { operation: PROD }', [(2, 3, 4), (2, 3, 4)]),
+    "concat": ('type: "Concat"', [(2, 3, 4), (2, 2, 4)]),
+    "batch_norm": ('type: "BatchNorm"', [(4, 3, 5, 5)]),
+    "scale": ('type: "Scale" scale_param { bias_term: true }', [(2, 3, 4, 4)]),
+    "lrn": ('type: "LRN" lrn_param { local_size: 3 }', [(2, 5, 4, 4)]),
+    "softmax": ('type: "Softmax"', [(3, 7)]),
+    "power": ('type: "Power" power_param { power: 2 scale: 0.5 shift: 1 }', [(3, 5)]),
+}
+
+
+def _round(a: np.ndarray, dtype) -> np.ndarray:
+    return a.astype(dtype).astype(np.float64)
+
+
+@pytest.mark.parametrize("precision", list(HALVES))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_layer_family_stores_half_and_computes_in_float32(family, precision, rng):
+    """Inputs and top gradients given in half; the reference is the float64 layer on the same (rounded) values.
+    Tolerance: |half - ref| <= 2u|ref| + 4u max|ref| (u: the type's unit roundoff), one rounding into storage
+    plus float32 math."""
+    half = HALVES[precision]
+    text, shapes = FAMILIES[family]
+    bottoms = [_round(rng.standard_normal(s), half) for s in shapes]
+    seed = int(rng.integers(1 << 30))
+    ref_layer, top_shapes = make_layer(text, shapes, rng=np.random.default_rng(seed))
+    top_diffs = [_round(rng.standard_normal(s), half) for s in top_shapes]
+    layer, _ = make_layer(text, shapes, rng=np.random.default_rng(seed), dtype=np.float32)
+    for decl, ref in zip(layer.params, ref_layer.params):  # float32 masters, the reference reads the same values
+        ref.data[...] = decl.data
+    for buf in layer.buffers.values():
+        if buf.array.dtype == np.float64:
+            buf.array = buf.array.astype(np.float32)
+
+    def run(lay, dtype):
+        bs = [b.astype(dtype) for b in bottoms]
+        tops = [np.zeros(s, dtype) for s in top_shapes]
+        lay.forward(bs, tops)
+        bdiffs = [np.zeros(b.shape, dtype) for b in bs]
+        lay.backward(tops, [d.astype(dtype) for d in top_diffs], [True] * len(bs), bs, bdiffs)
+        return tops, bdiffs, [np.array(d.diff, np.float64) for d in lay.params]
+
+    want = run(ref_layer, np.float64)
+    got = run(layer, half)
+    u = UNIT[precision]
+    for what, gs, ws in zip(("top", "bottom gradient", "param gradient"), got, want):
+        for g, w in zip(gs, ws):
+            if what != "param gradient":
+                assert g.dtype == half
+            g = g.astype(np.float64)
+            bound = 2 * u * np.abs(w) + 4 * u * np.abs(w).max()
+            if what == "param gradient":  # float32 storage, from half inputs: float32 rounding
+                bound = 1e-5 * (np.abs(w) + np.abs(w).max())
+            assert np.all(np.abs(g - w) <= bound), f"{family} {what}: max error {np.abs(g - w).max():.3g}"
+
+
+# -- the memory runtime ----------------------------------------------------------------------------------------
+def _train(text: str, memory: str, precision: str, iters: int = 3):
+    net = Net(_graph(text, precision), BACKEND, train=True, seed=7, memory=memory)
+    rng = np.random.default_rng(1)
+    losses = []
+    for it in range(iters):
+        net.ctx.iteration = it
+        net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape)
+        net.data["label"].array[...] = rng.integers(0, 3, net.data["label"].shape)
+        net.clear_param_diffs()
+        losses.append(net.forward_backward())
+        for decl in net.learnable:
+            decl.data -= np.float32(0.1) * decl.diff
+    return [t.array.tobytes() for t in net.tensors if t.kind == "param"], losses, net
+
+
+def test_every_memory_mode_trains_bf16_to_baseline_bf16_weights_bit_for_bit():
+    ref, ref_losses, net = _train(CONV_FAN, "baseline", "bf16")
+    assert net.data["conv1"].dtype == BFLOAT16 and net.diff["sum"].dtype == BFLOAT16
+    fp32, _, _ = _train(CONV_FAN, "baseline", "fp32")
+    assert fp32 != ref  # half storage is really in play
+    for mode in ("liveness", "offload", "recompute"):
+        got, losses, _ = _train(CONV_FAN, mode, "bf16")
+        assert losses == ref_losses and got == ref, mode
+
+
+def test_the_plan_counts_half_bytes():
+    """Every planned tensor is elements x its storage type's size (in whole pool blocks), so a half one is half."""
+    wide = _input((16, 3, 32, 32), 16) + CONV_FAN[len(_input((2, 3, 8, 8), 2)):]
+    programs = {p: make_plan(_graph(wide, p), train=True) for p in ("fp32", "bf16")}
+    layout = Net(_graph(wide, "bf16"), BACKEND).layout
+    halved = 0
+    for key, t in programs["bf16"].program.tensors.items():
+        full = programs["fp32"].program.tensors[key].nbytes
+        if layout.by_key[key].dtype == BFLOAT16:
+            assert t.nbytes == round_up(full // 2), key
+            halved += 1
+        else:
+            assert t.nbytes == full and layout.by_key[key].dtype != FLOAT16, key
+    assert halved >= 10
+    assert programs["bf16"].param_bytes == programs["fp32"].param_bytes  # master weights stay float32
+
+
+def test_resnet50_at_batch_64_peaks_at_most_0_52_of_float32_in_bfloat16_in_every_mode():
+    from superneurons.io.prototxt import read_net
+
+    peaks = {}
+    for precision in ("fp32", "bf16"):
+        net = override_defaults(read_net(os.path.join(ROOT, "models/resnet50/resnet50_dummy.prototxt")), precision)
+        plan = make_plan(build_graph(net, pb.TRAIN), train=True)
+        peaks[precision] = {m: plan.peak(m)[0] for m in ("baseline", "liveness", "offload", "recompute")}
+    assert all(peaks["bf16"][m] <= 0.52 * peaks["fp32"][m] for m in peaks["fp32"]), peaks
+
+
+# -- loss scaling ----------------------------------------------------------------------------------------------
+def _regression(weight: float, extra: str = "", filler: str = 'type: "gaussian" std: 1') -> str:
+    """x -> InnerProduct -> Euclidean loss against 0 with loss weight `weight`: the gradients are `weight`-small."""
+    return extra + f"""
+layer {{ name: "data" type: "DummyData" top: "data" top: "zero"
+  dummy_data_param {{ data_filler {{ {filler} }} data_filler {{ type: "constant" value: 0 }}
+    shape {{ dim: 4 dim: 8 }} shape {{ dim: 4 dim: 3 }} }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param {{ num_output: 3 weight_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "zero" top: "loss" loss_weight: {weight} }}
+"""
+
+
+def _solver(net: str, text: str = "base_lr: 1e8 max_iter: 5"):
+    return Solver(solver_param(text, net=net), "s.prototxt", log=Quiet())
+
+
+def _weights(solver) -> list[bytes]:
+    return [BACKEND.to_host(d.data).tobytes() for d in solver.net.learnable]
+
+
+def test_float16_gradients_underflow_without_scaling_and_train_with_adaptive_scaling():
+    """Loss weight 1e-9: the top gradient (~1e-10) is below float16's smallest subnormal (6e-8)."""
+    plain = _solver(_regression(1e-9, "default_forward_type: FLOAT16 default_backward_type: FLOAT16"))
+    before = _weights(plain)
+    plain.step(5)
+    assert _weights(plain) == before  # every gradient underflowed to zero: nothing trains
+    full = _solver(_regression(1e-9))
+    full.step(5)
+    scaled = _solver(_regression(1e-9, "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
+                                       "global_grad_scale_adaptive: true"))
+    scaled.step(5)
+    assert scaled.loss_scale.scale == 2.0 ** 16
+    w32 = [BACKEND.to_host(d.data) for d in full.net.learnable]
+    w16 = [BACKEND.to_host(d.data) for d in scaled.net.learnable]
+    w0 = [np.frombuffer(b, np.float32) for b in before]
+    for a, b, c in zip(w32, w16, w0):
+        assert np.abs(a.ravel() - c).max() > 0.1  # float32 moves the weights ...
+        np.testing.assert_allclose(b, a, rtol=0.02, atol=0.02)  # ... and scaled float16 moves them alike
+
+
+def test_adaptive_scaling_skips_overflowing_steps_and_lowers_the_scale():
+    solver = _solver(_regression(1.0, "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
+                                      "global_grad_scale: 1048576 global_grad_scale_adaptive: true"),
+                     "base_lr: 0.01 max_iter: 8")
+    before = _weights(solver)
+    solver.step(1)
+    assert _weights(solver) == before and solver.loss_scale.scale == 2.0 ** 19
+    solver.step(7)
+    lowered = [line for line in solver.log.lines if "gradient overflow: update skipped" in line]
+    assert 1 <= len(lowered) < 8 and "loss scale lowered to 524288" in lowered[0]
+    assert _weights(solver) != before
+
+
+def test_adaptive_scaling_raises_the_scale_after_clean_steps(monkeypatch):
+    monkeypatch.setattr(loss_scale, "GROWTH_INTERVAL", 2)
+    solver = _solver(_regression(1e-3, "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
+                                       "global_grad_scale: 4 global_grad_scale_adaptive: true"), "base_lr: 0.01")
+    solver.step(4)
+    assert solver.loss_scale.scale == 16.0
+    assert sum("without overflow: loss scale raised to" in line for line in solver.log.lines) == 2
+
+
+OVERFLOW = 'type: "constant" value: 300'  # 8 inputs of 300 through weights ~1 reach float16's 65504 and beyond
+
+
+def test_an_inf_loss_in_float16_without_adaptive_scaling_names_the_first_layer():
+    net = _regression(1.0, "default_forward_type: FLOAT16 default_backward_type: FLOAT16", OVERFLOW)
+    net = net.replace('weight_filler { type: "gaussian" std: 1 }', 'weight_filler { type: "constant" value: 60 }')
+    solver = _solver(net, "base_lr: 0.01")
+    with pytest.raises(UserError, match="the loss is inf at iteration 0 with float16 storage; layer 'ip' was the first "
+                                        "to produce Inf or NaN; adaptive loss scaling exists"):
+        solver.step(1)
+
+
+def test_an_adaptive_scale_below_2_to_the_minus_24_stops_the_run():
+    net = _regression(1.0, "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
+                           "global_grad_scale: 4e-7 global_grad_scale_adaptive: true", OVERFLOW)
+    net = net.replace('weight_filler { type: "gaussian" std: 1 }', 'weight_filler { type: "constant" value: 60 }')
+    solver = _solver(net, "base_lr: 0.01")
+    with pytest.raises(UserError, match=r"the adaptive loss scale fell to .*below 2\^-24, at iteration 2"):
+        solver.step(5)
+
+
+def test_a_half_precision_run_resumes_from_its_snapshot_bit_exactly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loss_scale, "GROWTH_INTERVAL", 3)
+    net = _regression(1e-3, "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
+                            "global_grad_scale: 2 global_grad_scale_adaptive: true")
+    text = 'base_lr: 0.05 momentum: 0.9 max_iter: 8 snapshot: 4 snapshot_prefix: "snap/r"'
+    full = _solver(net, text)
+    full.solve()
+    assert full.loss_scale.scale > 2
+    uninterrupted = (tmp_path / "snap/r_iter_8.caffemodel").read_bytes()
+    os.remove(tmp_path / "snap/r_iter_8.caffemodel")
+    resumed = _solver(net, text)
+    resumed.solve(resume="snap/r_iter_4.solverstate")
+    assert resumed.loss_scale.state() == full.loss_scale.state()
+    assert (tmp_path / "snap/r_iter_8.caffemodel").read_bytes() == uninterrupted
+
+
+# -- mistakes: one line naming the file and the layer ----------------------------------------------------------
+@pytest.mark.parametrize("text, message", [
+    ('forward_type: INT', r"net\.prototxt: layer 'ip': forward_type: INT cannot store a layer's blobs"),
+    ('backward_type: DOUBLE', r"layer 'ip': backward_type: DOUBLE cannot store"),
+    ('forward_math: BOOL', r"layer 'ip': forward_math: BOOL is no math type"),
+])
+def test_a_type_a_layer_cannot_use_is_refused(text, message):
+    net = _regression(1.0).replace('name: "ip" type: "InnerProduct"', f'name: "ip" type: "InnerProduct" {text}')
+    with pytest.raises(UserError, match=message):
+        _graph(net)
+
+
+def test_a_grad_scale_of_zero_and_a_filler_beyond_float16_are_refused():
+    with pytest.raises(UserError, match="net.prototxt: global_grad_scale is 0; it must be above 0"):
+        _graph(_regression(1.0, "global_grad_scale: 0"))
+    big = _regression(1.0).replace('weight_filler { type: "gaussian" std: 1 }',
+                                   'weight_filler { type: "constant" value: 1e6 }')
+    with pytest.raises(UserError, match=r"layer 'ip': param 0's constant filler reaches 1e\+06, beyond float16's "
+                                        "largest value 65504"):
+        _graph(big, "fp16")
+    _graph(big, "bf16")  # bfloat16 spans float32's range
+
+
+def test_the_cli_says_it_in_one_line_and_exits_1(tmp_path):
+    model = tmp_path / "bad.prototxt"
+    model.write_text('name: "t"\n' + _regression(1.0).replace('layer { name: "ip" type: "InnerProduct"',
+                                                               'layer {\n  name: "ip"\n  type: "InnerProduct"\n'
+                                                               '  forward_type: UINT'))
+    run = subprocess.run([sys.executable, "-m", "superneurons", "memory", "--model", str(model), "--precision", "bf16"],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{model}:7: layer 'ip': forward_type: UINT" in lines[0], run.stderr
+
+
+def test_an_nvcaffe_prototxt_with_float16_defaults_trains():
+    solver = _solver(NVCAFFE_NET, "base_lr: 0.2 momentum: 0.9 max_iter: 30")
+    assert solver.net.data["ip2"].dtype == FLOAT16 and solver.loss_scale.adaptive
+    losses = []
+    solver.callbacks.append(lambda s, it, loss: losses.append(loss))
+    solver.step(30)
+    assert np.isfinite(losses).all() and np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
