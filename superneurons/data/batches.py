@@ -21,7 +21,7 @@ from superneurons.data.transformer import DataTransformer
 from superneurons.errors import UserError
 
 # What a random generator is for; part of its seed so the streams never overlap.
-BATCH, SKIP, SHUFFLE = 0, 1, 2
+BATCH, SKIP, SHUFFLE, WINDOW = 0, 1, 2, 3  # WINDOW: WindowData's window choice per position
 
 
 @dataclass(frozen=True)
