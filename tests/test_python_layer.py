@@ -181,6 +181,20 @@ def test_python_data_and_loss_layers_train_with_the_solver(tmp_path):
     assert float(net.blobs["loss"].data[0]) < 1e-3
 
 
+@pytest.mark.parametrize("memory", ["liveness", "offload", "recompute"])
+def test_training_under_every_memory_mode_matches_baseline(tmp_path, memory):
+    (tmp_path / "train.prototxt").write_text(TRAIN_NET)
+    (tmp_path / "solver.prototxt").write_text(f"net: '{tmp_path / 'train.prototxt'}'\nbase_lr: 0.1\n"
+                                              "lr_policy: 'fixed'\nmax_iter: 1\ndisplay: 0\n")
+    weights = []
+    for mode in ("baseline", memory):
+        solver = caffe.get_solver(str(tmp_path / "solver.prototxt"), memory=mode)
+        solver.step(3)
+        weights.append([p.data.copy() for p in solver.net.params["aff"]])
+    for base, other in zip(*weights):
+        np.testing.assert_allclose(other, base, rtol=1e-6)
+
+
 def test_phase_param_str_and_data_layer_planning(tmp_path):
     text = "layer { name: 'p' type: 'Python' top: 'phase' python_param { module: 'pylayers_for_tests' " \
            "layer: 'Phase' } }"

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.layers.base import Layer, Shape, register
+from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, Shape, register
 
 
 class LayerBlob:
@@ -171,6 +171,11 @@ class Python(Layer):
         self.user.phase = int(phase)
         self.user.blobs = BlobVec()
         self.source = f"{param.python_param.module}.{param.python_param.layer}"
+
+    def backward_needs(self) -> frozenset[str]:
+        """The user's backward may read any bottom and top: the memory planner keeps them all for it (and every
+        array of the step is resident while the user's code runs, on the host side of the copies above)."""
+        return frozenset({NEEDS_BOTTOM, NEEDS_TOP})
 
     def _call(self, method: str, *args: Any) -> None:
         try:
