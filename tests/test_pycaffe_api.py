@@ -126,6 +126,14 @@ def test_names_and_submodules():
     timer.stop()
     assert timer.ms >= 0
     assert isinstance(caffe.has_nccl(), bool)
+    draw = caffe.draw
+    conv = caffe.proto.caffe_pb2.LayerParameter(name="c", type="Convolution")
+    conv.param.add(lr_mult=2)
+    assert draw.get_layer_lr_mult(conv) == (2.0, 1.0) and draw.get_pooling_types_dict()[1] == "AVE"
+    with pytest.raises(ValueError):
+        draw.get_layer_lr_mult(caffe.proto.caffe_pb2.LayerParameter(type="ReLU"))
+    assert draw.get_layer_label(conv, "TB").startswith("c (Convolution)") and draw.get_edge_label(conv) == "0"
+    assert draw.choose_color_by_layertype("Convolution") != draw.choose_color_by_layertype("ReLU")
 
 
 def test_log_writes_a_glog_line(capsys):

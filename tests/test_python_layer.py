@@ -137,6 +137,7 @@ def test_forward_backward_and_blobs_follow_numpy(tmp_path):
     x, dy = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
     w, c = net.params["aff"][0].data, net.params["aff"][1].data
     np.testing.assert_array_equal(w, [0.5] * 3)
+    assert net.layer_dict["aff"].param_str == "0.5"  # the user's object's attributes, as pycaffe hands it out
     np.testing.assert_array_equal(c, [0, 1, 2])
     w[...] = rng.standard_normal(3)  # edits through pycaffe reach the layer's blobs
     y = net.forward(x=x)["y"]

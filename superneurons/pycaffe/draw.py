@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, UserValueError
 from superneurons.proto import superneurons_pb2 as pb
 
 LAYER_STYLE = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
@@ -132,3 +132,36 @@ def draw_net_to_file(caffe_net: pb.NetParameter, filename: str, rankdir: str = "
     data = draw_net(caffe_net, rankdir, ext, phase, display_lrm)
     with open(filename, "wb") as f:
         f.write(data)
+
+
+# pycaffe's helpers of caffe.draw, which scripts drawing their own pictures call.
+def get_pooling_types_dict() -> dict[int, str]:
+    """Pooling method number -> name (0: 'MAX', 1: 'AVE', 2: 'STOCHASTIC')."""
+    return {v.number: v.name for v in pb.PoolingParameter.PoolMethod.DESCRIPTOR.values}
+
+
+def get_edge_label(layer: pb.LayerParameter) -> str:
+    """The label of the edges out of `layer` ('""', an empty dot label, when it has none)."""
+    return _edge_label(layer) or '""'
+
+
+def get_layer_lr_mult(layer: pb.LayerParameter) -> tuple[float, float]:
+    """The (weights, bias) learning-rate multipliers of a Convolution, Deconvolution or InnerProduct layer."""
+    if layer.type not in ("Convolution", "Deconvolution", "InnerProduct"):
+        raise UserValueError(f"{layer.type} layers do not have a learning rate multiplier (layer {layer.name!r})")
+    if len(layer.param) > 2:
+        raise UserValueError(f"layer {layer.name!r}: {len(layer.param)} param entries; expected at most 2 "
+                             "(weights, bias)")
+    mults = [p.lr_mult for p in layer.param] + [1.0] * (2 - len(layer.param))
+    return mults[0], mults[1]
+
+
+def get_layer_label(layer: pb.LayerParameter, rankdir: str, display_lrm: bool = False) -> str:
+    """The text of `layer`'s box: name, type, and kernel/stride/pad for convolutions and poolings (one line
+    each, or space-separated for a top-to-bottom picture)."""
+    return _layer_label(layer, " " if rankdir in ("TB", "BT") else "\n", display_lrm)
+
+
+def choose_color_by_layertype(layertype: str) -> str:
+    """The box colour of a layer type: convolutions red, poolings orange, inner products purple, else blue."""
+    return _COLORS.get(layertype, LAYER_STYLE["fillcolor"])

@@ -149,10 +149,18 @@ class LayerCallbacks(StepHooks):
 
 
 class Layer:
-    """A layer as pycaffe shows it: `.type`, `.name`, `.blobs` (its parameters)."""
+    """A layer as pycaffe shows it: `.type`, `.name`, `.blobs` (its parameters). A Python layer's other
+    attributes are those of the user's object (pycaffe hands out the object itself)."""
 
-    def __init__(self, name: str, type_name: str, blobs: list[Blob]):
+    def __init__(self, name: str, type_name: str, blobs: list[Blob], python: Any = None):
         self.name, self.type, self.blobs = name, type_name, blobs
+        self._python = python
+
+    def __getattr__(self, name: str) -> Any:
+        python = self.__dict__.get("_python")
+        if python is None or name.startswith("__"):
+            raise AttributeError(f"layer {self.__dict__.get('name')!r} has no attribute {name!r}")
+        return getattr(python, name)
 
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.type})>"
@@ -236,7 +244,8 @@ class Net:
                     self.blobs[top] = self._blob(top)
         self.layer_dict: OrderedDict[str, Layer] = OrderedDict(
             (n.name, Layer(n.name, n.layer.type_name,
-                           [self._param_blob(n.name, k) for k in range(len(n.layer.params))]))
+                           [self._param_blob(n.name, k) for k in range(len(n.layer.params))],
+                           getattr(n.layer, "user", None)))
             for n in nodes)
         self.layers = list(self.layer_dict.values())
         self.params: OrderedDict[str, list[Blob]] = OrderedDict(
