@@ -83,7 +83,6 @@ class Detector(Net):
         super().__init__(model_file, pretrained_file, TEST, **net_options)
         if not self.inputs:
             raise UserError(f"{model_file}: Detector needs a deploy net with an Input layer")
-        in_ = self.inputs[0]
         self.transformer = _transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
