@@ -124,12 +124,3 @@ def test_a_small_net_trains_on_windows(tmp_path, rng):
     s.solve()
     assert s.iter == 4 and np.isfinite(s.net.loss_value())
 
-
-def test_a_loss_layer_without_a_top_gets_one(tmp_path):
-    """Caffe's finetune_pascal_detection writes SoftmaxWithLoss with no top; Caffe's Net gives loss layers one."""
-    net = cpu_net("layer { name: 'in' type: 'Input' top: 'x' top: 'y' input_param { shape { dim: 2 dim: 3 } "
-                  "shape { dim: 2 } } } layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'x' bottom: 'y' }")
-    assert net.graph.loss_blobs == [("loss (automatic)", 1.0)]
-    net.data["x"].array[...] = 0
-    net.data["y"].array[...] = 1
-    assert net.forward_backward() == pytest.approx(np.log(3))

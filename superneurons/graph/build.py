@@ -76,7 +76,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     state = make_state(phase, level, tuple(stages) or tuple(net.state.stage))
     if not stages and net.state.HasField("level") and not level:
         state.level = net.state.level
-    filtered = insert_splits(_automatic_tops(filter_net(net, state), where), where)
+    filtered = insert_splits(filter_net(net, state), where)
     if not filtered.layer:
         raise UserError(f"{where}: the net has no layers in phase {pb.Phase.Name(phase)}")
     filtered, parts = _unroll(filtered, phase, where)
@@ -104,16 +104,6 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
                  internal_blobs=internal_blobs, concat_slices=concat_slices, precision=precision)
-
-
-def _automatic_tops(net: pb.NetParameter, where: str) -> pb.NetParameter:
-    """A loss layer given no top gets one, as Caffe's Net does for them (LossLayer::AutoTopBlobs): Caffe's
-    examples (finetune_pascal_detection) write SoftmaxWithLoss without a top. Caffe calls it "(automatic)";
-    here each is named after its layer, so several stay apart, and no layer can read it."""
-    for p in net.layer:
-        if not p.top and layer_class(p.type, f"{where}: layer {p.name!r}").is_loss:
-            p.top.append(f"{p.name} (automatic)")
-    return net
 
 
 def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, "_Part"] | None = None) -> list[Node]:
