@@ -11,7 +11,7 @@ class UserError(Exception):
     def __str__(self) -> str:
         # Always one line: a message may quote what a library read from a damaged file (LevelDB's status
         # names the bytes of its CURRENT file), and newlines or control characters would break the line.
-        text = Exception.__str__(self)  # not KeyError's, which would quote the message
+        text = Exception.__str__(self)  # the message as given, whatever built-in type a subclass adds
         return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
@@ -26,12 +26,9 @@ class PoolExhausted(UserError):
 # pycaffe raises built-in exceptions where Caffe checks an argument; these are ALSO those types, so code that
 # catches pycaffe's (`except ValueError`) catches ours, while the command line still prints one line.
 class UserValueError(UserError, ValueError):
-    """A bad value (a BlobProto without a shape, an unknown phase)."""
+    """A bad value (a BlobProto without a shape, a mean of another shape than the input's)."""
 
 
 class UserTypeError(UserError, TypeError):
-    """An argument of the wrong type (a NetSpec bottom that is not a layer's output)."""
-
-
-class UserKeyError(UserError, KeyError):
-    """A name that is not there (a blob or layer of a net)."""
+    """An argument of the wrong type (a NetSpec bottom that is not a layer's output, a phase that is not
+    caffe.TRAIN or caffe.TEST)."""

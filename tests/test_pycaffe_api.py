@@ -106,6 +106,8 @@ def test_errors_are_also_pycaffes_builtin_types():
         caffe.io.blobproto_to_array(blob)
     with pytest.raises(UserError):
         caffe.io.blobproto_to_array(blob)
+    with pytest.raises(TypeError, match="phase must be caffe.TRAIN or caffe.TEST"):  # Boost's ArgumentError in pycaffe
+        caffe.Net("any.prototxt", "TRAIN")
     with pytest.raises(TypeError, match="input 0 is not a Top"):
         caffe.layers.Silence(caffe.layers.DummyData(ntop=2), ntop=0)
 

@@ -19,6 +19,8 @@ and caffemodels hold them. A layer without bottoms is a data layer (pascal-multi
 never runs backward and its tops stay in memory. Shapes are fixed once set up: a `reshape` that changes a
 top's shape during a run is refused (reshape the net's inputs from pycaffe instead, which sets the net up
 again). What the user's code raises propagates unchanged, with a note naming the layer and the call.
+Under the recompute memory mode a layer with bottoms may run forward again during backward to rebuild its
+top, as any layer may: its forward should depend only on its bottoms and blobs (a data layer never does).
 """
 from __future__ import annotations
 

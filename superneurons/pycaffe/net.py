@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, UserTypeError
 from superneurons.memory.interface import StepHooks
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.pycaffe import mode
@@ -186,7 +186,7 @@ class Net:
         elif len(args) > 2:
             raise TypeError("Net(model, phase), Net(model, weights, phase) or Net(model, phase, weights=...)")
         if phase not in (TRAIN, TEST):
-            raise UserError(f"Net({network_file!r}, ...): phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
+            raise UserTypeError(f"Net({network_file!r}, ...): phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
         self._file = str(network_file)
         self._net_param = override_defaults(read_net(self._file), precision)  # "fp32", "fp16", "bf16"
         self._phase, self._level, self._stages = int(phase), int(level), tuple(stages or ())
