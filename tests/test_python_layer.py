@@ -10,6 +10,7 @@ import superneurons as caffe
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
+from superneurons.layers import python_layer
 from superneurons.memory.plan import make_plan
 
 LAYERS = '''
@@ -131,7 +132,14 @@ def _net(tmp_path, text, phase=caffe.TRAIN, **kwargs):
     return caffe.Net(str(path), phase, **kwargs)
 
 
-def test_forward_backward_and_blobs_follow_numpy(tmp_path):
+@pytest.fixture(params=[False, True], ids=["views", "host-copies"])
+def copies(request, monkeypatch):
+    """Both ways a Python layer sees the net's arrays: the CPU's own memory, and the GPU's host copies."""
+    monkeypatch.setattr(python_layer, "COPY_HOST_ARRAYS", request.param)
+    return request.param
+
+
+def test_forward_backward_and_blobs_follow_numpy(tmp_path, copies):
     net = _net(tmp_path, AFFINE_NET)
     rng = np.random.default_rng()
     x, dy = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
@@ -161,7 +169,7 @@ def test_blobs_are_saved_loaded_and_shared(tmp_path):
     np.testing.assert_allclose(third.forward(x=x)["y"], [[4, 6, 8]] * 5)
 
 
-def test_python_data_and_loss_layers_train_with_the_solver(tmp_path):
+def test_python_data_and_loss_layers_train_with_the_solver(tmp_path, copies):
     (tmp_path / "train.prototxt").write_text(TRAIN_NET)
     (tmp_path / "solver.prototxt").write_text(f"net: '{tmp_path / 'train.prototxt'}'\nbase_lr: 0.1\n"
                                               "lr_policy: 'fixed'\nmax_iter: 1\ndisplay: 0\n")

@@ -32,6 +32,9 @@ import numpy as np
 from superneurons.errors import UserError
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, Shape, register
 
+# Tests set this to run on the CPU the host copies the GPU takes (download before the call, upload after).
+COPY_HOST_ARRAYS = False
+
 
 class LayerBlob:
     """A blob as a Python layer sees it: `.data`, `.diff`, `.shape`, `.count`, `.num`/`.channels`/`.height`/
@@ -209,13 +212,13 @@ class Python(Layer):
     def _host(self, array: Any, shape: Shape) -> np.ndarray | None:
         if array is None:
             return None
-        if isinstance(array, np.ndarray):
+        if _in_place(array):
             return array.reshape(shape)  # the CPU backend's memory itself: writes go straight in
         return np.ascontiguousarray(self.ops.download(array)).reshape(shape)
 
     def _write_back(self, pairs: list[tuple[Any, np.ndarray | None]]) -> None:
         for array, host in pairs:
-            if array is not None and host is not None and not isinstance(array, np.ndarray):
+            if array is not None and host is not None and not _in_place(array):
                 self.ops.upload(array, host)
 
     def _bind_blobs(self, diffs: bool) -> list[tuple[Any, np.ndarray | None]]:
@@ -245,3 +248,8 @@ class Python(Layer):
         back = self._bind_blobs(diffs=True)
         self._call("backward", t, list(propagate_down), b)
         self._write_back([(d, blob._diff) for d, blob in zip(bottom_diff, b)] + back)
+
+
+def _in_place(array: Any) -> bool:
+    """Whether the user's code may work on `array` itself (the CPU backend's), not a host copy."""
+    return isinstance(array, np.ndarray) and not COPY_HOST_ARRAYS
