@@ -12,19 +12,24 @@ import numpy as np
 import pytest
 
 from superneurons.backend.geometry import ConvGeometry, LRNGeometry, PoolGeometry
+from test_activations import OPS
 from gpu_harness import CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
 
 pytestmark = GPU_ONLY
 
 
-@pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh"])
-def test_activations(gpu, rng, op):
+@pytest.mark.parametrize("name,fwd_args,bwd_args,reads_top", OPS)
+def test_activations(gpu, rng, name, fwd_args, bwd_args, reads_top):
+    """Every row of test_activations.OPS, on a realistic shape."""
     x = randn(rng, 32, 64, 28, 28)
-    slope = (0.1,) if op == "relu" else ()
-    (_, yc), (_, yg) = run_both(gpu, f"{op}_forward", [x, np.zeros_like(x)], *slope)
+    if name in ("power", "log"):
+        x = np.clip(x, -4, 4)  # shift + scale * x stays > 0: a fractional power or log of a negative is NaN
+    (_, yc), (_, yg) = run_both(gpu, f"{name}_forward", [x, np.zeros_like(x)], *fwd_args)
+    assert np.isfinite(yc).all()
     close(yg, yc)
     dy = randn(rng, *x.shape)
-    (_, _, dxc), (_, _, dxg) = run_both(gpu, f"{op}_backward", [yc, dy, np.zeros_like(x)], *slope)
+    (*_, dxc), (*_, dxg) = run_both(gpu, f"{name}_backward", [yc if reads_top else x, dy, np.zeros_like(x)],
+                                    *bwd_args)
     close(dxg, dxc)
 
 

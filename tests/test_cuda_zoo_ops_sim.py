@@ -1,7 +1,7 @@
-"""The GPU twins of the zoo ops (backend/cuda/ops/{shape_ops,reduction,neuron_extra,losses_extra,mvn,embed,
-random_fill}.py), of the fused Eltwise SUM + ReLU (eltwise.py) and of LRN (lrn.py) under the CUDA simulator
-(NUMBA_ENABLE_CUDASIM=1), against the CPU ops on tiny fresh random inputs: the kernels' index math and the
-ops' host logic, on machines without a GPU.
+"""The GPU twins of the zoo ops (backend/cuda/ops/{shape_ops,reduction,activation,loss,mvn,embed,
+random_fill}.py; the activations as test_activations.OPS lists them), of the fused Eltwise SUM + ReLU
+(eltwise.py) and of LRN (lrn.py) under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), against the CPU ops on
+tiny fresh random inputs: the kernels' index math and the ops' host logic, on machines without a GPU.
 
 The simulator has no real device arrays, so backend/cuda/device.py cannot import; a stand-in module gives the
 ops the helpers they use from it (`flat`, `scalar`) over the simulator's arrays. Skipped without numba-cuda.
@@ -51,16 +51,16 @@ if IN_SIMULATOR:
     _install_simulator_device()
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
-from superneurons.backend.cuda.ops import (embed as g_embed, eltwise as g_eltwise,  # noqa: E402
-                                           loss as g_softmax_loss, losses_extra as g_loss, lrn as g_lrn, mvn as g_mvn,
-                                           neuron_extra as g_neuron, random_fill as g_fill, reduction as g_red,
-                                           shape_ops as g_shape)
+from superneurons.backend.cuda.ops import (activation as g_activation, embed as g_embed,  # noqa: E402
+                                           eltwise as g_eltwise, loss as g_loss, lrn as g_lrn, mvn as g_mvn,
+                                           random_fill as g_fill, reduction as g_red, shape_ops as g_shape)
 from superneurons.backend.geometry import LRNGeometry  # noqa: E402
 from superneurons.errors import UserError  # noqa: E402
+from test_activations import OPS  # noqa: E402
 
 CPU = CpuBackend().ops
-GPU = {name: getattr(m, name) for m in (g_embed, g_eltwise, g_softmax_loss, g_loss, g_lrn, g_mvn, g_neuron, g_fill,
-                                         g_red, g_shape) for name in m.__all__}
+GPU = {name: getattr(m, name) for m in (g_activation, g_embed, g_eltwise, g_loss, g_lrn, g_mvn, g_fill, g_red, g_shape)
+       for name in m.__all__}
 
 
 def run_both(op, arrays, *scalars):
@@ -78,16 +78,10 @@ def close(got, want, rtol=1e-9, atol=1e-12):
 
 # -- neurons ---------------------------------------------------------------------------------------------
 
-NEURONS = [("elu", (0.7,), (0.7,), True), ("absval", (), (), False), ("bnll", (), (), True),
-           ("exp", (0.5, 1.3, -0.2), (0.5, 1.3), True), ("log", (0.8, 0.6, 3.0), (0.8, 0.6, 3.0), False),
-           ("power", (1.7, 0.6, 3.0), (1.7, 0.6, 3.0), False), ("power", (2.0, -0.5, 1.0), (2.0, -0.5, 1.0), False),
-           ("power", (1.0, 1.5, 0.5), (1.0, 1.5, 0.5), False), ("power", (0.0, 1.5, 0.5), (0.0, 1.5, 0.5), False)]
-
-
 @simulated
-@pytest.mark.parametrize("name,fwd_args,bwd_args,reads_top", NEURONS)
+@pytest.mark.parametrize("name,fwd_args,bwd_args,reads_top", OPS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_neurons(rng, name, fwd_args, bwd_args, reads_top, dtype):
+def test_activations(rng, name, fwd_args, bwd_args, reads_top, dtype):
     x = rng.standard_normal((2, 3, 5)).astype(dtype)
     tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-6, atol=1e-6)
     (_, yc), (_, yg) = run_both(f"{name}_forward", [x, np.zeros_like(x)], *fwd_args)

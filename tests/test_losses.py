@@ -1,5 +1,5 @@
 """The Euclidean, SigmoidCrossEntropy, Hinge, Contrastive, MultinomialLogistic and Infogain losses
-(layers/losses_extra.py) on the CPU backend.
+(layers/losses.py) on the CPU backend.
 
 Every forward is compared with an independent float64 NumPy formula, every backward with central
 differences (harness.check_gradients), on fresh random inputs.

@@ -1,4 +1,4 @@
-"""Elementwise kernels over flat arrays: fills, scaled copies, BLAS-1, activations, eltwise, per-channel ops.
+"""Elementwise kernels over flat arrays: fills, scaled copies, BLAS-1, ReLU, eltwise, per-channel ops.
 
 The kernels on ResNet-sized activations (ReLU, two-input sums) take four elements per thread per trip
 (`four_indices`, launched through kernels.launch_unrolled): with one load in flight per thread a streaming
@@ -6,8 +6,6 @@ kernel reaches only part of the memory bandwidth. Indices past the end read elem
 their results are dropped, so the four loads need no branches and are issued together.
 """
 from __future__ import annotations
-
-import math
 
 from numba import cuda
 
@@ -187,32 +185,6 @@ def relu_backward_scaled2(y, dy, slope, alpha, dx_a, beta, dx_b):
         if valid > 3:
             dx_a[i3] = alpha * g3
             dx_b[i3] = beta * g3
-
-
-@cuda.jit
-def sigmoid_forward(x, y):
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        y[i] = 0.5 * math.tanh(0.5 * x[i]) + 0.5
-
-
-@cuda.jit
-def sigmoid_backward(y, dy, dx):
-    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
-        v = y[i]
-        dx[i] = dy[i] * (v * (1 - v))
-
-
-@cuda.jit
-def tanh_forward(x, y):
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        y[i] = math.tanh(x[i])
-
-
-@cuda.jit
-def tanh_backward(y, dy, dx):
-    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
-        v = y[i]
-        dx[i] = dy[i] * (1 - v * v)
 
 
 @cuda.jit
