@@ -98,6 +98,18 @@ def test_solver_class_update_lr_and_callbacks(files):
     solver.test_nets[0].share_with(solver.net)  # Caffe's pascal notebook does this: a no-op, they share already
 
 
+def test_only_rank_0_tests_displays_and_snapshots(files):
+    caffe.set_solver_count(2)
+    caffe.set_solver_rank(1)
+    try:
+        follower = caffe.get_solver(str(files / "solver.prototxt"))
+    finally:
+        caffe.set_solver_count(1)
+        caffe.set_solver_rank(0)
+    assert follower.test_nets == [] and follower.param.snapshot == 0 and follower.param.display == 0
+    assert len(caffe.get_solver(str(files / "solver.prototxt")).test_nets) == 1
+
+
 def test_errors_are_also_pycaffes_builtin_types():
     blob = caffe.proto.caffe_pb2.BlobProto()
     blob.data.extend([1.0] * 4)

@@ -32,6 +32,10 @@ class Solver:
         from superneurons.solver.solver import Solver as RuntimeSolver
 
         param = read_solver(str(solver_file))
+        if mode.solver_rank() != 0:  # Caffe's root solver rule: only rank 0 tests, displays and snapshots
+            from superneurons.parallel.solver import follower_param
+
+            param = follower_param(param)
         if self.type_name is not None:
             param.type = self.type_name
         if memory is None and not (param.HasField("memory_param") and param.memory_param.HasField("mode")):
