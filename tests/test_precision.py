@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from harness import make_layer
+from harness import load_tool, make_layer
 from superneurons.backend.cpu import CpuBackend
 from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
-from superneurons.graph.precision import override_defaults
+from superneurons.graph.precision import check_backend, override_defaults
 from superneurons.io.caffemodel import blob_to_array, load_weights
 from superneurons.memory.plan import make_plan
 from superneurons.memory.pool import round_up
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 from superneurons.solver import loss_scale
+from superneurons.solver.evaluate import evaluate
 from test_memory_modes import CONV_FAN, _input, _layer, ip
 from test_solver import Quiet, solver_param
 from superneurons.solver import Solver
@@ -363,3 +364,36 @@ def test_an_nvcaffe_prototxt_with_float16_defaults_trains():
     solver.callbacks.append(lambda s, it, loss: losses.append(loss))
     solver.step(30)
     assert np.isfinite(losses).all() and np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+
+
+class _Backend:
+    name = "cuda"
+    storage_types = (FLOAT32,)
+
+
+def test_a_backend_without_half_kernels_refuses_a_half_net_in_one_line():
+    with pytest.raises(UserError, match=r"net.prototxt: the cuda backend stores tensors in float32 only, and this net "
+                                        r"asks for bfloat16; run it with --precision fp32"):
+        check_backend(_graph(NVCAFFE_NET, "bf16"), _Backend())
+    check_backend(_graph(NVCAFFE_NET.replace("FLOAT16", "FLOAT").replace("BFLOAT", "FLOAT"), "fp32"), _Backend())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_lenet_trains_on_the_digits_in_half_precision(precision, tmp_path, monkeypatch):
+    """A short run (60 iterations of the LeNet example's SGD) reaches 90% on the 300 test digits; the full
+    2000-iteration figures against float32 are in docs/PRECISION.md."""
+    load_tool("data/make_digits_lmdb").main(["--out", str(tmp_path / "data" / "digits")])
+    monkeypatch.chdir(tmp_path)
+    lenet = os.path.join(ROOT, "models", "lenet", "lenet_train_test.prototxt")
+    param = text_format.Parse(
+        f'net: "{lenet}" base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 lr_policy: "inv" gamma: 0.0001 '
+        'power: 0.75 max_iter: 60 display: 0 test_iter: 3 test_interval: 1000 test_initialization: false '
+        'snapshot_after_train: false random_seed: 1701', pb.SolverParameter())
+    solver = Solver(param, "solver.prototxt", log=Quiet(), precision=precision)
+    assert solver.net.data["conv1"].dtype == HALVES[precision]
+    assert solver.loss_scale.adaptive == (precision == "fp16")
+    solver.step(60)
+    scores, _loss = evaluate(solver.test_nets[0], 3, 0)
+    accuracy = next(s.value for s in scores if s.name == "accuracy")
+    assert accuracy >= 0.9, accuracy

@@ -14,7 +14,8 @@ parameters (the master weights), their gradients and the solver's history are st
 type and its other tops (labels) in float32: bfloat16 holds integers exactly only up to 256.
 
 `override_defaults(net, "bf16")` is what `--precision` and the Python API's `precision=` do: set the net's
-defaults, leaving the layers that name their own types alone.
+defaults, leaving the layers that name their own types alone; "fp16" also turns adaptive loss scaling on
+where the net sets neither `global_grad_scale` nor `global_grad_scale_adaptive`.
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def override_defaults(net: pb.NetParameter, precision: str | None) -> pb.NetPara
     if precision not in PRECISION_TYPES:
         raise UserError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     net.default_forward_type = net.default_backward_type = PRECISION_TYPES[precision]
+    if precision == "fp16" and not net.HasField("global_grad_scale") and not net.HasField("global_grad_scale_adaptive"):
+        net.global_grad_scale_adaptive = True  # float16 gradients underflow unscaled: AMP's default, unless the net says
     return net
 
 
