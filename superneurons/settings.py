@@ -110,6 +110,10 @@ _DECLARED = (
             "Convolution bias gradients: `cudnn` (cudnnConvolutionBackwardBias), `own` (the per-channel sum "
             "kernel Bias and InnerProduct use), `auto`: own on the planes where it measured faster "
             "(backend/cuda/ops/conv.py, tools/bench/conv_bias.py).", choices=("auto", "cudnn", "own")),
+    Setting("SUPERNEURONS_DP_BUCKET_MB", INT, 25,
+            "Data parallelism: MiB of gradients per bucket, each bucket one all-reduce started as backward "
+            "finishes its gradients (parallel/reducer.py; default measured with tools.bench.scaling "
+            "--bucket-sweep); 0 reduces every gradient as a bucket of its own."),
     Setting("SUPERNEURONS_CUDA_SPREAD", FLAG, True,
             "Per-channel reductions (BatchNorm, Scale, bias gradients) spread each channel over several blocks; "
             "0 uses one block per channel."),

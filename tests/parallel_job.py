@@ -2,7 +2,8 @@
 
   train OUT NET ITERS LAYER_WISE ITER_SIZE BATCH [MEMORY POOL_BYTES]
                                                    every rank trains NET (see NETS) on its share of DATA with
-                                                   batch BATCH per rank; rank r writes OUT.r.npz (its weights)
+                                                   batch BATCH per rank; rank r writes OUT.r.npz (its weights);
+                                                   JOB_BUCKET_BYTES: gradient bytes per bucket
   fail SOLVER RANK ITER                            `superneurons train --solver SOLVER`, where rank RANK raises
                                                    a UserError at iteration ITER (a rank failing mid-run)
 
@@ -86,14 +87,18 @@ def train(out: str, net: str, iters: int, layer_wise: bool, iter_size: int, batc
     world = World()
     backend = CpuBackend()
     with open(os.devnull, "w") as sink:
+        bucket = os.environ.get("JOB_BUCKET_BYTES")
         solver = RankSolver(solver_param(net, iters, batch, iter_size, layer_wise), "job.prototxt", world=world,
                             collective=MpiCollective(world, backend.ops), backend=backend, memory=memory,
-                            pool_bytes=pool_bytes, log=TrainLog(stream=sink))
+                            pool_bytes=pool_bytes, log=TrainLog(stream=sink),
+                            bucket_bytes=int(bucket) if bucket else None)
         x, y = data(iters * iter_size * batch * world.size)
         solver.net.layer("data").reset(np.ascontiguousarray(x[world.rank::world.size]), np.ascontiguousarray(y[world.rank::world.size]))
         solver.solve()
-    np.savez(f"{out}.{world.rank}.npz", started=solver.reducer.started_during_backward,
-             streamed=solver.net.params.offloaded, **weights(solver))
+    reducer = solver.reducer
+    np.savez(f"{out}.{world.rank}.npz", started=reducer.started_during_backward,
+             streamed=solver.net.params.offloaded, buckets=len(reducer.buckets), flat=reducer.flat,
+             calls=reducer.calls_per_iteration, **weights(solver))
 
 
 def fail(solver_path: str, rank: int, at: int) -> int:

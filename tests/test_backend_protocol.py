@@ -24,7 +24,8 @@ def members(protocol: type) -> set[str]:
 def test_both_backends_provide_every_member_of_the_protocol():
     cpu = CpuBackend()
     assert members(Backend) >= {"arena", "view", "address", "device_memory", "make_transfer",
-                                "set_workspace_source", "release_freed", "asynchronous", "synchronize"}
+                                "set_workspace_source", "release_freed", "asynchronous", "synchronize",
+                                "make_stream", "compute_waits", "compute_event"}
     assert sorted(m for m in members(Backend) if not hasattr(cpu, m)) == []
     instance_only = {"ops"}  # set by CudaBackend.__init__, which needs a GPU
     assert sorted(m for m in members(Backend) - instance_only if not hasattr(CudaBackend, m)) == []
@@ -44,6 +45,25 @@ def test_the_cpu_backend_answers_as_a_host_backend():
     assert np.array_equal(host, a)
 
 
+def test_the_cpu_backend_streams_run_in_program_order_and_time_by_the_host_clock():
+    import time
+
+    from superneurons.backend.base import Event, Stream
+    from superneurons.backend.cpu.transfer import ClockEvent, DoneStream
+
+    assert sorted(m for m in members(Stream) if not hasattr(DoneStream, m)) == []
+    assert sorted(m for m in members(Event) if not hasattr(ClockEvent, m)) == []
+    cpu = CpuBackend()
+    stream = cpu.make_stream()
+    stream.follow_compute()
+    assert stream.handle == 0 and stream.record().query()
+    start = cpu.compute_event()
+    time.sleep(0.02)
+    end = cpu.compute_event()
+    cpu.compute_waits(end)
+    assert 15 <= end.elapsed_ms(start) < 2000
+
+
 def test_pool_workspace_hands_out_addresses_inside_the_pool():
     cpu = CpuBackend()
     pool = HeapPool(16 * 1024, cpu)
@@ -57,8 +77,8 @@ def test_pool_workspace_hands_out_addresses_inside_the_pool():
 
 
 # Every package above backend/ (the entry points cli.py and __init__.py as well).
-ABOVE_THE_BACKEND = ("memory", "runtime", "solver", "layers", "graph", "data", "io", "commands", "pycaffe",
-                     "cli.py", "__init__.py")
+ABOVE_THE_BACKEND = ("memory", "runtime", "solver", "layers", "graph", "data", "io", "parallel", "commands",
+                     "pycaffe", "cli.py", "__init__.py")
 
 
 def test_no_backend_names_or_imports_above_the_backend_package():

@@ -177,7 +177,13 @@ def test_n_gpus_train_to_the_one_gpu_weights(tmp_path, lmdb_source, one_gpu_refe
     source, n = lmdb_source
     solver = _lmdb_solver(tmp_path, "multi", source, PER_RANK_BATCH, MULTI_ITERATIONS, MULTI_ITERATIONS)
     r = _train(tmp_path, solver, "all", None, "--memory", mode, **DETERMINISTIC)
-    assert any(m.startswith(f"Data parallel: {n} rank(s)") for m in messages(r.stderr))
+    lines = messages(r.stderr)
+    assert any(m.startswith(f"Data parallel: {n} rank(s)") for m in lines)
+    # One NCCL call per bucket (the bucket's gradients side by side in the pool), and the wait is shown.
+    waits = [re.search(r"waiting on gradient reduction [\d.e+-]+ ms/iter \((\d+) buckets, (\d+) reductions/iter\)", m)
+             for m in lines]
+    waits = [w for w in waits if w]
+    assert waits and all(w.group(1) == w.group(2) for w in waits), lines[-5:]
     multi = _blobs(tmp_path / f"multi/m_iter_{MULTI_ITERATIONS}.caffemodel")
     reference, start = one_gpu_reference
     untouched = _worst(multi, start)

@@ -27,3 +27,10 @@ def get_backend(name: str = "cpu", device: int = 0) -> Backend:
 
         return CudaBackend(device)
     raise ValueError(f"unknown backend {name!r}")
+
+
+def device_count() -> int:
+    """How many GPUs this machine offers the GPU backend (0 without a usable driver); never raises."""
+    from superneurons.backend.cuda.probe import device_count as count
+
+    return count()

@@ -3,7 +3,8 @@
 `Backend` is everything the runtime (`runtime/net.py`, `memory/`, `solver/`) may ask of a backend;
 nothing outside `superneurons/backend/` tests a backend's name or imports one. A backend also
 hands out `Transfer`s (host memory and asynchronous host<->device copies, for the offload host
-store and streamed parameters) and accepts a `WorkspaceSource` (where convolutions take scratch
+store and streamed parameters) and `Stream`s with `Event`s (work beside compute, ordered by events: the
+data-parallel gradient reduction's), and accepts a `WorkspaceSource` (where convolutions take scratch
 memory from: `memory/workspace.py` lends the Net's pool).
 """
 from __future__ import annotations
@@ -62,6 +63,35 @@ class Transfer(Protocol):
         """Compute issued from now on waits for `event` (on the device; the host goes on)."""
 
 
+class Event(Protocol):
+    """A point in a stream's queue of device work (a `CopyEvent` that may also be timed)."""
+
+    def query(self) -> bool:
+        """Whether the work queued before it has finished (never blocks)."""
+
+    def synchronize(self) -> None:
+        """Block the host until the work queued before it has finished."""
+
+    def elapsed_ms(self, start: "Event") -> float:
+        """Milliseconds of device time from `start` to this event, both timed and finished."""
+
+
+class Stream(Protocol):
+    """A queue of device work that runs beside the compute stream (a collective library's, say).
+    Ordering against compute is explicit: `follow_compute` and `Backend.compute_waits`."""
+
+    handle: int  # the native stream (a cudaStream_t) for libraries that queue work on it; 0 on the CPU
+
+    def follow_compute(self) -> None:
+        """Work queued on this stream from now on starts after the compute issued so far."""
+
+    def record(self) -> Event:
+        """An event after the work queued on this stream so far."""
+
+    def synchronize(self) -> None:
+        """Block the host until this stream's work has finished."""
+
+
 class WorkspaceSource(Protocol):
     """Where a convolution gets its scratch memory. A convolution asks `available()`, picks the fastest
     algorithm that fits, then `acquire`s that many bytes (only when it needs any) and `release`s them
@@ -117,3 +147,12 @@ class Backend(Protocol):
     def release_freed(self) -> None:
         """Return the memory of arrays dropped since the last call to the device now, not when the
         array library gets round to it (MallocPool measures per-tensor allocation with it)."""
+
+    def make_stream(self) -> Stream:
+        """A new stream beside the compute stream (non-blocking on the GPU: it overlaps compute)."""
+
+    def compute_waits(self, event: Event) -> None:
+        """Compute issued from now on waits for `event` (on the device; the host goes on)."""
+
+    def compute_event(self) -> Event:
+        """A timed event after the compute issued so far (`elapsed_ms` between two of them)."""

@@ -14,7 +14,9 @@ follows its `base`, and the planner counts only roots.
 
 Parameters (values, gradients, the solver's history) are declared here too, once per owner: a parameter
 that names another's (`param { name: ... }`) reads the first one's tensors, and a test net reads the train
-net's (`borrowed`), so neither declares any.
+net's (`borrowed`), so neither declares any. Parameter gradients are declared after every activation, side
+by side in backward's order, so the managers, which place tensors in declaration order, keep them
+adjacent in the pool.
 
 A `TensorSpec` is the one description of a tensor: key, shape, element type (`dtype`), memory layout,
 role (activation, gradient, parameter, history, scratch, workspace) and owner (the layer that declares
@@ -168,6 +170,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
         return diff[b]
 
     borrowed = set(borrowed)
+    gradients: list[tuple[bool, str, int, tuple]] = []  # (learnable, layer, index, shape), route order
     named: dict[str, tuple[str, int, tuple]] = {}  # parameter name -> (layer, index, shape) of its owner
     for node in nodes:
         layer = node.layer
@@ -209,8 +212,15 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
             if name:
                 named[name] = (node.name, k, tuple(decl.shape))
             value = out.add(PARAM, node.name, k, decl.shape, master, layer=node.name)
-            grad = out.add(PARAM_DIFF, node.name, k, decl.shape, master, layer=node.name) if train else None
+            grad = tensor_key(PARAM_DIFF, node.name, k) if train else None
             out.params.append(ParamSlot(node.name, k, value, grad, decl.learnable))
+            if train:
+                gradients.append((decl.learnable, node.name, k, decl.shape))
+    # Parameter gradients side by side, learnable ones first, in the order backward finishes them (the
+    # reverse of the route): placed in this order, the gradients a data-parallel bucket reduces are one
+    # run of pool memory, reduced in place by one call (parallel/reducer.py).
+    for _learnable, owner, k, shape in sorted(reversed(gradients), key=lambda g: not g[0]):
+        out.add(PARAM_DIFF, owner, k, shape, master, layer=owner)
     learnable = out.learnable()
     out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape, master, layer=p.node) for p in learnable]
                    for j in range(history)]

@@ -4,18 +4,18 @@ Both average in place (the gradient's own memory holds the mean afterwards) and 
 `start` that `wait` completes, so the reducer can start a bucket while backward still runs.
 
 NCCL (`nccl4py`, NVIDIA's binding): one communicator per job, initialized from a unique id rank 0
-creates and MPI broadcasts. Reductions run on a stream of their own, non-blocking, so they overlap the
-backward kernels on stream 0: before a bucket starts, the communication stream waits for an event
-recorded on stream 0 (the kernels that wrote the bucket's gradients); `wait` makes stream 0 wait for the
+creates and MPI broadcasts. Reductions run on a stream the backend makes (`Backend.make_stream`), beside
+the compute stream, so they overlap the backward kernels: before a bucket starts, the stream follows the
+compute issued so far (the kernels that wrote the bucket's gradients); `wait` makes compute wait for the
 bucket's done event, on the GPU, so the host is never blocked. NCCL's AVG operation divides by the number
-of ranks in the same pass.
+of ranks in the same pass. A bucket is one array (its gradients side by side in the pool), so one call.
 
 The reductions go through nccl4py's C-level binding (`nccl.bindings.nccl.all_reduce`) with the arrays' device
 addresses, not through `Communicator.allreduce`: that one resolves each buffer's device with cuda-bindings'
 `cuPointerGetAttribute(DEVICE_ORDINAL)`, which answers 0 for every pointer (NVIDIA/cuda-python#2928), so it
-refuses every rank on a GPU other than 0; it also costs a resolution per tensor per iteration.
+refuses every rank on a GPU other than 0; it also costs a resolution per call.
 
-MPI (mpi4py) on the CPU backend: a non-blocking in-place Iallreduce per gradient, then a scale by 1/N.
+MPI (mpi4py) on the CPU backend: a non-blocking in-place Iallreduce per array, then a scale by 1/N.
 """
 from __future__ import annotations
 
@@ -49,15 +49,6 @@ class MpiCollective:
                 self.ops.scal(1.0 / self.size, a)
 
 
-def _check(result: tuple, what: str) -> Any:
-    """The value of a cuda-python driver call, or an error naming the call."""
-    from cuda.bindings import driver as drv
-
-    if result[0] != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {result[0]!r}")
-    return result[1] if len(result) == 2 else None
-
-
 def _nccl() -> Any:
     try:
         import nccl.core as nccl
@@ -68,17 +59,14 @@ def _nccl() -> Any:
 
 
 class NcclCollective:
-    """Averaging device arrays of GPU `device` (the current one) across the ranks of `world` through NCCL."""
+    """Averaging device arrays of `backend` (GPU `device`, the current one) across the ranks of `world`
+    through NCCL, on a stream of the backend's beside compute."""
 
-    def __init__(self, world: Any, device: int):
-        from cuda.bindings import driver as drv
-
-        from superneurons.backend.cuda.pointers import pointer
-
+    def __init__(self, world: Any, backend: Any, device: int):
         nccl = _nccl()
         from nccl.bindings import nccl as nccl_c  # after _nccl(): a missing NCCL is its one line
         self._nccl, self._nccl_c = nccl, nccl_c
-        self._drv, self._check = drv, _check
+        self.backend = backend
         uid = world.broadcast(bytes(nccl.get_unique_id()) if world.is_root else None)
         self.comm = nccl.Communicator.init(world.size, world.rank, nccl.UniqueId.from_bytes(uid))
         if self.comm.device.device_id != device:
@@ -88,34 +76,25 @@ class NcclCollective:
         self._dtypes = {np.dtype(np.float32): int(nccl.FLOAT32), np.dtype(np.float64): int(nccl.FLOAT64),
                         np.dtype(np.float16): int(nccl.FLOAT16)}
         self._avg = int(nccl.AVG)
-        self._pointer = pointer
         self.size = world.size
-        self.stream = _check(drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
-        self._stream_handle = int(self.stream)
-        no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._marker = _check(drv.cuEventCreate(no_timing), "cuEventCreate")
+        self.stream = backend.make_stream()
 
     def start(self, arrays: list[Any]) -> Any:
-        from superneurons.backend.cuda.transfer import CudaEvent
-
-        drv, check = self._drv, self._check
-        # The communication stream starts after what stream 0 has been given so far (cuStreamWaitEvent
-        # waits for the marker's latest record, so one marker serves every bucket).
-        check(drv.cuEventRecord(self._marker, drv.CUstream(0)), "cuEventRecord")
-        check(drv.cuStreamWaitEvent(self.stream, self._marker, 0), "cuStreamWaitEvent")
-        all_reduce, handle, stream, avg, pointer = (self._nccl_c.all_reduce, self._handle, self._stream_handle,
-                                                    self._avg, self._pointer)
+        # The communication stream starts after what compute has been given so far: the kernels that
+        # wrote these gradients.
+        self.stream.follow_compute()
+        all_reduce, handle, stream, avg, address = (self._nccl_c.all_reduce, self._handle, self.stream.handle,
+                                                    self._avg, self.backend.address)
         with self._nccl.group():
             for a in arrays:
-                address = pointer(a)
-                all_reduce(address, address, a.size, self._dtypes[np.dtype(a.dtype)], avg, handle, stream)
-        return CudaEvent(self.stream)
+                p = address(a)
+                all_reduce(p, p, a.size, self._dtypes[np.dtype(a.dtype)], avg, handle, stream)
+        return self.stream.record()
 
     def wait(self, handle: Any) -> None:
-        drv = self._drv
-        self._check(drv.cuStreamWaitEvent(drv.CUstream(0), handle.handle, 0), "cuStreamWaitEvent")
+        self.backend.compute_waits(handle)
 
     def close(self) -> None:
         """Release the communicator (all ranks, at the end of a run that did not fail)."""
-        self._check(self._drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        self.stream.synchronize()
         self.comm.destroy()

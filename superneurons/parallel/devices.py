@@ -5,7 +5,7 @@ from superneurons.errors import UserError
 
 
 def gpu_count() -> int:
-    from superneurons.backend.cuda.probe import device_count
+    from superneurons.backend import device_count
 
     return device_count()
 

@@ -64,15 +64,17 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
     else:
         from superneurons.parallel.collectives import NcclCollective
 
-        collective = NcclCollective(world, device)
+        collective = NcclCollective(world, backend, device)
 
     def make_solver(log):
         solver = RankSolver(param, args.solver, world=world, collective=collective, backend=backend,
                             memory=args.memory, pool_bytes=pool_bytes, log=log)
         where = "CPU" if device is None else f"GPU {device}"
+        reducer = solver.reducer
         log.info(f"Data parallel: {world.size} rank(s), batch_size per rank; rank 0 on {where}, "
-                 f"gradients averaged {'during' if solver.reducer.layer_wise else 'after'} backward "
-                 f"in {len(solver.reducer.buckets)} bucket(s)")
+                 f"gradients averaged {'during' if reducer.layer_wise else 'after'} backward "
+                 f"in {len(reducer.buckets)} bucket(s) of about {reducer.bucket_bytes >> 20} MiB, "
+                 f"{'one reduction each' if reducer.flat else 'tensor by tensor'}")
         return solver
 
     code = train(make_solver, world.is_root)

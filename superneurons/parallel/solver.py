@@ -4,7 +4,8 @@
   broadcast after they are set; the random seed is rank 0's (from the clock when random_seed is -1), and
   the training net of rank r draws its Dropout masks and DummyData from seed + r, as Caffe's workers do.
 - Before each update the gradients are averaged over the ranks (reducer.py), so every rank applies the
-  same update to the same weights and the learning rate means what it means in Caffe.
+  same update to the same weights and the learning rate means what it means in Caffe. Each display line
+  is followed by how long compute waited for that averaging, per iteration.
 - The training net's `RunContext` carries rank and ranks: data layers read their share of the records.
   Test nets keep rank 0 of 1: only rank 0 tests, on the whole test set (as Caffe's Data layer in TEST).
 - Rank 0 alone logs, tests and writes snapshots; the other ranks' solver parameters say so
@@ -36,16 +37,21 @@ def follower_param(param: pb.SolverParameter) -> pb.SolverParameter:
 
 
 class RankSolver(Solver):
-    """A Solver that is one rank of `world`; `collective` averages gradients (NCCL or MPI)."""
+    """A Solver that is one rank of `world`; `collective` averages gradients (NCCL or MPI) in buckets of
+    `bucket_bytes` (None: SUPERNEURONS_DP_BUCKET_MB)."""
 
-    def __init__(self, param: pb.SolverParameter, solver_path: str, *, world: Any, collective: Any, **kwargs: Any):
+    def __init__(self, param: pb.SolverParameter, solver_path: str, *, world: Any, collective: Any,
+                 bucket_bytes: int | None = None, **kwargs: Any):
         self.world = world
         super().__init__(param if world.is_root else follower_param(param), solver_path, **kwargs)
         self.net.ctx.rank, self.net.ctx.ranks = world.rank, world.size
         self.set_seed(world.broadcast(self.seed))
         self.collective = collective
-        self.reducer = GradientReducer(self.net, collective, self.iter_size, layer_wise=param.layer_wise_reduce)
+        self.reducer = GradientReducer(self.net, collective, self.iter_size, layer_wise=param.layer_wise_reduce,
+                                       bucket_bytes=bucket_bytes)
+        self._agree_on_buckets()
         self.reducer.attach()
+        self._waits_shown = 0  # reducer.wait_ms entries already in a display line
         self._local_stop = False
         self.callbacks.append(_agree_on_stop)
 
@@ -65,9 +71,26 @@ class RankSolver(Solver):
             if not self.world.is_root:
                 net.backend.from_host(array, host)
 
+    def _agree_on_buckets(self) -> None:
+        """Every rank reduces the same arrays: flat buckets of the same sizes on all, or per tensor on all."""
+        sizes = [b.flat.size if b.flat is not None else -1 for b in self.reducer.buckets]
+        if self.world.any(sizes != self.world.broadcast(sizes)):
+            self.reducer.per_tensor()
+
     def apply_update(self, display: bool = False) -> float:
         self.reducer.finish()
+        if display:
+            self._display_waits()
         return super().apply_update(display)
+
+    def _display_waits(self) -> None:
+        """How long compute waited for the gradient reduction, per iteration since the last display."""
+        waits = self.reducer.wait_ms[self._waits_shown:]
+        if not waits:
+            return
+        self._waits_shown += len(waits)
+        self.log.info(f"Iteration {self.iter}, waiting on gradient reduction {sum(waits) / len(waits):.3g} ms/iter "
+                      f"({len(self.reducer.buckets)} buckets, {self.reducer.calls_per_iteration} reductions/iter)")
 
     def snapshot(self) -> tuple[str, str]:
         if not self.world.is_root:

@@ -1,25 +1,35 @@
-"""Data-parallel scaling (issue 14): img/s of ResNet-50 (batch 64 per GPU) and VGG16 (batch 64 per GPU) on
-1, 2, 4 and 8 GPUs, ours beside PyTorch DistributedDataParallel in the same run, the scaling efficiency
-img/s(N) / (N x img/s(1)) of both, and the same under a per-GPU memory budget at a per-GPU batch that makes
-ours offload or recompute (where DDP runs out of memory).
+"""Data-parallel scaling: img/s of ResNet-50 and VGG16 (batch 64 per GPU) on 1, 2 and 4 GPUs, ours beside
+PyTorch DistributedDataParallel, the scaling efficiency img/s(N) / (N x img/s(1)) of both, and the same under a
+per-GPU memory budget at a per-GPU batch where DDP runs out of memory (ours under `auto` on every rank, DDP with
+per-block checkpointing at its widest batch under the same budget).
 
-    python3 -m tools.bench.scaling [--nets resnet50,vgg16] [--gpus 1,2,4,8] [--batches resnet50=64,vgg16=64]
-                                   [--iterations 20] [--warmup 5] [--budget 12G (0: no budget rows)]
-                                   [--budget-batches resnet50=256,vgg16=160] [--no-torch] [--no-ours]
-                                   [--device cuda|cpu] [--dry-run] [--out DIR] [--tag T]
+    python3 -m tools.bench.scaling [--nets resnet50,vgg16] [--gpus 1,2,4] [--batches resnet50=64,vgg16=64]
+                                   [--iterations 20] [--warmup 5] [--repeats 3] [--bucket-mb 25 | 8,25,64]
+                                   [--budget 12G (0: no budget rows)] [--budget-batches resnet50=256,vgg16=160]
+                                   [--budget-gpus 2,4] [--budget-only]
+                                   [--no-torch] [--no-ours] [--apart] [--device cuda|cpu] [--dry-run]
+                                   [--out DIR] [--tag T]
 
-Every measurement is one MPI job, `mpiexec -n N python3 -m tools.bench.scaling rank ours|torch ...`, so each
-starts on fresh devices:
-- ours: one rank per GPU (the local rank picks it), superneurons.parallel's RankSolver on the dummy solver of
-  models/<net>/ (SGD, momentum 0.9), gradients averaged through NCCL in buckets during backward; the first
-  drawn DummyData batch stays on the device (as PyTorch reuses one tensor), `baseline` memory, or `auto`
-  under the budget (pool = budget - --workspace on every GPU).
-- PyTorch: torchvision's model (the same nets tools/bench/speed.py compares), SGD with our solver's lr,
-  momentum and weight decay, DistributedDataParallel over NCCL (its default 25 MiB buckets), torch.distributed
-  initialized from the MPI ranks; under the budget `set_per_process_memory_fraction(budget / total)` per GPU.
-Both time `--iterations` steps after `--warmup`, the clock of the slowest rank after a device synchronize;
-img/s counts every rank's batch. Rows for more GPUs than the machine has are skipped and say so.
-NCCL_NVLS_ENABLE=0 (NVLink multicast off) is set unless the environment sets it.
+Each row is one MPI job, `mpiexec -n N python3 -m tools.bench.scaling rank ...`, one process per GPU, that
+builds both sides once and then times them in alternating windows (ours, DDP, ours, DDP, ...; --repeats
+windows each, --warmup untimed steps before each): a row is the median window of each side, so both meet the
+same machine state, and a slow window (clocks, a neighbour) moves one sample, not the row. `--apart` runs
+each window as a job of its own instead (the sides never share a process; slower to start).
+- ours: superneurons.parallel's RankSolver on the dummy solver of models/<net>/ (SGD, momentum 0.9), gradients
+  averaged through NCCL in flat buckets during backward; the first drawn DummyData batch stays on the device
+  (as PyTorch reuses one tensor); `baseline` memory, or `auto` under the budget (pool = budget - --workspace on
+  every GPU). Also reported: how long compute waited on the reduction per iteration (median of the window's).
+  `--bucket-mb 8,25,64` times ours once per bucket size in every window round (the reducer is rebuilt in
+  place): the measurement behind SUPERNEURONS_DP_BUCKET_MB's default; the row's ours is the first size.
+- PyTorch: torchvision's model, SGD with our solver's lr, momentum and weight decay, cudnn.benchmark on (ours
+  times its convolution engines too), DistributedDataParallel over NCCL (its default 25 MiB buckets),
+  torch.distributed initialized from the MPI ranks. Under the budget: torch.utils.checkpoint over each block,
+  `set_per_process_memory_fraction(budget / total)` per GPU, cudnn.benchmark off (its engine trials ask for
+  workspaces the cap refuses later), at the widest batch (multiple of 8) whose training step fits with DDP's
+  bucket memory kept aside, the same on every rank (stepping down by 8 while DDP itself does not fit).
+Both time the slowest rank (device synchronized); img/s counts every rank's batch. Rows for more GPUs than
+the machine has are skipped and say so. NCCL_NVLS_ENABLE=0 (NVLink multicast off) unless the environment
+sets it.
 
 `--device cpu` runs ours over MPI on the CPU (ranks instead of GPUs, no PyTorch): the plumbing, for tests.
 `--dry-run` prints the jobs without running them. Prints a table and writes bench_scaling[_TAG].json to --out.
@@ -29,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -39,7 +50,11 @@ from tools.bench import common
 
 DEFAULT_NETS = ("resnet50", "vgg16")
 DEFAULT_BATCH = {"resnet50": 64, "vgg16": 64}
-EFFICIENCY_TARGET = 0.92  # at 8 GPUs, ResNet-50 batch 64 per GPU
+# At 4 GPUs, batch 64 per GPU: efficiency at least this and at least DDP's, img/s at least RATIO_TARGET x DDP's.
+EFFICIENCY_TARGET = 0.95
+RATIO_TARGET = 1.15
+TARGET_GPUS = 4
+SYSTEMS = ("ours", "torch")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -48,9 +63,15 @@ EFFICIENCY_TARGET = 0.92  # at 8 GPUs, ResNet-50 batch 64 per GPU
 def parser() -> argparse.ArgumentParser:
     ap = common.base_parser(__doc__, DEFAULT_NETS, iterations=20)
     ap.set_defaults(warmup=5)
-    ap.add_argument("--gpus", default="1,2,4,8", help="numbers of GPUs (ranks) to measure (default %(default)s)")
+    ap.add_argument("--gpus", default="1,2,4", help="numbers of GPUs (ranks) to measure (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed windows per side and row (default %(default)s)")
+    ap.add_argument("--bucket-mb", default="",
+                    help="ours' gradient bucket sizes in MiB, comma-separated (default: SUPERNEURONS_DP_BUCKET_MB)")
     ap.add_argument("--budget-batches", default="resnet50=256,vgg16=160",
                     help="per-GPU batch of the budget rows, per net (default %(default)s); needs --budget")
+    ap.add_argument("--budget-gpus", default="", help="numbers of GPUs of the budget rows (default: --gpus)")
+    ap.add_argument("--budget-only", action="store_true", help="only the budget rows")
+    ap.add_argument("--apart", action="store_true", help="every window a job of its own (sides never share a process)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cuda (default), or cpu: ours over MPI on CPU ranks, for checking the plumbing")
     ap.add_argument("--dry-run", action="store_true", help="print the MPI jobs, run nothing")
@@ -67,6 +88,17 @@ def parse_counts(text: str) -> list[int]:
     return sorted(set(counts))
 
 
+def parse_buckets(text: str) -> list[int]:
+    """Bucket sizes in MiB, in the order given ([]: the setting's)."""
+    try:
+        sizes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--bucket-mb {text!r}: expected MiB like 8,25,64") from None
+    if any(v < 0 for v in sizes):
+        raise SystemExit(f"--bucket-mb {text!r}: sizes are MiB >= 0")
+    return sizes
+
+
 def available_gpus(device: str) -> int:
     if device == "cpu":
         return 1 << 10  # ranks, not devices
@@ -75,12 +107,15 @@ def available_gpus(device: str) -> int:
     return gpu_count()
 
 
-def rank_command(n: int, system: str, net: str, batch: int, a: argparse.Namespace, budget: int | None) -> list[str]:
+def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.Namespace, budget: int | None,
+                 repeats: int) -> list[str]:
     from superneurons.parallel.launch import find_mpiexec
 
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tools.bench.scaling", "rank", system, "--net", net,
-           "--batch", str(batch), "--iterations", str(a.iterations), "--warmup", str(a.warmup),
-           "--device", a.device, "--workspace", a.workspace]
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tools.bench.scaling", "rank", ",".join(systems),
+           "--net", net, "--batch", str(batch), "--iterations", str(a.iterations), "--warmup", str(a.warmup),
+           "--repeats", str(repeats), "--device", a.device, "--workspace", a.workspace]
+    if a.bucket_mb:
+        cmd += ["--bucket-mb", a.bucket_mb]
     return cmd + (["--budget", str(budget)] if budget else [])
 
 
@@ -99,6 +134,41 @@ def run_job(cmd: list[str], timeout: int) -> dict:
     return {"ok": False, "error": f"exit {r.returncode}: " + " | ".join(tail)}
 
 
+def merge_windows(parts: list[dict], system: str) -> dict:
+    """One side's result from the jobs that timed it (--apart: one window each): every window's img/s."""
+    ok = [p[system] for p in parts if p.get(system, {}).get("ok")]
+    if not ok:
+        failed = next((p.get(system) or p for p in parts if not p.get(system, {}).get("ok")), {})
+        return {"ok": False, **{k: v for k, v in failed.items() if k in ("fits", "error", "skipped")}}
+    out = dict(ok[0])
+    out["windows"] = [w for r in ok for w in r["windows"]]
+    out["img_per_s"] = statistics.median(out["windows"])
+    waits = [r["wait_ms"] for r in ok if r.get("wait_ms") is not None]
+    if waits:
+        out["wait_ms"] = statistics.median(waits)
+    return out
+
+
+def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, batch: int,
+                budget: int | None) -> dict:
+    row: dict[str, Any] = {"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget}
+    jobs = [(systems, a.repeats)] if not a.apart else [([s], 1) for _ in range(a.repeats) for s in systems]
+    parts = []
+    for job_systems, repeats in jobs:
+        cmd = rank_command(n, job_systems, net, batch, a, budget, repeats)
+        if a.dry_run:
+            print(" ".join(cmd))
+            continue
+        result = run_job(cmd, a.timeout)
+        parts.append(result if "ours" in result or "torch" in result else {s: result for s in job_systems})
+    for s in systems:
+        row[s] = {"ok": False, "skipped": "dry run"} if a.dry_run else merge_windows(parts, s)
+    buckets = [p["ours_buckets"] for p in parts if p.get("ours_buckets")]
+    if buckets:
+        row["ours_buckets"] = {mb: statistics.median(w for b in buckets for w in b.get(mb, [])) for mb in buckets[0]}
+    return row
+
+
 def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batches: Any, budget: int | None,
                  have: int) -> list[dict]:
     systems = [s for s, off in (("ours", a.no_ours), ("torch", a.no_torch or a.device == "cpu")) if not off]
@@ -107,19 +177,16 @@ def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batc
         default = [DEFAULT_BATCH.get(net, common.NETS[net].speed_batch)]
         for batch in common.batches_for(net, batches, default if budget is None else []):
             for n in counts:
-                row: dict[str, Any] = {"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget}
-                for system in systems:
-                    cmd = rank_command(n, system, net, batch, a, budget)
-                    if a.dry_run:
-                        print(" ".join(cmd))
-                        row[system] = {"ok": False, "skipped": "dry run"}
-                    elif n > have:
-                        row[system] = {"ok": False, "skipped": f"this machine has {have} GPU(s)"}
-                    else:
-                        row[system] = run_job(cmd, a.timeout)
-                        print(f"{net} x{n} b{batch} {system}: "
-                              f"{common.fmt(row[system].get('img_per_s'))} img/s {row[system].get('error', '')}",
-                              flush=True)
+                if n > have and not a.dry_run:
+                    rows.append({"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget,
+                                 **{s: {"ok": False, "skipped": f"this machine has {have} GPU(s)"} for s in systems}})
+                    continue
+                row = measure_row(a, systems, net, n, batch, budget)
+                if not a.dry_run:
+                    print(f"{net} x{n} b{batch}{' budget' if budget else ''}: "
+                          + ", ".join(f"{s} {common.fmt(row[s].get('img_per_s'))} img/s {row[s].get('error', '')}"
+                                      for s in systems)
+                          + (f" buckets {row['ours_buckets']}" if row.get("ours_buckets") else ""), flush=True)
                 rows.append(row)
     add_efficiency(rows)
     return rows
@@ -128,9 +195,9 @@ def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batc
 def add_efficiency(rows: list[dict]) -> None:
     """efficiency = img/s on N / (N x img/s on 1), per net, batch, budget and system; ours / DDP."""
     one = {(r["net"], r["batch_per_gpu"], r["budget"], s): r[s].get("img_per_s")
-           for r in rows if r["gpus"] == 1 for s in ("ours", "torch") if s in r}
+           for r in rows if r["gpus"] == 1 for s in SYSTEMS if s in r}
     for r in rows:
-        for s in ("ours", "torch"):
+        for s in SYSTEMS:
             if s in r:
                 base = one.get((r["net"], r["batch_per_gpu"], r["budget"], s))
                 speed = r[s].get("img_per_s")
@@ -139,13 +206,14 @@ def add_efficiency(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    header = ("net", "GPUs", "batch/GPU", "budget", "ours img/s", "ours eff.", "ours mode", "DDP img/s", "DDP eff.",
-              "ours/DDP")
+    header = ("net", "GPUs", "batch/GPU", "budget", "ours img/s", "ours eff.", "ours mode", "wait ms/it",
+              "DDP batch/GPU", "DDP img/s", "DDP eff.", "ours/DDP")
     body = []
     for r in rows:
         o, t = r.get("ours", {}), r.get("torch", {})
         body.append((r["net"], r["gpus"], r["batch_per_gpu"], _size(r["budget"]), _cell(o), o.get("efficiency"),
-                     o.get("memory_mode", "-"), _cell(t), t.get("efficiency"), r.get("ours_vs_ddp")))
+                     o.get("memory_mode", "-"), o.get("wait_ms"), t.get("batch", "-"), _cell(t), t.get("efficiency"),
+                     r.get("ours_vs_ddp")))
     return common.text_table(header, body)
 
 
@@ -163,14 +231,18 @@ def _size(n: int | None) -> str:
 
 def targets(rows: list[dict]) -> list[dict]:
     out = []
-    eight = [r for r in rows if r["net"] == "resnet50" and r["gpus"] == 8 and r["batch_per_gpu"] == 64
-             and not r["budget"]]
-    if eight:
-        out.append(common.target("resnet50_efficiency_8gpu", f">= {EFFICIENCY_TARGET} at 8 GPUs, batch 64",
-                                 eight[0].get("ours", {}).get("efficiency"), EFFICIENCY_TARGET))
     for r in rows:
-        if not r["budget"] and r.get("ours_vs_ddp") is not None:
-            out.append(common.target(f"{r['net']}_vs_ddp_{r['gpus']}gpu", ">= 1.0x DDP's img/s", r["ours_vs_ddp"], 1.0))
+        if r["budget"] or r["gpus"] != TARGET_GPUS or r["batch_per_gpu"] != 64:
+            continue
+        o, t = r.get("ours", {}), r.get("torch", {})
+        net = r["net"]
+        out.append(common.target(f"{net}_efficiency_{TARGET_GPUS}gpu", f">= {EFFICIENCY_TARGET} at {TARGET_GPUS} GPUs",
+                                 o.get("efficiency"), EFFICIENCY_TARGET))
+        if t.get("efficiency") is not None:
+            out.append(common.target(f"{net}_efficiency_vs_ddp_{TARGET_GPUS}gpu", ">= DDP's efficiency",
+                                     o.get("efficiency"), t["efficiency"]))
+        out.append(common.target(f"{net}_vs_ddp_{TARGET_GPUS}gpu", f">= {RATIO_TARGET}x DDP's img/s",
+                                 r.get("ours_vs_ddp"), RATIO_TARGET))
     return out
 
 
@@ -181,19 +253,27 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     nets = common.parse_nets(a.nets)
     counts = parse_counts(a.gpus)
+    parse_buckets(a.bucket_mb)
+    if a.repeats < 1:
+        raise SystemExit(f"--repeats {a.repeats}: at least 1")
     budget = common.parse_size(a.budget)
     have = available_gpus(a.device)
     if have == 0 and not a.dry_run:
         raise SystemExit("no usable NVIDIA GPU here; run on a GPU machine, or --device cpu to check the plumbing")
-    rows = measure_rows(a, nets, counts, common.parse_batches(a.batches), None, have)
+    rows = [] if a.budget_only else measure_rows(a, nets, counts, common.parse_batches(a.batches), None, have)
     if budget:
-        rows += measure_rows(a, nets, counts, common.parse_batches(a.budget_batches), budget, have)
+        budget_counts = parse_counts(a.budget_gpus) if a.budget_gpus else counts
+        rows += measure_rows(a, nets, budget_counts, common.parse_batches(a.budget_batches), budget, have)
     if a.dry_run:
         return 0
     print()
     print(table(rows))
-    doc = {"rows": rows, "targets": targets(rows), "device": a.device, "gpus_available": have,
-           "iterations": a.iterations, "warmup": a.warmup, "versions": common.versions()}
+    found = targets(rows)
+    for t in found:
+        print(f"target {t['name']}: {t['target']}: measured {common.fmt(t['measured'])} -> "
+              f"{'met' if t['met'] else 'NOT met'}")
+    doc = {"rows": rows, "targets": found, "device": a.device, "gpus_available": have, "repeats": a.repeats,
+           "iterations": a.iterations, "warmup": a.warmup, "apart": a.apart, "versions": common.versions()}
     out = Path(a.out) / f"bench_scaling{'_' + a.tag if a.tag else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
@@ -206,11 +286,13 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------------
 def rank_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="scaling.py rank", description="one rank of a scaling job (run by mpiexec)")
-    ap.add_argument("system", choices=("ours", "torch"))
+    ap.add_argument("systems", help="ours, torch or ours,torch (alternating windows)")
     ap.add_argument("--net", required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bucket-mb", default="")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--budget", type=int)
     ap.add_argument("--workspace", default=common.DEFAULT_WORKSPACE)
@@ -222,12 +304,29 @@ def rank_main(argv: list[str]) -> int:
 
     a = rank_parser().parse_args(argv)
     common.parse_nets(a.net)
+    systems = [s for s in a.systems.split(",") if s]
     world = World()
+    result: dict[str, Any] = {}
+    side_name = ""
     try:
-        result = ours_rank(a, world) if a.system == "ours" else torch_rank(a, world)
+        sides = {}
+        for side_name in systems:
+            sides[side_name] = (OursSide if side_name == "ours" else TorchSide)(a, world)
+        for s, side in sides.items():
+            result[s] = side.result()
+        runnable = {s: side for s, side in sides.items() if side.fits}
+        for _ in range(a.repeats):  # alternating windows: ours, DDP, ours, DDP, ...
+            for side_name, side in runnable.items():
+                side.window()
+        for s, side in runnable.items():
+            result[s] = side.result()
+            if s == "ours" and len(side.sizes) > 1:
+                result["ours_buckets"] = {str(mb): w for mb, w in side.by_size.items()}
+        for side in sides.values():
+            side.close()
     except Exception as e:  # noqa: BLE001 - report it, then end every rank (none may wait in a collective)
-        print(common.RESULT_TAG + json.dumps({"ok": False, "error": f"rank {world.rank}: {type(e).__name__}: "
-                                              f"{str(e)[:300]}"}), flush=True)
+        print(common.RESULT_TAG + json.dumps({"ok": False, "error": f"{side_name}, rank {world.rank}: "
+                                              f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
         world.abort(1)
     if world.is_root:
         print(common.RESULT_TAG + json.dumps(result, default=str), flush=True)
@@ -245,88 +344,207 @@ def _timed(world: Any, step: Any, sync: Any, warmup: int, iterations: int) -> fl
         step()
     sync()
     elapsed = time.perf_counter() - t0
-    times = world.gather(elapsed)
-    return max(times) if times else elapsed
+    return max(world.comm.allgather(elapsed))
 
 
-def ours_rank(a: argparse.Namespace, world: Any) -> dict:
-    from superneurons.errors import PoolExhausted, UserError
-    from superneurons.parallel.solver import RankSolver
-    from superneurons.runtime.logging import TrainLog
+class OursSide:
+    """Our RankSolver on this rank, built once; `window()` times it (each bucket size in turn)."""
 
-    workspace = common.parse_size(a.workspace) if a.device == "cuda" else None
-    backend = common.make_backend("cpu" if a.device == "cpu" else f"cuda:{world.local_rank}", workspace)
-    if a.device == "cpu":
-        from superneurons.parallel.collectives import MpiCollective
+    def __init__(self, a: argparse.Namespace, world: Any):
+        from superneurons.errors import PoolExhausted, UserError
+        from superneurons.parallel.collectives import MpiCollective, NcclCollective
+        from superneurons.parallel.reducer import bucket_bytes_setting
+        from superneurons.parallel.solver import RankSolver
+        from superneurons.runtime.logging import TrainLog
 
-        collective: Any = MpiCollective(world, backend.ops)
-    else:
-        from superneurons.parallel.collectives import NcclCollective
-
-        collective = NcclCollective(world, world.local_rank)
-    memory = "auto" if a.budget else "baseline"
-    pool = a.budget - (workspace or 0) if a.budget else None
-    with open(os.devnull, "w") as sink:
+        self.a, self.world = a, world
+        workspace = common.parse_size(a.workspace) if a.device == "cuda" else None
+        self.backend = common.make_backend("cpu" if a.device == "cpu" else f"cuda:{world.local_rank}", workspace)
+        self.collective = (MpiCollective(world, self.backend.ops) if a.device == "cpu"
+                           else NcclCollective(world, self.backend, world.local_rank))
+        self.sizes = parse_buckets(a.bucket_mb) or [bucket_bytes_setting() >> 20]
+        memory = "auto" if a.budget else "baseline"
+        pool = a.budget - (workspace or 0) if a.budget else None
+        self.windows: list[float] = []
+        self.waits: list[float] = []
+        self.by_size: dict[int, list[float]] = {mb: [] for mb in self.sizes}
+        self.sink = open(os.devnull, "w")
         try:
-            solver = common.make_solver(a.net, a.batch, backend, memory, pool, factory=RankSolver, world=world,
-                                        collective=collective, log=TrainLog(stream=sink))
+            self.solver = common.make_solver(a.net, a.batch, self.backend, memory, pool, factory=RankSolver,
+                                             world=world, collective=self.collective, log=TrainLog(stream=self.sink),
+                                             bucket_bytes=self.sizes[0] << 20)
         except (PoolExhausted, UserError) as e:
-            return {"ok": False, "fits": False, "error": f"{type(e).__name__}: {e}"}
-        solver.share_rank0_state()
-        losses: list[float] = []
-        solver.callbacks.append(lambda s, it, loss: losses.append(float(loss)))
-        solver.step(1)  # draws the batch, compiles kernels, picks convolution algorithms
-        common.freeze_data(solver)
-        seconds = _timed(world, lambda: solver.step(1), backend.synchronize, a.warmup - 1, a.iterations)
-    return {"ok": True, "fits": True, "img_per_s": world.size * a.batch * a.iterations / seconds,
-            "seconds": seconds, "ranks": world.size, "memory_mode": solver.net.memory.name,
-            "pool_bytes": solver.net.pool.capacity, "buckets": len(solver.reducer.buckets),
-            "layer_wise": solver.reducer.layer_wise, "losses": losses}
+            self.fits, self.error = False, f"{type(e).__name__}: {e}"
+            return
+        self.fits, self.error = True, ""
+        self.solver.share_rank0_state()
+        self.solver.step(1)  # draws the batch, compiles kernels, picks convolution algorithms
+        common.freeze_data(self.solver)
+
+    def _use(self, mb: int) -> None:
+        """Rebuild the reducer with buckets of `mb` MiB (the same on every rank)."""
+        from superneurons.parallel.reducer import GradientReducer
+
+        s = self.solver
+        if s.reducer.bucket_bytes == mb << 20:
+            return
+        s.reducer.detach()
+        s.reducer = GradientReducer(s.net, self.collective, s.iter_size, layer_wise=s.param.layer_wise_reduce,
+                                    bucket_bytes=mb << 20)
+        s._agree_on_buckets()
+        s.reducer.attach()
+
+    def window(self) -> None:
+        for mb in self.sizes[1:] + self.sizes[:1]:  # the row's own size last: `result` reads its reducer
+            self._use(mb)
+            reducer = self.solver.reducer
+            first = len(reducer.settle_timing())
+            seconds = _timed(self.world, lambda: self.solver.step(1), self.backend.synchronize, self.a.warmup,
+                             self.a.iterations)
+            speed = self.world.size * self.a.batch * self.a.iterations / seconds
+            self.by_size[mb].append(speed)
+            if mb == self.sizes[0]:
+                self.windows.append(speed)
+                waits = reducer.settle_timing()[first + self.a.warmup:]
+                self.waits.append(statistics.median(waits) if waits else 0.0)
+
+    def result(self) -> dict:
+        if not self.fits:
+            return {"ok": False, "fits": False, "error": self.error}
+        r = self.solver.reducer
+        return {"ok": bool(self.windows), "fits": True, "batch": self.a.batch, "ranks": self.world.size,
+                "windows": self.windows, "img_per_s": statistics.median(self.windows) if self.windows else None,
+                "wait_ms": statistics.median(self.waits) if self.waits else None,
+                "memory_mode": self.solver.net.memory.name, "pool_bytes": self.solver.net.pool.capacity,
+                "buckets": len(r.buckets), "bucket_mb": self.sizes[0], "flat": r.flat,
+                "reductions_per_iter": r.calls_per_iteration, "layer_wise": r.layer_wise}
+
+    def close(self) -> None:
+        if self.fits and hasattr(self.collective, "close"):
+            self.collective.close()
+        self.sink.close()
 
 
-def torch_rank(a: argparse.Namespace, world: Any) -> dict:
-    import socket
+class TorchSide:
+    """torchvision's model under DistributedDataParallel on this rank, built once; `window()` times it."""
 
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    def __init__(self, a: argparse.Namespace, world: Any):
+        import socket
 
-    from tools.bench import torch_nets
-    from superneurons.io.prototxt import read_solver
+        import torch
+        import torch.distributed as dist
 
-    local = world.local_rank
-    torch.cuda.set_device(local)
-    port = world.broadcast(_free_port() if world.is_root else None)
-    os.environ["MASTER_ADDR"] = world.broadcast(socket.gethostname() if world.is_root else None)
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("nccl", rank=world.rank, world_size=world.size)
-    try:
+        self.a, self.world, self.torch = a, world, torch
+        self.local = world.local_rank
+        torch.cuda.set_device(self.local)
+        # Under the budget cuDNN's engine search would try workspaces the cap then refuses mid-run: off there.
+        torch.backends.cudnn.benchmark = not a.budget
+        port = world.broadcast(_free_port() if world.is_root else None)
+        os.environ["MASTER_ADDR"] = world.broadcast(socket.gethostname() if world.is_root else None)
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("nccl", rank=world.rank, world_size=world.size)
+        self.windows: list[float] = []
+        self.fits, self.error = True, ""
+        self.batch = a.batch
         if a.budget:
-            total = torch.cuda.get_device_properties(local).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, a.budget / total), local)
-        sp = read_solver(str(common.ROOT / common.NETS[a.net].solver))
-        torch.manual_seed(0)
-        try:
-            model, shape, source = torch_nets.build(a.net, "plain", a.batch)
-            ddp = DistributedDataParallel(model.cuda().train(), device_ids=[local])
-            opt = torch.optim.SGD(ddp.parameters(), lr=sp.base_lr or 0.01, momentum=sp.momentum,
-                                  weight_decay=sp.weight_decay)
-            x = torch.randn((a.batch,) + tuple(shape[1:]), device="cuda")
-            y = torch.full((a.batch,), 7, dtype=torch.long, device="cuda")
+            self.batch = self._widest()
+        while self.batch:
+            try:
+                self._build(self.batch)
+                for _ in range(2):  # the second step holds the optimizer's momentum too
+                    self._step()
+                torch.cuda.synchronize()
+                self.fits, self.error = True, ""
+                return
+            except torch.cuda.OutOfMemoryError as e:  # every rank alike: the same model, batch and cap
+                self.fits, self.error = False, f"DDP at batch {self.batch}: OOM: {str(e)[:200]}"
+                self.ddp = self.opt = self.x = self.y = None
+                torch.cuda.empty_cache()
+                if not a.budget:
+                    return
+                self.batch -= 8
+        self.fits, self.error = False, self.error or "DDP: OOM at every batch down to 8"
 
-            def step():
+    def _cap(self, nbytes: int) -> None:
+        total = self.torch.cuda.get_device_properties(self.local).total_memory
+        self.torch.cuda.set_per_process_memory_fraction(min(1.0, nbytes / total), self.local)
+
+    def _model(self, batch: int) -> tuple[Any, tuple]:
+        from tools.bench import torch_nets
+
+        self.torch.manual_seed(0)
+        model, shape, _source = torch_nets.build(self.a.net, "checkpoint" if self.a.budget else "plain", batch)
+        return model.cuda().train(), shape
+
+    def _widest(self) -> int:
+        """The widest batch (multiple of 8) whose checkpointed training step (SGD with momentum) fits the
+        budget less DDP's gradient buckets, probed without DDP (no collective can hang on an out-of-memory),
+        the smallest of every rank's; `__init__` steps down from it should DDP itself not fit."""
+        torch = self.torch
+        model, shape = self._model(8)
+        grads = sum(p.numel() * p.element_size() for p in model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=1e-9, momentum=0.9)
+        self._cap(self.a.budget - grads)
+
+        def fits(b: int) -> bool:
+            x = y = None
+            try:
+                x = torch.randn((b,) + tuple(shape[1:]), device="cuda")
+                y = torch.full((b,), 7, dtype=torch.long, device="cuda")
+                for _ in range(2):
+                    opt.zero_grad(set_to_none=True)
+                    model(x, y).backward()
+                    opt.step()
+                torch.cuda.synchronize()
+                return True
+            except torch.cuda.OutOfMemoryError:
+                return False
+            finally:
+                x = y = None
                 opt.zero_grad(set_to_none=True)
-                ddp(x, y).backward()
-                opt.step()
+                torch.cuda.empty_cache()
 
-            seconds = _timed(world, step, torch.cuda.synchronize, a.warmup, a.iterations)
-        except torch.cuda.OutOfMemoryError as e:
-            return {"ok": False, "fits": False, "error": f"OOM: {str(e)[:200]}"}
-        return {"ok": True, "fits": True, "img_per_s": world.size * a.batch * a.iterations / seconds,
-                "seconds": seconds, "ranks": world.size, "source": source,
-                "max_memory_allocated": torch.cuda.max_memory_allocated()}
-    finally:
-        dist.destroy_process_group()
+        start = common.NETS[self.a.net].torch_checkpoint_widest or self.a.batch
+        best = common.search_edge(fits, start, step=8, max_probes=7)
+        del model, opt
+        torch.cuda.empty_cache()
+        self._cap(self.a.budget)
+        from mpi4py import MPI
+
+        return int(self.world.comm.allreduce(best, op=MPI.MIN))
+
+    def _build(self, batch: int) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        from superneurons.io.prototxt import read_solver
+
+        torch = self.torch
+        model, shape = self._model(batch)
+        sp = read_solver(str(common.ROOT / common.NETS[self.a.net].solver))
+        self.ddp = DistributedDataParallel(model, device_ids=[self.local])
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=sp.base_lr or 0.01, momentum=sp.momentum,
+                                   weight_decay=sp.weight_decay)
+        self.x = torch.randn((batch,) + tuple(shape[1:]), device="cuda")
+        self.y = torch.full((batch,), 7, dtype=torch.long, device="cuda")
+
+    def _step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.ddp(self.x, self.y).backward()
+        self.opt.step()
+
+    def window(self) -> None:
+        seconds = _timed(self.world, self._step, self.torch.cuda.synchronize, self.a.warmup, self.a.iterations)
+        self.windows.append(self.world.size * self.batch * self.a.iterations / seconds)
+
+    def result(self) -> dict:
+        if not self.fits:
+            return {"ok": False, "fits": False, "batch": self.batch, "error": self.error}
+        return {"ok": bool(self.windows), "fits": True, "batch": self.batch, "ranks": self.world.size,
+                "windows": self.windows, "img_per_s": statistics.median(self.windows) if self.windows else None,
+                "checkpoint": bool(self.a.budget), "max_memory_allocated": self.torch.cuda.max_memory_allocated()}
+
+    def close(self) -> None:
+        self.torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:

@@ -58,3 +58,17 @@ class CpuBackend:
 
     def release_freed(self) -> None:
         pass  # NumPy frees an array when its last reference goes
+
+    def make_stream(self) -> Any:
+        """Work "on" a CPU stream has finished when it returns, as every op here has."""
+        from superneurons.backend.cpu.transfer import DoneStream
+
+        return DoneStream()
+
+    def compute_waits(self, event: Any) -> None:
+        pass  # compute runs in program order already
+
+    def compute_event(self) -> Any:
+        from superneurons.backend.cpu.transfer import ClockEvent
+
+        return ClockEvent()

@@ -12,6 +12,7 @@ CPU tests catch the races the GPU would have. With lag 0 (the default) every cop
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -92,3 +93,37 @@ class CpuTransfer:
     def join(self, event: CpuEvent) -> None:
         """Compute issued from now on waits for `event` (on the CPU, compute runs now: finish the copy)."""
         event.synchronize()
+
+
+class ClockEvent:
+    """An event of the CPU backend: the work before it has finished when it is made; timed by the host
+    clock (the time between two of them is the host's time between their making)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_ms(self, start: "ClockEvent") -> float:
+        return (self.at - start.at) * 1e3
+
+
+class DoneStream:
+    """The Backend's `make_stream` on the CPU: what is queued on it ran when it was called."""
+
+    handle = 0
+
+    def follow_compute(self) -> None:
+        pass
+
+    def record(self) -> ClockEvent:
+        return ClockEvent()
+
+    def synchronize(self) -> None:
+        pass

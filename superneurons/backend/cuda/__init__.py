@@ -89,6 +89,22 @@ class CudaBackend:
 
         release_freed_allocations()
 
+    def make_stream(self):
+        """A NON_BLOCKING stream beside stream 0 (streams.CudaStream)."""
+        from superneurons.backend.cuda.streams import CudaStream
+
+        return CudaStream()
+
+    def compute_waits(self, event) -> None:
+        from superneurons.backend.cuda.streams import compute_waits
+
+        compute_waits(event)
+
+    def compute_event(self):
+        from superneurons.backend.cuda.streams import compute_event
+
+        return compute_event()
+
     def arena(self, nbytes: int):
         """One device allocation of `nbytes` (uint8); the pool carves every tensor out of it."""
         return self._cuda.device_array(max(int(nbytes), 1), np.uint8)
