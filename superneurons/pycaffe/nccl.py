@@ -71,7 +71,7 @@ class NCCL:
                             f"{mode.solver_count()} processes (caffe.set_solver_count / set_solver_rank)")
         self._solver = solver
         self._net = solver.runtime.net
-        self._collective = NcclCollective(_ScriptRanks(uid), mode.device())
+        self._collective = NcclCollective(_ScriptRanks(uid), self._net.backend, mode.device())
         self._layer_wise: dict[int, list[Any]] = {}  # layer index -> its learnable gradients (after_backward)
         self._pending: list[Any] = []
 
