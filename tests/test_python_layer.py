@@ -219,7 +219,8 @@ def test_phase_param_str_and_data_layer_planning(tmp_path):
 
 def test_errors_keep_the_users_traceback_and_name_the_layer(tmp_path):
     text = """input: 'x' input_shape { dim: 2 dim: 3 }
-    layer { name: 'bad' type: 'Python' bottom: 'x' top: 'y' python_param { module: 'pylayers_for_tests' layer: 'Fails' } }
+    layer { name: 'bad' type: 'Python' bottom: 'x' top: 'y'
+            python_param { module: 'pylayers_for_tests' layer: 'Fails' } }
     """
     net = _net(tmp_path, text)
     with pytest.raises(ZeroDivisionError, match="the user's own bug") as info:

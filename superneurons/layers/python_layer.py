@@ -40,12 +40,12 @@ class LayerBlob:
     """A blob as a Python layer sees it: `.data`, `.diff`, `.shape`, `.count`, `.num`/`.channels`/`.height`/
     `.width`, `.reshape(*shape)`."""
 
-    def __init__(self, shape: Shape | None, owner: "Python | None" = None, index: int = -1):
+    def __init__(self, shape: Shape | None, what: str = "a Python layer's blob"):
         self._shape = shape
         self._data: np.ndarray | None = None
         self._diff: np.ndarray | None = None
-        self._owner, self._index = owner, index  # a top of `owner` (index `index`): reshape records its shape
-        self._fixed = False  # True while bound to the net's arrays: the shape may not change
+        self._what = what  # for errors: "layer 'loss' (Python): top 0"
+        self._fixed = False  # True once bound to the net's arrays (or a bottom): the shape may not change
 
     def bind(self, data: np.ndarray | None, diff: np.ndarray | None) -> "LayerBlob":
         self._data, self._diff, self._fixed = data, diff, True
@@ -55,8 +55,8 @@ class LayerBlob:
         current = self._data if which == "data" else self._diff
         if current is None:
             if self._shape is None:
-                raise UserError(f"{self._what()}: read before its shape was set: call top[{self._index}].reshape(...) "
-                                "in setup or reshape")
+                raise UserError(f"{self._what}: read before its shape was set: call reshape(...) on it in setup or "
+                                "reshape")
             current = np.zeros(self._shape, dtype=np.float32)
             if which == "data":
                 self._data = current
@@ -92,17 +92,13 @@ class LayerBlob:
         dims = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
         dims = tuple(int(d) for d in dims)
         if any(d < 0 for d in dims):
-            raise UserError(f"{self._what()}: reshape{dims}: a dimension is negative")
+            raise UserError(f"{self._what}: reshape{dims}: a dimension is negative")
         if self._fixed:
             if dims != self.shape:
-                raise UserError(f"{self._what()}: reshape to {dims} while the net runs with {self.shape}; shapes "
+                raise UserError(f"{self._what}: reshape to {dims} while the net runs with {self.shape}; shapes "
                                 "are set up once (reshape the net's input blobs from Python to set the net up again)")
             return
         self._shape, self._data, self._diff = dims, None, None
-
-    def _what(self) -> str:
-        owner = f"layer {self._owner.name!r} (Python)" if self._owner is not None else "Python layer"
-        return f"{owner}: top {self._index}"
 
     def __repr__(self) -> str:
         return f"<LayerBlob {self.shape}>"
@@ -118,7 +114,7 @@ class BlobVec(list):
     def add_blob(self, *shape: int) -> None:
         if not self.open:
             raise UserError("blobs.add_blob: a Python layer adds its blobs in setup, before the net is set up")
-        self.append(LayerBlob(tuple(int(d) for d in shape)))
+        self.append(LayerBlob(tuple(int(d) for d in shape), f"blobs[{len(self)}]"))
 
 
 class UserLayer:
@@ -191,9 +187,13 @@ class Python(Layer):
             e.add_note(f"in Python layer {self.name!r} ({self.source}), {method}()")
             raise
 
+    def _blobs(self, role: str, shapes: Sequence[Shape | None]) -> list[LayerBlob]:
+        return [LayerBlob(None if s is None else tuple(s), f"layer {self.name!r} (Python): {role} {i}")
+                for i, s in enumerate(shapes)]
+
     def setup(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
-        bottom = [LayerBlob(tuple(s)) for s in bottom_shapes]
-        top = [LayerBlob(None, self, i) for i in range(len(self.param.top))]
+        bottom = [b.bind(None, None) for b in self._blobs("bottom", bottom_shapes)]  # shaped by the net
+        top = self._blobs("top", [None] * len(self.param.top))
         self._call("setup", bottom, top)
         self._call("reshape", bottom, top)
         blobs = self.user.blobs
@@ -233,18 +233,19 @@ class Python(Layer):
         return back
 
     def forward(self, bottom: list, top: list) -> None:
-        b = [LayerBlob(s).bind(self._host(a, s), None) for a, s in zip(bottom, self.bottom_shapes)]
-        t = [LayerBlob(s, self, i).bind(self._host(a, s), None) for i, (a, s) in enumerate(zip(top, self.top_shapes))]
+        b = [blob.bind(self._host(a, blob.shape), None)
+             for a, blob in zip(bottom, self._blobs("bottom", self.bottom_shapes))]
+        t = [blob.bind(self._host(a, blob.shape), None) for a, blob in zip(top, self._blobs("top", self.top_shapes))]
         back = self._bind_blobs(diffs=False)
         self._call("reshape", b, t)
         self._call("forward", b, t)
         self._write_back([(a, blob._data) for a, blob in zip(top, t)] + back)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff) -> None:
-        t = [LayerBlob(s, self, i).bind(self._host(a, s), self._host(d, s))
-             for i, (a, d, s) in enumerate(zip(top, top_diff, self.top_shapes))]
-        b = [LayerBlob(s).bind(self._host(a, s), self._host(d, s))
-             for a, d, s in zip(bottom, bottom_diff, self.bottom_shapes)]
+        t = [blob.bind(self._host(a, blob.shape), self._host(d, blob.shape))
+             for a, d, blob in zip(top, top_diff, self._blobs("top", self.top_shapes))]
+        b = [blob.bind(self._host(a, blob.shape), self._host(d, blob.shape))
+             for a, d, blob in zip(bottom, bottom_diff, self._blobs("bottom", self.bottom_shapes))]
         back = self._bind_blobs(diffs=True)
         self._call("backward", t, list(propagate_down), b)
         self._write_back([(d, blob._diff) for d, blob in zip(bottom_diff, b)] + back)
