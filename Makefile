@@ -31,7 +31,8 @@ train: install data
 test: install
 	$(BIN)/python -m pytest -q -m "not gpu"
 
-# On a GPU machine with no registry: the packages come from the machine (see GPU.md), not a venv.
+# On a GPU machine with no registry: the packages come from the machine, not a venv (docs/BENCHMARKS.md,
+# "Setting up the GPU machine").
 gpu-test:
 	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}$(CURDIR) python3 -m pytest -q -m gpu tests
 

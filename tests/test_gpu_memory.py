@@ -1,4 +1,4 @@
-"""The memory runtime on the GPU (issue #4): every mode trains to baseline's weights, offload really moves
+"""The memory runtime on the GPU: every mode trains to baseline's weights, offload really moves
 bytes through pinned memory when the budget requires it and nothing when the net fits, the pool's
 per-step usage equals the plan's, and the copy streams overlap compute.
 

@@ -95,7 +95,7 @@ def test_every_mode_schedule_is_valid_and_modes_are_ordered(name):
 
 
 ZOO = zoo_path()
-# Issue 4's list: the planner's peaks fall baseline > liveness > offload >= recompute, and recompute stays
+# The memory runtime's promise: the planner's peaks fall baseline > liveness > offload >= recompute, and recompute stays
 # within 5% of max(l_i). (VGG16's offload already reaches max(l_i): conv1_2's backward alone needs it.)
 ZOO_PLANS = {"alexnet": ("caffe/models/bvlc_alexnet/deploy.prototxt", 200),
              "vgg16": ("vgg/deploy_vgg16-pytorch.prototxt", 32),

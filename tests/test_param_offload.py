@@ -1,4 +1,4 @@
-"""Parameters are tensors too (issue #4): weights, gradients and solver history go through the pool, and
+"""Parameters are tensors too: weights, gradients and solver history go through the pool, and
 when the pool cannot hold them all beside the activations they are streamed from the host, one layer at a
 time, and the update runs one parameter at a time. The weights and the history must equal baseline's."""
 from __future__ import annotations

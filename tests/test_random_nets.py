@@ -87,7 +87,7 @@ def _l(name, type_, bottoms, tops, extra=""):
     return f'layer {{ name: "{name}" type: "{type_}"{b}{t} {extra} }}\n'
 
 
-# The issue's shape: fan-out, joins, a blob used twice by one layer, pooling backward, parameter gradients,
+# The shape that breaks planners: fan-out, joins, a blob used twice by one layer, pooling backward, parameter gradients,
 # several losses (so backward starts with more than one seeded gradient while replays run).
 FAN_JOIN_TWICE = _net("fan_join_twice", (
     _conv("conv1", "data", "c1") + _l("relu1", "ReLU", ["c1"], ["c1"])

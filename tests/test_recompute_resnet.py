@@ -1,4 +1,4 @@
-"""ResNet-style in-place chains under every memory mode (issue #4, PROBLEM 1 of the memory runtime):
+"""ResNet-style in-place chains under every memory mode:
 conv -> BatchNorm -> Scale -> ReLU all write one blob, the blocks join through Eltwise, and BatchNorm keeps
 a buffer for backward. Fused (graph/fuse.py: the BatchNorm goes out of place and keeps the convolution's
 output, now a blob of its own, `<blob>/bn_input`; Scale and ReLU keep nothing) and not (SUPERNEURONS_FUSE=0:

@@ -1,5 +1,5 @@
 """Damaged and mistaken input files give one line naming the file and what is wrong, never a traceback,
-a signal or a hang (issue 19). Each test is one class of input the fuzzer (tools/fuzz) found."""
+a signal or a hang. Each test is one class of input the fuzzer (tools/fuzz) found."""
 from __future__ import annotations
 
 import json

@@ -60,7 +60,7 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
     """(mode, checkpoint types, pool bytes or None) from a --memory flag and the solver's MemoryParameter.
 
     An explicit argument wins; then the MemoryParameter's field when it is set; then the defaults
-    (auto -- MemoryParameter's default mode, issue #4 --, Convolution, the Net's default pool size).
+    (auto, MemoryParameter's default mode; Convolution; the Net's default pool size).
     `unset_types`: None instead of the default types when none were given, so that `auto` may weigh
     several sets (`checkpoint_sets`).
     """

@@ -1,4 +1,4 @@
-"""Parameters are tensors too (issue #4): their values, gradients and solver history live in the Net's
+"""Parameters are tensors too: their values, gradients and solver history live in the Net's
 pool, and when the budget cannot hold all of them beside the activations, they live on the host and come
 to the device only for the steps that use them.
 

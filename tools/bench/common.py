@@ -1,4 +1,4 @@
-"""Shared pieces of the tools/bench scripts (issue 7): the nets, the planner's predictions, running our
+"""Shared pieces of the tools/bench scripts: the nets, the planner's predictions, running our
 Solver and PyTorch in isolated worker processes, timing, tables and JSON.
 
 The scripts import this module as `common` (tools/bench is a folder of scripts, not a package). It is
@@ -82,8 +82,8 @@ RESNETS = ("resnet50", "resnet101", "resnet152")
 
 # Deep ResNets of tools/models/make_resnet.py: blocks 6,32,N,6 (depth 3 * (44 + N) + 2), batch 16 (paper Table 4).
 DEEP_STAGES = (6, 32, None, 6)
-TORCH_DEEP_PLAIN_N = 176  # 662 layers (GPU.md)
-TORCH_DEEP_CHECKPOINT_N = 544  # 1766 layers (GPU.md)
+TORCH_DEEP_PLAIN_N = 176  # 662 layers (an earlier H200 measurement, docs/BENCHMARKS.md "Depth")
+TORCH_DEEP_CHECKPOINT_N = 544  # 1766 layers (the same)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -807,7 +807,7 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def target(name: str, goal: str, measured: float | None, threshold: float, note: str = "") -> dict:
-    """One issue target: met when measured >= threshold (a missed target keeps how far off it is)."""
+    """One benchmark target (the paper's claim it checks): met when measured >= threshold (a missed target keeps how far off it is)."""
     met = measured is not None and measured >= threshold
     return {"name": name, "target": goal, "measured": measured, "threshold": threshold, "met": met,
             "shortfall": None if met or measured is None else threshold - measured, "note": note}

@@ -1,4 +1,4 @@
-"""Where the host time of one cuDNN convolution call goes (issue 3): cuDNN itself against our Python around it.
+"""Where the host time of one cuDNN convolution call goes: cuDNN itself against our Python around it.
 
     python3 -m tools.bench.conv_overhead [--calls 20] [--repeats 25] [--out DIR]
 

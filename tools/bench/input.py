@@ -1,4 +1,4 @@
-"""Input pipeline speed (issue 13): the Data layer on a JPEG LMDB, alone and under ResNet-50, beside PyTorch's
+"""Input pipeline speed: the Data layer on a JPEG LMDB, alone and under ResNet-50, beside PyTorch's
 DataLoader on the same LMDB, same run.
 
     python3 -m tools.bench.input [--images 5000] [--batch 64] [--workers 1,4,8,all] [--iterations 150]

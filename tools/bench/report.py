@@ -3,7 +3,7 @@
     python3 -m tools.bench.report [--in DIR] [--out FILE]
 
 Reads every <benchmark>[_quick].json in DIR (default $OUT or .) that a bench script wrote and prints, per
-benchmark: the device and versions, the exact command, its tables and the issue's targets (met, or missed
+benchmark: the device and versions, the exact command, its tables and its targets (met, or missed
 by how much). Paste the sections into docs/BENCHMARKS.md.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: the paper's evaluation (issue 7), SuperNeurons beside PyTorch in the same run.
+# On the GPU machine: the paper's evaluation, SuperNeurons beside PyTorch in the same run.
 # Each stage is one tools/bench script (each under 10 minutes on an H100/H200); logs and JSON go to $OUT,
 # then tools/bench/report.py turns the JSON into $OUT/BENCHMARKS_tables.md.
 #   BENCH_STAGES   stages to run, in order (default: "wider speed deeper pool cache workspace trace")

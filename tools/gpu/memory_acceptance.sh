@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #4 acceptance on the GPU machine: the memory runtime's GPU tests (tests/test_gpu_memory.py), then a
+# The memory runtime's acceptance on the GPU machine: the memory runtime's GPU tests (tests/test_gpu_memory.py), then a
 # table of what they measured. Each test prints `REPORT|name|value|detail`; failures name the numbers that differ.
 #   (a) every --memory mode trains a small fan/join/BN/Dropout net to baseline's weights (and without the cache)
 #   (b) ResNet-50 (batch $SN_ACCEPT_BATCH, default 8) under a budget below liveness's need: auto trains it,
@@ -23,7 +23,7 @@ rc=$?
 echo "== failures (if any) =="
 grep -E "^(FAILED|ERROR)|AssertionError|^E  " "$LOG" | head -40
 echo
-echo "== issue #4 GPU acceptance =="
+echo "== memory runtime GPU acceptance =="
 python3 - "$LOG" <<'PY'
 import sys
 rows = [line.rstrip("\n").split("|", 3)[1:] for line in open(sys.argv[1]) if line.startswith("REPORT|")]

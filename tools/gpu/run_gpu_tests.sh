@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine: bring numpy<2.5 first on the path (GPU.md), then the GPU tests, a LeNet-like training
-# run with --gpu 0, and the benchmark if present. Logs go to $OUT (or ./gpu_logs).
+# On the GPU machine: bring numpy<2.5 first on the path (numba-cuda 0.30 cannot compile kernels under
+# numpy 2.5), then the GPU tests, a LeNet-like training run with --gpu 0, and the benchmark if present. Logs go to $OUT (or ./gpu_logs).
 set -u
 OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

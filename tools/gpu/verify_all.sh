@@ -3,7 +3,7 @@
 # runtime's acceptance with its table, data input, data parallelism through NCCL, the Python API) and LeNet
 # trained on the GPU with the full default solver. Logs go to $OUT.
 #
-# The tests take longer than one 10-minute GPU call (an H100, session 10), so they come in two parts:
+# The tests take longer than one 10-minute GPU call (an H100, 2026-11-24), so they come in two parts:
 #   VERIFY_PART=1 bash tools/gpu/verify_all.sh   # all but SECOND's files, the memory table and LeNet
 #   VERIFY_PART=2 bash tools/gpu/verify_all.sh   # SECOND's files (about 4 minutes)
 # Without VERIFY_PART, one run takes everything.

@@ -158,10 +158,10 @@ def measures_algorithms() -> bool:
     """Whether convolution choices are ranked by time on the real operands at each direction's first call
     (SUPERNEURONS_CUDNN_FIND, on by default, as PyTorch's cudnn.benchmark on): on the graph API the heuristics'
     first precompiled candidates (cudnn_graph.GraphDirection.measure), on the legacy API cudnnFind*AlgorithmEx.
-    Measured on an H100 (session 10, tools/bench/speed.py, ours alone): SqueezeNet b64 4094 -> 4392 img/s,
+    Measured on an H100 (2026-11-24, tools/bench/speed.py, ours alone): SqueezeNet b64 4094 -> 4392 img/s,
     AlexNet b256 10764 -> 12092 (its grouped convolutions run on the legacy API), ResNet-50 and VGG16 b64 within
     0.3 %. (On the legacy API alone, Find once trained ResNet-50 slower than the heuristics: 1120 against 1350
-    img/s on an H200, docs/benchmarks-history.md.) Under SUPERNEURONS_CUDNN_DETERMINISTIC=1 the heuristics rank,
+    img/s on an H200, 2026-11-22.) Under SUPERNEURONS_CUDNN_DETERMINISTIC=1 the heuristics rank,
     so that two runs also choose the same engines."""
     return settings.get("SUPERNEURONS_CUDNN_FIND") and not cudnn_graph.deterministic_only()
 
