@@ -307,7 +307,10 @@ def test_mpiexec_train_on_the_cpu_logs_once_and_resumes_only_with_as_many_ranks(
     lines = messages(r.stderr)  # glog lines on stderr
     assert lines.count("Optimization Done.") == 1  # rank 0 alone logs
     assert lines.count("Iteration 3, Testing net (#0)") == 1
-    assert any(l.startswith("Data parallel: 2 rank(s)") for l in lines)
+    assert any(m.startswith("Data parallel: 2 rank(s)") and m.endswith("one reduction each") for m in lines)
+    # After display lines: how long compute waited on the reduction, and one reduction per bucket.
+    waits = [m for m in lines if "waiting on gradient reduction" in m]
+    assert waits and len(waits) <= 6 and all(m.endswith("(1 buckets, 1 reductions/iter)") for m in waits), waits
     extra = json.loads((workdir / "out/tiny_iter_3.solverstate.extra").read_text())
     assert extra["ranks"] == 2
     # Another number of ranks: one line, exit 1 (here on 1 rank, the plain command).

@@ -6,8 +6,9 @@ data with `batch_size` per rank, gradients averaged across ranks before every up
 - launch.py: what kind of run `--gpu` asks for; the local launcher (one process per GPU via mpiexec)
 - rank.py: `train` as one rank (its device, its solver, failing the whole job at once)
 - solver.py: the Solver of one rank (rank 0's weights broadcast, rank 0 logs/tests/snapshots)
-- reducer.py: gradient buckets in the order backward finishes them, reduced during or after backward
-- collectives.py: NCCL (nccl4py, its own stream) between GPUs, MPI between CPU processes
+- reducer.py: gradient buckets, each one run of pool memory reduced by one call, started from the Net's
+  `gradients_ready` hook during backward (or after it), and the time compute waited on them
+- collectives.py: NCCL (nccl4py, on a backend stream) between GPUs, MPI between CPU processes
 
 docs/PARALLEL.md is the user's page.
 """

@@ -506,7 +506,7 @@ class TorchSide:
 
         start = common.NETS[self.a.net].torch_checkpoint_widest or self.a.batch
         best = common.search_edge(fits, start, step=8, max_probes=7)
-        del model, opt
+        model = opt = None  # the probes' memory goes before DDP's model is built
         torch.cuda.empty_cache()
         self._cap(self.a.budget)
         from mpi4py import MPI
