@@ -6,6 +6,7 @@
 # The tests take longer than one 10-minute GPU call (an H100, 2026-11-24), so they come in two parts:
 #   VERIFY_PART=1 bash tools/gpu/verify_all.sh   # all but SECOND's files, the memory table and LeNet
 #   VERIFY_PART=2 bash tools/gpu/verify_all.sh   # SECOND's files (about 4 minutes)
+#   VERIFY_PART=files VERIFY_FILES="tests/a.py tests/b.py" bash tools/gpu/verify_all.sh   # those files only
 # Without VERIFY_PART, one run takes everything.
 set -u
 SECOND="tests/test_cuda_ops.py tests/test_conv_relu_fusion.py tests/test_concat_kernels_sim.py tests/test_pycaffe_net.py
@@ -14,7 +15,8 @@ case "${VERIFY_PART:-all}" in
     1) TESTS="tests $(for f in $SECOND; do printf -- ' --ignore=%s' "$f"; done)" ;;
     2) TESTS="$SECOND" ;;
     all) TESTS="tests" ;;
-    *) echo "VERIFY_PART must be 1, 2 or unset, not '$VERIFY_PART'"; exit 1 ;;
+    files) TESTS="${VERIFY_FILES:?VERIFY_PART=files needs VERIFY_FILES, the test files to run}" ;;
+    *) echo "VERIFY_PART must be 1, 2, files or unset, not '$VERIFY_PART'"; exit 1 ;;
 esac
 source tools/gpu/env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
@@ -28,7 +30,7 @@ if [ $? -eq 124 ]; then
 fi
 grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/gpu_test.log" | head -30
 tail -1 "$OUT/gpu_test.log"
-[ "${VERIFY_PART:-all}" = 2 ] && exit 0  # the memory table and LeNet come with part 1
+case "${VERIFY_PART:-all}" in 2|files) exit 0 ;; esac  # the memory table and LeNet come with part 1
 echo "== memory runtime on the GPU"
 grep "^REPORT|" "$OUT/gpu_test.log" | awk -F'|' '{printf "%-44s %16s  %s\n", $2, $3, substr($4, 1, 110)}'
 
