@@ -119,6 +119,17 @@ FAMILIES = {
     "lrn": ('type: "LRN" lrn_param { local_size: 3 }', [(2, 5, 4, 4)]),
     "softmax": ('type: "Softmax"', [(3, 7)]),
     "power": ('type: "Power" power_param { power: 2 scale: 0.5 shift: 1 }', [(3, 5)]),
+    "prelu": ('type: "PReLU"', [(2, 3, 4)]),
+    "elu": ('type: "ELU"', [(3, 5)]),
+    "absval": ('type: "AbsVal"', [(3, 5)]),
+    "exp": ('type: "Exp" exp_param { scale: 0.5 }', [(3, 5)]),
+    "bias": ('type: "Bias"', [(2, 3, 4)]),
+    "mvn": ('type: "MVN"', [(2, 3, 4, 5)]),
+    "reduction": ('type: "Reduction" reduction_param { operation: SUMSQ axis: 1 }', [(3, 4, 5)]),
+    "slice": ('type: "Slice" slice_param { axis: 1 slice_point: 2 } top: "a" top: "b"', [(2, 5, 3)]),
+    "tile": ('type: "Tile" tile_param { axis: 1 tiles: 3 }', [(2, 2, 3)]),
+    "crop": ('type: "Crop" crop_param { axis: 2 offset: 1 }', [(2, 3, 6, 6), (2, 3, 4, 4)]),
+    "dropout": ('type: "Dropout" dropout_param { dropout_ratio: 0.4 }', [(4, 50)]),
 }
 
 
@@ -188,7 +199,7 @@ def test_every_memory_mode_trains_bf16_to_baseline_bf16_weights_bit_for_bit():
     assert net.data["conv1"].dtype == BFLOAT16 and net.diff["sum"].dtype == BFLOAT16
     fp32, _, _ = _train(CONV_FAN, "baseline", "fp32")
     assert fp32 != ref  # half storage is really in play
-    for mode in ("liveness", "offload", "recompute"):
+    for mode in ("liveness", "offload", "recompute", "auto"):
         got, losses, _ = _train(CONV_FAN, mode, "bf16")
         assert losses == ref_losses and got == ref, mode
 
@@ -305,13 +316,17 @@ def test_an_adaptive_scale_below_2_to_the_minus_24_stops_the_run():
         solver.step(5)
 
 
-def test_a_half_precision_run_resumes_from_its_snapshot_bit_exactly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("master", ["FLOAT", "FLOAT16"])
+def test_a_half_precision_run_resumes_from_its_snapshot_bit_exactly(master, tmp_path, monkeypatch):
+    """float16 activations with adaptive scaling; master weights and momentum in `solver_data_type`."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(loss_scale, "GROWTH_INTERVAL", 3)
     net = _regression(1e-3, "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
                             "global_grad_scale: 2 global_grad_scale_adaptive: true")
-    text = 'base_lr: 0.05 momentum: 0.9 max_iter: 8 snapshot: 4 snapshot_prefix: "snap/r"'
+    text = f'base_lr: 0.05 momentum: 0.9 max_iter: 8 snapshot: 4 snapshot_prefix: "snap/r" solver_data_type: {master}'
     full = _solver(net, text)
+    assert full.net.learnable[0].data.dtype == (FLOAT16 if master == "FLOAT16" else FLOAT32)
+    assert full.net.history[0][0].dtype == full.net.learnable[0].data.dtype
     full.solve()
     assert full.loss_scale.scale > 2
     uninterrupted = (tmp_path / "snap/r_iter_8.caffemodel").read_bytes()
@@ -397,3 +412,19 @@ def test_lenet_trains_on_the_digits_in_half_precision(precision, tmp_path, monke
     scores, _loss = evaluate(solver.test_nets[0], 3, 0)
     accuracy = next(s.value for s in scores if s.name == "accuracy")
     assert accuracy >= 0.9, accuracy
+
+
+@pytest.mark.parametrize("defaults", ["default_forward_type: BFLOAT16 default_backward_type: BFLOAT16",
+                                      "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
+                                      "global_grad_scale: 1024 global_grad_scale_adaptive: true"],
+                         ids=["bf16", "fp16_adaptive"])
+def test_streamed_parameters_train_half_nets_to_their_baseline_weights(defaults, monkeypatch):
+    from test_param_offload import _dummy, _train as train_solver
+
+    net = _dummy(CONV_FAN).replace('name: "t"\n', f'name: "t"\n{defaults}\n', 1)
+    text = 'type: "SGD" base_lr: 0.05 momentum: 0.9 weight_decay: 0.01 clip_gradients: 0.5 max_iter: 3'
+    ref, ref_w, ref_h = train_solver(net, text, "baseline")
+    assert ref.net.data["conv1"].dtype in (BFLOAT16, FLOAT16)
+    monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "1")
+    solver, w, h = train_solver(net, text, "recompute")
+    assert solver.net.params.offloaded and w == ref_w and h == ref_h

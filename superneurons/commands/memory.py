@@ -135,8 +135,9 @@ def _batch_of(graph) -> int | None:
 
 def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
     mx = doc["max_layer"]
+    stored = f", activations and gradients in {doc['precision']}" if doc["precision"] != "float32" else ""
     lines = [f"Net {doc['net']!r}, batch {doc['batch']}: {len(doc['steps'])} steps "
-             f"({plan.program.n_forward} forward), checkpoints: {', '.join(plan.checkpoint_types)}",
+             f"({plan.program.n_forward} forward), checkpoints: {', '.join(plan.checkpoint_types)}{stored}",
              f"Parameters + gradients + solver history (resident, not below): {format_bytes(plan.param_bytes)}; "
              f"streamed from the host instead, each step holds only its own (recompute then peaks at "
              f"{_mib(plan.streamed_peak('recompute'))} with them)",
