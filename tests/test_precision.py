@@ -23,7 +23,7 @@ from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 from superneurons.solver import loss_scale
 from superneurons.solver.evaluate import evaluate
-from test_memory_modes import CONV_FAN, _input, _layer, ip
+from test_memory_modes import CONV_FAN, _input
 from test_solver import Quiet, solver_param
 from superneurons.solver import Solver
 
@@ -428,3 +428,20 @@ def test_streamed_parameters_train_half_nets_to_their_baseline_weights(defaults,
     monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "1")
     solver, w, h = train_solver(net, text, "recompute")
     assert solver.net.params.offloaded and w == ref_w and h == ref_h
+
+
+def test_indices_and_labels_stay_float32_whoever_produces_them():
+    text = """
+layer { name: "data" type: "DummyData" top: "ids" dummy_data_param { data_filler { type: "constant" value: 301 }
+  shape { dim: 4 dim: 1 } } }
+layer { name: "flat" type: "Flatten" bottom: "ids" top: "flat_ids" }
+layer { name: "embed" type: "Embed" bottom: "flat_ids" top: "vec"
+  embed_param { num_output: 3 input_dim: 400 weight_filler { type: "gaussian" std: 1 } } }
+"""
+    graph = _graph(text, "bf16")
+    assert graph.precision.data["ids"] == FLOAT32 and graph.precision.data["vec"] == BFLOAT16
+    net = Net(graph, BACKEND, train=False)
+    net.forward()
+    weights = BACKEND.to_host(net.layer("embed").params[0].data)
+    want = np.tile(weights[301], (4, 1, 1)).astype(BFLOAT16)  # row 301: bfloat16 would have read row 300 or 302
+    np.testing.assert_array_equal(net.blob("vec"), want)

@@ -11,7 +11,9 @@ softmax, every loss, LRN, MVN, Reduction, Accuracy and ArgMax (their outputs are
 metrics and indices that half precision would round). BatchNorm's running statistics are parameters, and
 parameters (the master weights), their gradients and the solver's history are stored in the solver's
 `solver_data_type` (float32 by default). A data layer writes its first top (the batch) in the net's forward
-type and its other tops (labels) in float32: bfloat16 holds integers exactly only up to 256.
+type and its other tops (labels) in float32: bfloat16 holds integers exactly only up to 256. For the same
+reason every blob a layer reads as labels or indices (`Layer.label_bottoms`: losses' labels, Embed's indices)
+is float32.
 
 `override_defaults(net, "bf16")` is what `--precision` and the Python API's `precision=` do: set the net's
 defaults, leaving the layers that name their own types alone; "fp16" also turns adaptive loss scaling on
@@ -135,6 +137,12 @@ def resolve(net: pb.NetParameter, nodes, source: str) -> Precision:
     if net.global_grad_scale <= 0:
         raise UserError(f"{source or '<net>'}: global_grad_scale is {net.global_grad_scale:g}; it must be above 0")
     out = Precision(grad_scale=float(net.global_grad_scale), adaptive=bool(net.global_grad_scale_adaptive))
+    # Labels, indices and sequence markers (a consumer's `label_bottoms`) stay float32 whoever produces them, and
+    # so do the blobs they are views of: bfloat16 would round class 257 to 256.
+    labels = {n.bottoms[j] for n in nodes for j in n.layer.label_bottoms if j < len(n.bottoms)}
+    for n in reversed(nodes):
+        if n.layer.views_bottom_data and n.bottoms and labels.intersection(n.tops):
+            labels.add(n.bottoms[0])
     for n in nodes:
         layer = n.layer
         where = _where(source, n.name)
@@ -150,8 +158,9 @@ def resolve(net: pb.NetParameter, nodes, source: str) -> Precision:
                 out.data[t] = out.data[n.bottoms[0]]
                 out.diff[t] = out.diff[n.bottoms[0]]
                 continue
-            out.data[t] = types.forward if not (layer.is_data and j > 0) else FLOAT32
-            out.diff[t] = types.backward if not (layer.is_data and j > 0) else FLOAT32
+            label = t in labels or (layer.is_data and j > 0)
+            out.data[t] = FLOAT32 if label else types.forward
+            out.diff[t] = FLOAT32 if label else types.backward
     return out
 
 
