@@ -772,6 +772,9 @@ TASKS: dict[str, Callable[..., dict]] = {
     "ours": ours_task, "ours_widest": ours_widest_task, "ours_deepest": ours_deepest_task,
     "memory_trace": memory_trace_task, "torch": torch_task, "torch_widest": torch_widest_task,
     "torch_deepest": torch_deepest_task,
+    # tools/bench/recurrent.py's, imported when a worker runs one
+    "recurrent_ours": lambda **kw: __import__("tools.bench.recurrent", fromlist=["x"]).ours_task(**kw),
+    "recurrent_torch": lambda **kw: __import__("tools.bench.recurrent", fromlist=["x"]).torch_task(**kw),
 }
 
 

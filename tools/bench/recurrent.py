@@ -1,0 +1,155 @@
+"""A recurrent net beside PyTorch's nn.LSTM on the same shapes: training speed, and the longest sequence each
+trains under a memory budget (default 12G).
+
+    python3 -m tools.bench.recurrent [--steps 64] [--streams 64] [--input 512] [--hidden 512] [--budget 12G]
+                                     [--longest] [--device cuda]
+
+The net: x (T, N, D) -> Caffe's LSTM (num_output H; unrolled into the runtime's steps) -> a Euclidean loss
+against zeros (loss = sum(h^2) / 2T). PyTorch: nn.LSTM(D, H) (cuDNN's fused LSTM) on the same x with the same
+loss. Both time forward + backward (no update), device synchronized, after --warmup untimed iterations.
+--longest: ours, the planner's largest T (a multiple of --step) whose `--memory auto` plan fits the budget
+(less the cuDNN workspace), then trained 2 iterations there, stepping down on failure; PyTorch, the largest T
+that trains with set_per_process_memory_fraction(budget / total), found by doubling and bisection in fresh
+worker processes (each probe may run out of memory). Writes recurrent.json.
+"""
+from __future__ import annotations
+
+import sys
+
+from tools.bench import common
+
+
+def lstm_net(steps: int, streams: int, inputs: int, hidden: int):
+    """The benchmark's NetParameter."""
+    from google.protobuf import text_format
+
+    from superneurons.proto import superneurons_pb2 as pb
+
+    return text_format.Parse(f"""
+        name: "lstm_{steps}"
+        layer {{ name: "in" type: "Input" top: "x" top: "cont" top: "zeros"
+                input_param {{ shape {{ dim: {steps} dim: {streams} dim: {inputs} }} shape {{ dim: {steps} dim: {streams} }}
+                              shape {{ dim: {steps} dim: {streams} dim: {hidden} }} }} }}
+        layer {{ name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+                recurrent_param {{ num_output: {hidden} weight_filler {{ type: "uniform" min: -0.05 max: 0.05 }} }} }}
+        layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "zeros" top: "loss" }}""", pb.NetParameter())
+
+
+def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int) -> str | None:
+    """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes, or None."""
+    from superneurons.errors import UserError
+    from superneurons.graph.build import build_graph
+    from superneurons.memory import checkpoint_sets
+    from superneurons.memory.cost import choose
+    from superneurons.memory.plan import make_plan
+    from superneurons.proto import superneurons_pb2 as pb
+
+    graph = build_graph(lstm_net(steps, streams, inputs, hidden), pb.TRAIN)
+    try:
+        return choose(pool, checkpoint_sets(graph, None),
+                      lambda types, modes=None, recompute_limit=0: make_plan(
+                          graph, train=True, checkpoint_types=types, recompute_limit=recompute_limit)).mode
+    except UserError:
+        return None
+
+
+def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = "cuda", iterations: int = 10,
+              warmup: int = 3, budget: int | None = None, workspace: int | None = None) -> dict:
+    """Our forward + backward time at T = steps (memory `auto` in a pool of budget - workspace, when given)."""
+    import numpy as np
+
+    from superneurons.graph.build import build_graph
+    from superneurons.proto import superneurons_pb2 as pb
+    from superneurons.runtime.net import Net
+
+    backend = common.make_backend(device, workspace)
+    pool = budget - (workspace or 0) if budget else None
+    net = Net(build_graph(lstm_net(steps, streams, inputs, hidden), pb.TRAIN), backend, seed=1,
+              memory="auto" if pool else "baseline", pool_bytes=pool)
+    rng = np.random.default_rng(0)
+    for blob, values in (("x", rng.standard_normal((steps, streams, inputs))), ("cont", np.ones((steps, streams))),
+                         ("zeros", np.zeros((steps, streams, hidden)))):
+        backend.from_host(net.data[blob].array, values.astype(np.float32))
+
+    def step():
+        net.clear_param_diffs()
+        net.forward_backward()
+
+    result = common.time_loop(step, backend.synchronize, warmup, iterations)
+    result["mode"] = net.memory.name
+    return result
+
+
+def torch_task(steps: int, streams: int, inputs: int, hidden: int, iterations: int = 10, warmup: int = 3,
+               budget: int | None = None) -> dict:
+    """nn.LSTM's forward + backward time at T = steps (under set_per_process_memory_fraction when budgeted)."""
+    import torch
+
+    if budget:
+        torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(0).total_memory)
+    lstm = torch.nn.LSTM(inputs, hidden).cuda()
+    x = torch.randn(steps, streams, inputs, device="cuda")
+
+    def step():
+        lstm.zero_grad(set_to_none=False)
+        h, _ = lstm(x)
+        (h.pow(2).sum() / (2 * steps)).backward()
+
+    return common.time_loop(step, torch.cuda.synchronize, warmup, iterations)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = common.base_parser(__doc__, [], iterations=10)
+    ap.add_argument("--steps", type=int, default=64, help="time steps T of the speed rows (default %(default)s)")
+    ap.add_argument("--streams", type=int, default=64, help="streams N (the batch; default %(default)s)")
+    ap.add_argument("--input", type=int, default=512, help="input width D (default %(default)s)")
+    ap.add_argument("--hidden", type=int, default=512, help="num_output H (default %(default)s)")
+    ap.add_argument("--step", type=int, default=64, help="granularity of the longest T (default %(default)s)")
+    ap.add_argument("--longest", action="store_true", help="also find the longest T each trains under --budget")
+    ap.add_argument("--device", default="cuda", help="our device: cuda, cuda:N or cpu (default %(default)s)")
+    args = ap.parse_args(argv)
+    shape = dict(streams=args.streams, inputs=args.input, hidden=args.hidden)
+    budget, workspace = common.parse_size(args.budget), common.parse_size(args.workspace)
+    log = common.log_path(args, "recurrent")
+    timing = dict(iterations=args.iterations, warmup=args.warmup)
+    ours = {} if args.no_ours else common.run_worker(
+        [dict(kind="recurrent_ours", steps=args.steps, device=args.device, **shape, **timing)], args.timeout, log=log)[0]
+    torch = {} if args.no_torch else common.run_worker(
+        [dict(kind="recurrent_torch", steps=args.steps, **shape, **timing)], args.timeout, log=log)[0]
+    rows = [[f"T={args.steps} N={args.streams} D={args.input} H={args.hidden}", common.fmt(ours.get("ms_per_iter"), ".2f"),
+             common.fmt(torch.get("ms_per_iter"), ".2f"), common.fmt(common.ratio(torch.get("ms_per_iter"),
+                                                                                 ours.get("ms_per_iter")), ".2f")]]
+    extra: dict = {"speed": {"ours": ours, "torch": torch}}
+    tables = []
+    if args.longest:
+        longest = {}
+        if not args.no_ours:
+            predicted = common.largest_fitting(lambda t: fits_plan(t, **shape, pool=budget - workspace) is not None,
+                                               step=args.step, start=args.steps)
+            ok = 0
+            for t in (predicted, predicted - args.step, predicted - 2 * args.step):
+                if t <= 0:
+                    break
+                r = common.run_worker([dict(kind="recurrent_ours", steps=t, device=args.device, iterations=2,
+                                            warmup=1, budget=budget, workspace=workspace, **shape)],
+                                      args.timeout, log=log)[0]
+                if r.get("ok"):
+                    ok = t
+                    break
+            longest["ours"] = {"predicted": predicted, "trained": ok}
+        if not args.no_torch:
+            def torch_fits(t: int) -> bool:
+                return bool(common.run_worker([dict(kind="recurrent_torch", steps=t, iterations=2, warmup=1,
+                                                    budget=budget, **shape)], args.timeout, log=log)[0].get("ok"))
+
+            longest["torch"] = {"trained": common.largest_fitting(torch_fits, step=args.step, start=args.steps)}
+        extra["longest"] = longest
+        tables.append({"title": f"longest sequence T trained under {args.budget}", "header": ["system", "T"],
+                       "rows": [[k, v.get("trained")] for k, v in longest.items()]})
+    common.finish("recurrent", "LSTM training step (forward + backward), ms", args,
+                  ["shape", "ours", "nn.LSTM", "nn.LSTM / ours"], rows, extra=extra, tables=tables)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
