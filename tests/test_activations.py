@@ -34,6 +34,7 @@ LAYERS = [
     ("Power", "power_param { power: -1.5 shift: 4 }", lambda x: (4 + x) ** -1.5, {NEEDS_BOTTOM}),
     ("Power", "power_param { scale: -3 shift: 2 }", lambda x: 2 - 3 * x, set()),
     ("Power", "power_param { power: 0 }", lambda x: np.ones_like(x), set()),
+    ("Clip", "clip_param { min: -1 max: 1.5 }", lambda x: np.clip(x, -1, 1.5), {NEEDS_BOTTOM}),
 ]
 
 # (op name stem: <stem>_forward and <stem>_backward, forward scalars, backward scalars, whether the backward
@@ -44,6 +45,7 @@ OPS = [
     ("exp", (0.5, 1.3, -0.2), (0.5, 1.3), True), ("log", (0.8, 0.6, 3.0), (0.8, 0.6, 3.0), False),
     ("power", (1.7, 0.6, 3.0), (1.7, 0.6, 3.0), False), ("power", (2.0, -0.5, 1.0), (2.0, -0.5, 1.0), False),
     ("power", (1.0, 1.5, 0.5), (1.0, 1.5, 0.5), False), ("power", (0.0, 1.5, 0.5), (0.0, 1.5, 0.5), False),
+    ("clip", (-0.4, 0.9), (-0.4, 0.9), False),
 ]
 
 
@@ -103,7 +105,8 @@ def test_bnll_is_stable_and_input_reading_neurons_refuse_in_place():
     with np.errstate(over="raise"):
         (y,) = forward(layer, [np.array([-800.0, -1.0, 1.0, 800.0])], shapes)
     np.testing.assert_allclose(y, [0.0, np.log1p(np.exp(-1.0)), 1 + np.log1p(np.exp(-1.0)), 800.0], rtol=1e-12)
-    for proto in ("type: 'AbsVal'", "type: 'Log'", "type: 'Power' power_param { power: 2 }"):
+    for proto in ("type: 'AbsVal'", "type: 'Log'", "type: 'Power' power_param { power: 2 }",
+                  "type: 'Clip' clip_param { min: 0 max: 6 }"):
         with pytest.raises(UserError, match="cannot work in place on 'x' when training"):
             make_layer(proto + " bottom: 'x' top: 'x'", [(2, 3)])
         make_layer(proto + " bottom: 'x' top: 'x'", [(2, 3)], phase=pb.TEST)
@@ -112,6 +115,8 @@ def test_bnll_is_stable_and_input_reading_neurons_refuse_in_place():
         make_layer("type: 'Exp' exp_param { base: 1 }", [(2, 3)])
     with pytest.raises(UserError, match="alpha must be >= 0, got -1"):
         make_layer("type: 'ELU' elu_param { alpha: -1 }", [(2, 3)])
+    with pytest.raises(UserError, match=r"'under_test' \(Clip\): clip_param.min 2 is above clip_param.max 1"):
+        make_layer("type: 'Clip' clip_param { min: 2 max: 1 }", [(2, 3)])
 
 
 def test_threshold_forward_and_no_backward():

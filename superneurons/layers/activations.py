@@ -1,8 +1,8 @@
-"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power and Threshold.
+"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold and Clip.
 ReLU, whose neighbours may take over its work, is in relu.py.
 
-Sigmoid, TanH, ELU, BNLL and Exp compute their gradient from the output, so they work in place. AbsVal, Log
-and non-trivial Power read the input; they refuse to work in place in training, where their input would be
+Sigmoid, TanH, ELU, BNLL and Exp compute their gradient from the output, so they work in place. AbsVal, Log,
+non-trivial Power and Clip read the input; they refuse to work in place in training, where their input would be
 overwritten. PReLU in place keeps a copy of its input for backward, as Caffe does.
 """
 from __future__ import annotations
@@ -205,6 +205,30 @@ class Power(_Elementwise):
         if propagate_down[0]:
             self.ops.power_backward(bottom[0] if self.reads_x else None, top_diff[0], bottom_diff[0], self.power,
                                     self.scale, self.shift)
+
+
+@register("Clip")
+class Clip(_Elementwise):
+    """y = min(max(x, min), max); the gradient passes where min <= x <= max (Caffe's, which reads the input)."""
+
+    def configure(self):
+        p = self.param.clip_param
+        if not (p.HasField("min") and p.HasField("max")):
+            raise self.fail("clip_param needs both min and max")
+        if p.min > p.max:
+            raise self.fail(f"clip_param.min {p.min:g} is above clip_param.max {p.max:g}")
+        self.bounds = (float(p.min), float(p.max))
+        self._no_in_place_training()
+
+    def backward_needs(self):
+        return frozenset({NEEDS_BOTTOM})
+
+    def forward(self, bottom, top):
+        self.ops.clip_forward(bottom[0], top[0], *self.bounds)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        if propagate_down[0]:
+            self.ops.clip_backward(bottom[0], top_diff[0], bottom_diff[0], *self.bounds)
 
 
 @register("Threshold")

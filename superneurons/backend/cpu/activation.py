@@ -11,7 +11,7 @@ import numpy as np
 __all__ = ["relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
            "prelu_forward", "prelu_backward", "elu_forward", "elu_backward", "absval_forward", "absval_backward",
            "bnll_forward", "bnll_backward", "exp_forward", "exp_backward", "log_forward", "log_backward",
-           "power_forward", "power_backward", "threshold_forward"]
+           "power_forward", "power_backward", "threshold_forward", "clip_forward", "clip_backward"]
 
 
 def relu_forward(x: np.ndarray, y: np.ndarray, slope: float) -> None:
@@ -152,3 +152,15 @@ def power_backward(x: np.ndarray | None, dy: np.ndarray, dx: np.ndarray, power: 
 def threshold_forward(x: np.ndarray, y: np.ndarray, threshold: float) -> None:
     """y = 1 where x > threshold, else 0."""
     np.copyto(y, x > x.dtype.type(threshold))
+
+
+def clip_forward(x: np.ndarray, y: np.ndarray, low: float, high: float) -> None:
+    """y = min(max(x, low), high)."""
+    t = x.dtype.type
+    np.clip(x, t(low), t(high), out=y)
+
+
+def clip_backward(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, low: float, high: float) -> None:
+    """dx = dy where low <= x <= high, else 0."""
+    t = x.dtype.type
+    np.multiply(dy, (x >= t(low)) & (x <= t(high)), out=dx)

@@ -23,7 +23,7 @@ from superneurons.backend.cuda.ops._rows import row_sums
 __all__ = ["relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
            "prelu_forward", "prelu_backward", "elu_forward", "elu_backward", "absval_forward", "absval_backward",
            "bnll_forward", "bnll_backward", "exp_forward", "exp_backward", "log_forward", "log_backward",
-           "power_forward", "power_backward", "threshold_forward"]
+           "power_forward", "power_backward", "threshold_forward", "clip_forward", "clip_backward"]
 
 
 def _run(kernel, out, *arrays) -> None:
@@ -248,3 +248,28 @@ def power_backward(x, dy, dx, power: float, scale: float, shift: float) -> None:
 
 def threshold_forward(x, y, threshold: float) -> None:
     _forward(THRESHOLD, x, y, threshold)
+
+
+# -- Clip --------------------------------------------------------------------------------------------------------
+
+@cuda.jit
+def clip_forward_kernel(x, y, low, high):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        y[i] = max(low, min(x[i], high))
+
+
+@cuda.jit
+def clip_backward_kernel(x, dy, dx, low, high):
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        v = x[i]
+        dx[i] = dy[i] if low <= v <= high else 0.0 * dy[i]
+
+
+def clip_forward(x, y, low: float, high: float) -> None:
+    if y.size:
+        K.launch(clip_forward_kernel, y.size)(flat(x), flat(y), scalar(y, low), scalar(y, high))
+
+
+def clip_backward(x, dy, dx, low: float, high: float) -> None:
+    if dx.size:
+        K.launch(clip_backward_kernel, dx.size)(flat(x), flat(dy), flat(dx), scalar(dx, low), scalar(dx, high))
