@@ -35,6 +35,8 @@ LAYERS = [
     ("Power", "power_param { scale: -3 shift: 2 }", lambda x: 2 - 3 * x, set()),
     ("Power", "power_param { power: 0 }", lambda x: np.ones_like(x), set()),
     ("Clip", "clip_param { min: -1 max: 1.5 }", lambda x: np.clip(x, -1, 1.5), {NEEDS_BOTTOM}),
+    ("Swish", "", lambda x: x / (1 + np.exp(-x)), {NEEDS_BOTTOM}),
+    ("Swish", "swish_param { beta: 0.7 }", lambda x: x / (1 + np.exp(-A07 * x)), {NEEDS_BOTTOM}),
 ]
 
 # (op name stem: <stem>_forward and <stem>_backward, forward scalars, backward scalars, whether the backward
@@ -45,7 +47,7 @@ OPS = [
     ("exp", (0.5, 1.3, -0.2), (0.5, 1.3), True), ("log", (0.8, 0.6, 3.0), (0.8, 0.6, 3.0), False),
     ("power", (1.7, 0.6, 3.0), (1.7, 0.6, 3.0), False), ("power", (2.0, -0.5, 1.0), (2.0, -0.5, 1.0), False),
     ("power", (1.0, 1.5, 0.5), (1.0, 1.5, 0.5), False), ("power", (0.0, 1.5, 0.5), (0.0, 1.5, 0.5), False),
-    ("clip", (-0.4, 0.9), (-0.4, 0.9), False),
+    ("clip", (-0.4, 0.9), (-0.4, 0.9), False), ("swish", (1.3,), (1.3,), False),
 ]
 
 
@@ -106,7 +108,7 @@ def test_bnll_is_stable_and_input_reading_neurons_refuse_in_place():
         (y,) = forward(layer, [np.array([-800.0, -1.0, 1.0, 800.0])], shapes)
     np.testing.assert_allclose(y, [0.0, np.log1p(np.exp(-1.0)), 1 + np.log1p(np.exp(-1.0)), 800.0], rtol=1e-12)
     for proto in ("type: 'AbsVal'", "type: 'Log'", "type: 'Power' power_param { power: 2 }",
-                  "type: 'Clip' clip_param { min: 0 max: 6 }"):
+                  "type: 'Clip' clip_param { min: 0 max: 6 }", "type: 'Swish'"):
         with pytest.raises(UserError, match="cannot work in place on 'x' when training"):
             make_layer(proto + " bottom: 'x' top: 'x'", [(2, 3)])
         make_layer(proto + " bottom: 'x' top: 'x'", [(2, 3)], phase=pb.TEST)

@@ -1,8 +1,8 @@
-"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold and Clip.
+"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold, Clip and Swish.
 ReLU, whose neighbours may take over its work, is in relu.py.
 
 Sigmoid, TanH, ELU, BNLL and Exp compute their gradient from the output, so they work in place. AbsVal, Log,
-non-trivial Power and Clip read the input; they refuse to work in place in training, where their input would be
+non-trivial Power, Clip and Swish read the input; they refuse to work in place in training, where their input would be
 overwritten. PReLU in place keeps a copy of its input for backward, as Caffe does.
 """
 from __future__ import annotations
@@ -229,6 +229,25 @@ class Clip(_Elementwise):
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0]:
             self.ops.clip_backward(bottom[0], top_diff[0], bottom_diff[0], *self.bounds)
+
+
+@register("Swish")
+class Swish(_Elementwise):
+    """y = x * sigmoid(beta * x); backward recomputes the sigmoid from the input (Caffe keeps it from forward)."""
+
+    def configure(self):
+        self.beta = float(self.param.swish_param.beta)
+        self._no_in_place_training()
+
+    def backward_needs(self):
+        return frozenset({NEEDS_BOTTOM})
+
+    def forward(self, bottom, top):
+        self.ops.swish_forward(bottom[0], top[0], self.beta)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        if propagate_down[0]:
+            self.ops.swish_backward(bottom[0], top_diff[0], bottom_diff[0], self.beta)
 
 
 @register("Threshold")

@@ -11,7 +11,8 @@ import numpy as np
 __all__ = ["relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
            "prelu_forward", "prelu_backward", "elu_forward", "elu_backward", "absval_forward", "absval_backward",
            "bnll_forward", "bnll_backward", "exp_forward", "exp_backward", "log_forward", "log_backward",
-           "power_forward", "power_backward", "threshold_forward", "clip_forward", "clip_backward"]
+           "power_forward", "power_backward", "threshold_forward", "clip_forward", "clip_backward",
+           "swish_forward", "swish_backward"]
 
 
 def relu_forward(x: np.ndarray, y: np.ndarray, slope: float) -> None:
@@ -164,3 +165,22 @@ def clip_backward(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, low: float, hig
     """dx = dy where low <= x <= high, else 0."""
     t = x.dtype.type
     np.multiply(dy, (x >= t(low)) & (x <= t(high)), out=dx)
+
+
+def _sigmoid(v: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-v)) as 0.5 tanh(v / 2) + 0.5, which never overflows."""
+    t = v.dtype.type
+    return t(0.5) * np.tanh(t(0.5) * v) + t(0.5)
+
+
+def swish_forward(x: np.ndarray, y: np.ndarray, beta: float) -> None:
+    """y = x * sigmoid(beta * x)."""
+    np.multiply(x, _sigmoid(x * x.dtype.type(beta)), out=y)
+
+
+def swish_backward(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, beta: float) -> None:
+    """dx = dy * (s + beta * x * s * (1 - s)) with s = sigmoid(beta * x)."""
+    t = x.dtype.type
+    bx = x * t(beta)
+    s = _sigmoid(bx)
+    np.multiply(dy, s + bx * s * (t(1) - s), out=dx)

@@ -23,7 +23,8 @@ from superneurons.backend.cuda.ops._rows import row_sums
 __all__ = ["relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
            "prelu_forward", "prelu_backward", "elu_forward", "elu_backward", "absval_forward", "absval_backward",
            "bnll_forward", "bnll_backward", "exp_forward", "exp_backward", "log_forward", "log_backward",
-           "power_forward", "power_backward", "threshold_forward", "clip_forward", "clip_backward"]
+           "power_forward", "power_backward", "threshold_forward", "clip_forward", "clip_backward",
+           "swish_forward", "swish_backward"]
 
 
 def _run(kernel, out, *arrays) -> None:
@@ -273,3 +274,30 @@ def clip_forward(x, y, low: float, high: float) -> None:
 def clip_backward(x, dy, dx, low: float, high: float) -> None:
     if dx.size:
         K.launch(clip_backward_kernel, dx.size)(flat(x), flat(dy), flat(dx), scalar(dx, low), scalar(dx, high))
+
+
+# -- Swish -------------------------------------------------------------------------------------------------------
+
+@cuda.jit
+def swish_forward_kernel(x, y, beta):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        v = x[i]
+        y[i] = v * (0.5 * math.tanh(0.5 * beta * v) + 0.5)
+
+
+@cuda.jit
+def swish_backward_kernel(x, dy, dx, beta):
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        bx = beta * x[i]
+        s = 0.5 * math.tanh(0.5 * bx) + 0.5
+        dx[i] = dy[i] * (s + bx * s * (1 - s))
+
+
+def swish_forward(x, y, beta: float) -> None:
+    if y.size:
+        K.launch(swish_forward_kernel, y.size)(flat(x), flat(y), scalar(y, beta))
+
+
+def swish_backward(x, dy, dx, beta: float) -> None:
+    if dx.size:
+        K.launch(swish_backward_kernel, dx.size)(flat(x), flat(dy), flat(dx), scalar(dx, beta))
