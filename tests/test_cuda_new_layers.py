@@ -47,9 +47,11 @@ NETS = {
                                    data_filler {{ type: 'constant' value: 1 }} }} }}
         layer {{ name: 'conv' type: 'Convolution' bottom: 'x' top: 'conv'
                 convolution_param {{ num_output: 4 kernel_size: 3 {W} }} }}
-        layer {{ name: 'col' type: 'Im2col' bottom: 'conv' top: 'col' convolution_param {{ kernel_size: 2 stride: 2 }} }}
+        layer {{ name: 'col' type: 'Im2col' bottom: 'conv' top: 'col'
+                convolution_param {{ kernel_size: 2 stride: 2 }} }}
         layer {{ name: 'spp' type: 'SPP' bottom: 'col' top: 'spp' spp_param {{ pyramid_height: 2 }} }}
-        layer {{ name: 'spp_ave' type: 'SPP' bottom: 'conv' top: 'spp_ave' spp_param {{ pyramid_height: 3 pool: AVE }} }}
+        layer {{ name: 'spp_ave' type: 'SPP' bottom: 'conv' top: 'spp_ave'
+                spp_param {{ pyramid_height: 3 pool: AVE }} }}
         layer {{ name: 'join' type: 'Concat' bottom: 'spp' bottom: 'spp_ave' top: 'join' }}
         layer {{ name: 'fc' type: 'InnerProduct' bottom: 'join' top: 'fc' inner_product_param {{ num_output: 3 {W} }} }}
         layer {{ name: 'loss' type: 'SoftmaxWithLoss' bottom: 'fc' bottom: 'label' top: 'loss' }}""",
@@ -67,7 +69,8 @@ NETS = {
 for kind in ("LSTM", "RNN"):
     NETS[kind] = f"""
         layer {{ name: 'x' type: 'DummyData' top: 'x' top: 'cont' top: 'xs' top: 'label'
-                dummy_data_param {{ shape {{ dim: 12 dim: 8 dim: 5 }} shape {{ dim: 12 dim: 8 }} shape {{ dim: 8 dim: 3 }}
+                dummy_data_param {{ shape {{ dim: 12 dim: 8 dim: 5 }} shape {{ dim: 12 dim: 8 }}
+                                   shape {{ dim: 8 dim: 3 }}
                                    shape {{ dim: 12 dim: 8 }} {GAUSSIAN} data_filler {{ type: 'constant' value: 1 }}
                                    {GAUSSIAN} data_filler {{ type: 'constant' value: 2 }} }} }}
         layer {{ name: 'rec' type: '{kind}' bottom: 'x' bottom: 'cont' bottom: 'xs' top: 'h'

@@ -161,7 +161,8 @@ def test_caffemodel_sees_the_layer_with_caffes_blobs():
 def test_recurrent_layers_refuse_bad_bottoms():
     base = "layer { name: 'in' type: 'Input' top: 'x' top: 'cont' input_param { shape { dim: 3 dim: 2 dim: 4 } %s } } "
     lstm = "layer { name: 'lstm' type: 'LSTM' bottom: 'x' bottom: 'cont' top: 'h' recurrent_param { num_output: %d } }"
-    with pytest.raises(UserError, match=r"'lstm' \(LSTM\): bottom 1 \(cont\) must be \(T, N\) = \(3, 2\), got \(3, 4\)"):
+    with pytest.raises(UserError, match=r"'lstm' \(LSTM\): bottom 1 \(cont\) must be \(T, N\) = \(3, 2\), "
+                                        r"got \(3, 4\)"):
         cpu_net(base % "shape { dim: 3 dim: 4 }" + lstm % 5)
     with pytest.raises(UserError, match=r"'lstm' \(LSTM\): recurrent_param.num_output must be 1 or more, got 0"):
         cpu_net(base % "shape { dim: 3 dim: 2 }" + lstm % 0)
@@ -246,3 +247,10 @@ def test_lstm_sequence_example_learns_to_recall(tmp_path, monkeypatch, capsys):
     accuracies = [float(m) for m in re.findall(r"Test net output #1: accuracy = ([0-9.]+)", out)]
     assert len(accuracies) == 2 and accuracies[0] < 0.4, out[-2000:]  # before training, then at the end
     assert accuracies[-1] >= 0.99, out[-2000:]
+
+
+def test_lstm_in_bfloat16_storage_trains_alike_in_every_memory_mode():
+    """Half storage (docs/PRECISION.md) reaches the unrolled steps too: every mode bit-identical to baseline."""
+    from test_memory_modes import _check_modes
+
+    _check_modes("default_forward_type: BFLOAT16 default_backward_type: BFLOAT16\n" + LSTM_NET, tight=False)

@@ -53,7 +53,8 @@ def test_batches_are_background_then_foreground_crops_of_their_windows(tmp_path,
     windows = [[(3, 0.9, 2, 3, 7, 8), (0, 0.1, 10, 5, 15, 10), (5, 0.4, 0, 0, 5, 5)],  # the last one is unused
                [(2, 0.7, 4, 4, 9, 9), (1, 0.2, 0, 12, 5, 17)]]
     write_window_file(tmp_path / "windows.txt", sizes, windows)
-    data, label = first_batch(window_layer(tmp_path, 8, 6, "scale: 0.5", "mean_value: 10 mean_value: 20 mean_value: 30"))
+    means = "mean_value: 10 mean_value: 20 mean_value: 30"
+    data, label = first_batch(window_layer(tmp_path, 8, 6, "scale: 0.5", means))
     assert data.shape == (8, 3, 6, 6) and label.shape == (8,)
     assert (label[:4] == 0).all() and set(label[4:]) <= {2.0, 3.0}  # 8 * 0.5 foreground windows, last
     mean = np.array([10, 20, 30], np.float32).reshape(3, 1, 1)
@@ -88,7 +89,8 @@ def test_context_pad_past_the_image_leaves_a_zero_band_and_mirror_flips(tmp_path
 
 @pytest.mark.parametrize("content,message", [
     ("# 0\nimg0.png\n3\n10\n10\n1\n1 0.9 0 0 12 5\n", r"windows.txt:7: window \(0, 0, 12, 5\) is not inside image"),
-    ("# 0\nimg0.png\n3\n10\n10\n1\n0 0.9 0 0 5 5\n", r"windows.txt:7: a foreground window .* needs a class of 1 or more"),
+    ("# 0\nimg0.png\n3\n10\n10\n1\n0 0.9 0 0 5 5\n",
+     r"windows.txt:7: a foreground window .* needs a class of 1 or more"),
     ("# 0\nimg0.png\n3\n10\nten\n", r"windows.txt:5: expected the width \(int\), got 'ten'"),
     ("# 0\nimg0.png\n3\n10\n10\n1\n1 0.9 0 0 5 5\n", r"has 1 foreground and 0 background windows"),
     ("# 1\nimg0.png\n", r"windows.txt:1: image index 1, expected 0"),
@@ -110,7 +112,8 @@ def test_a_small_net_trains_on_windows(tmp_path, rng):
     sizes = [(24, 24), (20, 28)]
     write_images(tmp_path, rng, sizes)
     write_window_file(tmp_path / "windows.txt", sizes,
-                      [[(1, 0.8, 2, 2, 12, 12), (0, 0.1, 10, 10, 20, 20)], [(2, 0.6, 5, 3, 19, 15), (0, 0.0, 0, 0, 7, 7)]])
+                      [[(1, 0.8, 2, 2, 12, 12), (0, 0.1, 10, 10, 20, 20)],
+                       [(2, 0.6, 5, 3, 19, 15), (0, 0.0, 0, 0, 7, 7)]])
     text = (window_layer(tmp_path, 8, 12, "context_pad: 2 crop_mode: 'square'", "mirror: true mean_value: 128")
             + "layer { name: 'conv' type: 'Convolution' bottom: 'data' top: 'conv' convolution_param { num_output: 4 "
               "kernel_size: 3 stride: 2 weight_filler { type: 'gaussian' std: 0.01 } } } "

@@ -117,7 +117,7 @@ def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, 
     for i in route:
         p = params[i]
         part = parts.get(i)
-        cls = part.cls if part is not None and part.cls is not None else layer_class(p.type, f"{where}: layer {p.name!r}")
+        cls = (part.cls if part is not None else None) or layer_class(p.type, f"{where}: layer {p.name!r}")
         if cls.is_loss and len(p.top) < cls.n_tops[0]:
             add_automatic_tops(p, cls.n_tops[0])
         layer = cls(p, phase)

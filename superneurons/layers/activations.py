@@ -1,5 +1,5 @@
-"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold, Clip and Swish.
-ReLU, whose neighbours may take over its work, is in relu.py.
+"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold, Clip
+and Swish. ReLU, whose neighbours may take over its work, is in relu.py.
 
 Sigmoid, TanH, ELU, BNLL and Exp compute their gradient from the output, so they work in place. AbsVal, Log,
 non-trivial Power, Clip and Swish read the input; they refuse to work in place in training, where their input would be

@@ -28,7 +28,8 @@ def lstm_net(steps: int, streams: int, inputs: int, hidden: int):
     return text_format.Parse(f"""
         name: "lstm_{steps}"
         layer {{ name: "in" type: "Input" top: "x" top: "cont" top: "zeros"
-                input_param {{ shape {{ dim: {steps} dim: {streams} dim: {inputs} }} shape {{ dim: {steps} dim: {streams} }}
+                input_param {{ shape {{ dim: {steps} dim: {streams} dim: {inputs} }}
+                              shape {{ dim: {steps} dim: {streams} }}
                               shape {{ dim: {steps} dim: {streams} dim: {hidden} }} }} }}
         layer {{ name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
                 recurrent_param {{ num_output: {hidden} weight_filler {{ type: "uniform" min: -0.05 max: 0.05 }} }} }}
@@ -112,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     budget, workspace = common.parse_size(args.budget), common.parse_size(args.workspace)
     log = common.log_path(args, "recurrent")
     timing = dict(iterations=args.iterations, warmup=args.warmup)
+    speed = dict(steps=args.steps, **shape, **timing)
     ours = {} if args.no_ours else common.run_worker(
-        [dict(kind="recurrent_ours", steps=args.steps, device=args.device, **shape, **timing)], args.timeout, log=log)[0]
+        [dict(kind="recurrent_ours", device=args.device, **speed)], args.timeout, log=log)[0]
     torch = {} if args.no_torch else common.run_worker(
-        [dict(kind="recurrent_torch", steps=args.steps, **shape, **timing)], args.timeout, log=log)[0]
-    rows = [[f"T={args.steps} N={args.streams} D={args.input} H={args.hidden}", common.fmt(ours.get("ms_per_iter"), ".2f"),
-             common.fmt(torch.get("ms_per_iter"), ".2f"), common.fmt(common.ratio(torch.get("ms_per_iter"),
-                                                                                 ours.get("ms_per_iter")), ".2f")]]
+        [dict(kind="recurrent_torch", **speed)], args.timeout, log=log)[0]
+    ms = (ours.get("ms_per_iter"), torch.get("ms_per_iter"))
+    rows = [[f"T={args.steps} N={args.streams} D={args.input} H={args.hidden}", common.fmt(ms[0], ".2f"),
+             common.fmt(ms[1], ".2f"), common.fmt(common.ratio(ms[1], ms[0]), ".2f")]]
     extra: dict = {"speed": {"ours": ours, "torch": torch}}
     tables = []
     if args.longest:
