@@ -254,3 +254,21 @@ def test_lstm_in_bfloat16_storage_trains_alike_in_every_memory_mode():
     from test_memory_modes import _check_modes
 
     _check_modes("default_forward_type: BFLOAT16 default_backward_type: BFLOAT16\n" + LSTM_NET, tight=False)
+
+
+def test_a_longer_test_net_reads_every_step_weight_from_the_train_net():
+    """A test net unrolled over more time steps than the train net: its extra steps share the train net's W_hc
+    by name, as Caffe's test net shares the recurrent layer's blobs."""
+    from superneurons.runtime.net import Net
+
+    train, _, _ = recurrent_net("LSTM", 3, 2, 2, 3, static=False, exposed=False)
+    test = Net(recurrent_net("LSTM", 5, 2, 2, 3, static=False, exposed=False)[0].graph, train.backend, train=False,
+               share_params_with=train)
+
+    def root(decl):
+        while decl.owner is not None:
+            decl = decl.owner
+        return decl
+
+    w_hc = root(train.layer("rec").params[-1])
+    assert all(root(test.layer(name).params[-1]) is w_hc for name in ("rec", "rec/transform_1", "rec/transform_5"))

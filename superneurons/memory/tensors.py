@@ -201,6 +201,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
             name = specs[k].name if k < len(specs) and specs[k].name else ""
             if (node.name, k) in borrowed:
                 out.params.append(ParamSlot(node.name, k, None, None, decl.learnable, borrowed=True))
+                if name and name not in named:  # a later layer of this net sharing the name reads it too (a
+                    named[name] = (node.name, k, tuple(decl.shape))  # time step the train net's unrolling lacks)
                 continue
             if name in named:
                 owner, j, shape = named[name]
