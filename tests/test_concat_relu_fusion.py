@@ -1,5 +1,5 @@
 """A ReLU in place on a Concat's bottom reading its gradient from the Concat's top gradient (graph/fuse.py:
-concat_slice_readers, Graph.use_concat_slices, op relu_backward_slab).
+find_concat_slices, Graph.use_concat_slices, op relu_backward_slab).
 
 The op against the unfused pair (the Concat's slice copy, then the ReLU's backward in place) bit for bit;
 the pass's rules; fused nets against the same nets with SUPERNEURONS_FUSE=0 (bit for bit), with gradient
@@ -18,6 +18,7 @@ from test_memory_modes import _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
 from superneurons.backend.cuda.probe import gpu_available
+from superneurons.layers.fused.concat_slices import ConcatLeavingSlices, ReLUReadingSlice
 
 OPS = CpuBackend().ops
 
@@ -62,24 +63,35 @@ def _fire(expand_slope=0.1, source=_input((2, 3, 6, 6), 2)):
             + _head("joined"))
 
 
+def _bottoms_taken(graph, name):
+    """The bottoms of Concat `name` whose gradients its step leaves to the ReLUs reading their slices."""
+    step = graph.step_layer(graph.node(name))
+    return step.taken if isinstance(step, ConcatLeavingSlices) else frozenset()
+
+
+def _reading(graph):
+    """{relu: (concat, offset)} for every ReLU whose step reads its gradient from a Concat's top gradient."""
+    return {s.relu: (s.concat, s.offset) for s in graph.fusions.slices
+            if isinstance(graph.step_layer(graph.node(s.relu)), ReLUReadingSlice)}
+
+
 def _taken(text):
     """{concat: bottoms taken} and {relu: (concat, offset)} of the TRAIN graph of `text` with the slices on."""
     g = _graph(text)
-    assert not any(n.layer.bottoms_taken or n.layer.gradient_slice for n in g.nodes)  # off as built
+    assert not any(_bottoms_taken(g, n.name) for n in g.nodes) and not _reading(g)  # off as built
     g.use_concat_slices(True)
-    return g, {n.name: n.layer.bottoms_taken for n in g.nodes if n.layer.bottoms_taken}
+    return g, {n.name: _bottoms_taken(g, n.name) for n in g.nodes if _bottoms_taken(g, n.name)}
 
 
 def test_pass_rules():
     g, taken = _taken(_fire())
-    reading = {n.name: (n.layer.gradient_slice.concat.name, n.layer.gradient_slice.offset)
-               for n in g.nodes if n.layer.gradient_slice is not None}
+    reading = _reading(g)
     assert reading == {"relu_e1": ("concat", 0), "relu_e3": ("concat", 3)}
     assert taken == {"concat": {0, 1}}  # not join's: a Concat and a pooling make its bottoms, no ReLU
-    assert g.node("relu_e3").top_gradient_blobs() == ["cat"]
-    assert g.node("concat").bottom_gradients_written([True] * 4) == [False, False, True, True]
+    assert g.top_gradient_blobs(g.node("relu_e3")) == ["cat"]
+    assert g.bottom_gradients_written(g.node("concat"), [True] * 4) == [False, False, True, True]
     g.use_concat_slices(False)
-    assert g.node("relu_e3").top_gradient_blobs() == ["e3"] and not g.node("concat").layer.bottoms_taken
+    assert g.top_gradient_blobs(g.node("relu_e3")) == ["e3"] and not _bottoms_taken(g, "concat")
     # A leaky ReLU with a negative slope, and a Concat told not to propagate to a bottom, keep the copy.
     assert _taken(_fire(-0.5))[1] == {"concat": {0}}
     told = _fire().replace('bottom: "plain" bottom: "shared" top: "cat" ',
@@ -92,7 +104,7 @@ def test_pass_rules():
 def test_fused_net_trains_bit_identically_to_unfused_in_every_mode(monkeypatch, alias):
     monkeypatch.setenv("SUPERNEURONS_DIFF_ALIAS", alias)
     fused, _losses, _params = _train(_fire(), True, monkeypatch)
-    assert fused.graph.node("concat").layer.bottoms_taken == {0, 1}
+    assert _bottoms_taken(fused.graph, "concat") == {0, 1}
     assert_trains_like_unfused_in_every_mode(_fire(), monkeypatch)
 
 
@@ -109,7 +121,7 @@ def test_only_baseline_reads_the_slices(memory, on):
     from superneurons.runtime.net import Net
 
     net = Net(_graph(_fire()), CpuBackend(), train=True, memory=memory)
-    assert (net.graph.node("concat").layer.bottoms_taken == {0, 1}) == on
+    assert (_bottoms_taken(net.graph, "concat") == {0, 1}) == on
     step = next(s for s in net.backward_steps if s.node.name == "relu_e3")
     assert step.top_diffs == [net.diff["cat" if on else "e3"]]
 
@@ -143,5 +155,5 @@ def test_gpu_net_reads_the_slices_like_the_cpu(gpu):
     from test_conv_relu_fusion import GPU_NET_DATA
 
     nets, losses = one_iteration_on_both(gpu, 'name: "fire"\n' + _fire(source=GPU_NET_DATA))
-    assert nets["cuda"].graph.node("concat").layer.bottoms_taken == {0, 1}
+    assert _bottoms_taken(nets["cuda"].graph, "concat") == {0, 1}
     assert_param_grads_match(nets, losses, "fire")

@@ -20,6 +20,9 @@ from superneurons.backend.cpu import CpuBackend
 from superneurons.backend.cuda.probe import gpu_available
 from superneurons.backend.geometry import ConvGeometry
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP
+from superneurons.layers.fused import Absorbed
+from superneurons.layers.fused.conv_relu import ConvolutionReLU
+from superneurons.layers.fused.max_pool_relu import MaxPoolingReLU
 from superneurons.memory.plan import make_plan
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -83,8 +86,8 @@ def test_fused_layers_gradient_by_central_differences(rng):
                                 "stride: 2 }", [x_shape], rng=rng)
     relu, _ = make_layer("type: 'ReLU' bottom: 't0' top: 't0' relu_param { negative_slope: 0.1 }", [y_shape],
                          rng=rng)
-    cv.fuse_relu(relu)
-    assert cv.relu_slope == np.float32(0.1) and relu.fused_into is cv
+    cv, relu = ConvolutionReLU(cv, relu), Absorbed(relu, forward=True)
+    assert cv.slope == np.float32(0.1) and relu.forward_elsewhere and not relu.backward_elsewhere
     # The ReLU keeps its backward (and its need of the top); the convolution's needs are the unfused ones.
     assert cv.backward_needs() == frozenset({NEEDS_BOTTOM}) and relu.backward_needs() == frozenset({NEEDS_TOP})
     x = rng.standard_normal(x_shape)
@@ -125,8 +128,13 @@ def _conv_relu(slope=0.0, relu_top="c", between="", relu_extra="", kind="Convolu
 
 def _fused_pairs(text, phase=pb.TRAIN):
     """{relu: convolution} for every ReLU the pass folded into a Convolution."""
-    return {n.name: n.layer.fused_into.name for n in _graph(text, phase).nodes
-            if n.layer.fused_into is not None and n.layer.fused_into.type_name == "Convolution"}
+    g = _graph(text, phase)
+    return {m.layers[1]: m.layers[0] for m in g.fusions.matches if m.pattern == "Convolution+ReLU"}
+
+
+def _relu_slope(graph, name):
+    """The slope of the ReLU fused into layer `name`'s step; None: none is."""
+    return getattr(graph.step_layer(graph.node(name)), "slope", None)
 
 
 def test_pass_fuses_a_convolution_and_its_relu(monkeypatch):
@@ -134,15 +142,15 @@ def test_pass_fuses_a_convolution_and_its_relu(monkeypatch):
     assert _fused_pairs(_conv_relu(slope=0.25)) == {"r": "c"}
     assert _fused_pairs(_conv_relu(), pb.TEST) == {"r": "c"}  # forward only
     g = _graph(_conv_relu(slope=0.25))
-    assert g.node("c").layer.relu_slope == 0.25
-    assert g.node("c").layer.backward_needs() == {NEEDS_BOTTOM}
+    assert _relu_slope(g, "c") == 0.25 and isinstance(g.step_layer(g.node("c")), ConvolutionReLU)
+    assert g.step_layer(g.node("c")).backward_needs() == {NEEDS_BOTTOM}
     # The planner sees the unfused needs: the ReLU's backward step reads the top, the convolution's does not.
     program = make_plan(g).program
     steps = {s.node.name: s.uses for s in program.steps[program.n_forward:]}
     assert "c" in steps["r"] and "c" not in steps["c"]
     monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
     assert _fused_pairs(_conv_relu()) == {}
-    assert _graph(_conv_relu()).node("c").layer.relu_slope is None
+    assert _relu_slope(_graph(_conv_relu()), "c") is None
 
 
 def test_pass_leaves_pairs_it_cannot_fuse():
@@ -158,11 +166,11 @@ def test_pass_leaves_pairs_it_cannot_fuse():
     assert _fused_pairs(_conv_relu(between=peek, relu_top="r")) == {}
     # Deconvolution and InnerProduct keep their ReLUs.
     g = _graph(_conv_relu(kind="Deconvolution"))
-    assert g.node("r").layer.fused_into is None
+    assert g.fusions.forward_owner("r") is None
     fc = (_input((2, 3, 4, 4), 2) + _layer("fc", "InnerProduct", ["data"], ["fc"],
                                            f"inner_product_param {{ num_output: 5 {W} }}")
           + _layer("r", "ReLU", ["fc"], ["fc"]) + _layer("loss", "SoftmaxWithLoss", ["fc", "label"], ["loss"]))
-    assert _graph(fc).node("r").layer.fused_into is None
+    assert _graph(fc).fusions.forward_owner("r") is None
 
 
 # ---- nets: fused against unfused ------------------------------------------------------------------------
@@ -201,7 +209,7 @@ def test_net_fuses_every_eligible_pair():
     assert _fused_pairs(_vgg_like()) == {"r1": "c1", "r2": "c2", "r3": "c3", "r4": "c4", "rf": "cf"}
     assert not g.node("cf").need_backward and g.node("c4").need_backward
     assert g.node("c4").propagate_down == [False]
-    assert not any(n.layer.backward_taken_by for n in g.nodes)  # p2 reads r2's output through a Split
+    assert not any(g.fusions.backward_owner(n.name) for n in g.nodes)  # p2 reads r2's output through a Split
 
 
 @pytest.mark.parametrize("alias", ["1", "0"])
@@ -209,8 +217,8 @@ def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch, alias):
     monkeypatch.setenv("SUPERNEURONS_DIFF_ALIAS", alias)
     fused, losses_f, params_f = _train(_vgg_like(), True, monkeypatch)
     plain, losses_p, params_p = _train(_vgg_like(), False, monkeypatch)
-    assert fused.layer("c2").relu_slope == np.float32(0.1) and plain.layer("c2").relu_slope is None
-    assert (0 in fused.layer("c3").accumulate_bottoms) == (alias == "1")
+    assert _relu_slope(fused.graph, "c2") == np.float32(0.1) and _relu_slope(plain.graph, "c2") is None
+    assert (0 in fused.layout.aliases.accumulate.get("c3", ())) == (alias == "1")
     assert losses_f == losses_p
     assert params_f.keys() == params_p.keys()
     for key in params_f:
@@ -267,14 +275,15 @@ def _relu_pools():
 
 def test_max_pooling_takes_the_backward_of_the_relu_it_reads(monkeypatch):
     g = _graph(_relu_pools())
-    assert {n.name: n.layer.backward_taken_by.name for n in g.nodes if n.layer.backward_taken_by} == {
+    assert {n.name: g.fusions.backward_owner(n.name) for n in g.nodes if g.fusions.backward_owner(n.name)} == {
         "r1": "p1", "r2": "p2"}
-    assert g.node("p2").layer.relu_slope == np.float32(0.1) and g.node("p3").layer.relu_slope is None
-    assert g.node("r1").layer.backward_needs() == frozenset() == g.node("p1").layer.backward_needs()
+    assert _relu_slope(g, "p2") == np.float32(0.1) and _relu_slope(g, "p3") is None
+    assert isinstance(g.step_layer(g.node("p2")), MaxPoolingReLU)
+    assert g.step_layer(g.node("r1")).backward_needs() == frozenset() == g.step_layer(g.node("p1")).backward_needs()
     # A ReLU told not to propagate to its bottom leaves the convolution the pooling's unmasked gradient.
     told = _graph(_relu_pools().replace('name: "r1" type: "ReLU" bottom: "c1" top: "c1" ',
                                         'name: "r1" type: "ReLU" bottom: "c1" top: "c1" propagate_down: false', 1))
-    assert told.node("r1").propagate_down == [False] and told.node("r1").layer.backward_taken_by is None
+    assert told.node("r1").propagate_down == [False] and told.fusions.backward_owner("r1") is None
     # Nothing reads c1 in backward any more: liveness frees it after p1's forward.
     program = make_plan(g).program
     assert not any("c1" in st.uses for st in program.steps[program.n_forward:])
@@ -343,7 +352,7 @@ def test_gpu_fused_net_against_unfused_and_cpu(gpu, monkeypatch):
     for fuse in ("1", "0"):
         monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
         nets, losses = one_iteration_on_both(gpu, text)
-        assert (nets["cuda"].layer("c2").relu_slope is not None) == (fuse == "1")
+        assert (_relu_slope(nets["cuda"].graph, "c2") is not None) == (fuse == "1")
         assert_param_grads_match(nets, losses, f"vgg_like fuse={fuse}")
         grads[fuse] = [gpu.to_host(d.diff) for d in nets["cuda"].learnable]
     for f, p in zip(grads["1"], grads["0"]):

@@ -103,8 +103,8 @@ def test_earlier_convolutions_add_into_the_split_gradient():
     program = make_plan(g).program
     assert {program.root[t + "@diff"] for t in split.tops} == {program.root[split.bottoms[0] + "@diff"]}
     net = Net(_graph(THREE_CONVS), BACKEND, memory="liveness")
-    assert net.graph.node("ca").layer.accumulate_bottoms == {0}
-    assert net.graph.node("cc").layer.accumulate_bottoms == frozenset()
+    assert net.layout.aliases.accumulate.get("ca") == {0}
+    assert net.layout.aliases.accumulate.get("cc", frozenset()) == frozenset()
 
 
 def test_accumulated_gradient_equals_the_separate_sum(monkeypatch):

@@ -15,6 +15,8 @@ from test_memory_modes import _check_modes, _input, _layer, conv
 
 from superneurons.backend.cpu import CpuBackend
 from superneurons.layers.base import NEEDS_TOP
+from superneurons.layers.fused import Absorbed
+from superneurons.layers.fused.eltwise_sum_relu import EltwiseSumReLU
 from superneurons.memory.plan import make_plan
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -104,7 +106,7 @@ def test_fused_layers_gradient_by_central_differences(rng):
     elt, _ = make_layer("type: 'Eltwise' bottom: 'a' bottom: 'b' top: 'a' eltwise_param { coeff: 1.5 coeff: -1 }",
                         [shape, shape], rng=rng)
     relu, _ = make_layer("type: 'ReLU' bottom: 'a' top: 'a' relu_param { negative_slope: 0.1 }", [shape], rng=rng)
-    elt.fuse_relu(relu)
+    elt, relu = EltwiseSumReLU(elt, relu), Absorbed(relu, forward=True, backward=True)
     assert elt.backward_needs() == frozenset({NEEDS_TOP}) and relu.backward_needs() == frozenset()
     a, b = rng.standard_normal(shape), rng.standard_normal(shape)
     weights = rng.standard_normal(shape)
@@ -144,8 +146,14 @@ def _join(op="SUM", relu_top="s", slope=0.0, between="", relu_extra="", top="s",
 
 
 def _fused_pairs(text, phase=pb.TRAIN):
-    return {n.name: n.layer.fused_into.name for n in _graph(text, phase).nodes
-            if getattr(n.layer, "fused_into", None) is not None and n.layer.type_name == "ReLU"}
+    g = _graph(text, phase)
+    return {n.name: g.fusions.forward_owner(n.name) for n in g.nodes
+            if g.fusions.forward_owner(n.name) is not None and n.layer.type_name == "ReLU"}
+
+
+def _relu_slope(graph, name):
+    """The slope of the ReLU fused into layer `name`'s step; None: none is."""
+    return getattr(graph.step_layer(graph.node(name)), "slope", None)
 
 
 def test_pass_fuses_the_residual_join(monkeypatch):
@@ -154,7 +162,7 @@ def test_pass_fuses_the_residual_join(monkeypatch):
     assert _fused_pairs(_join(top="a", relu_top="a")) == {"r": "sum"}  # an Eltwise in place on bottom 0
     assert _fused_pairs(_join(), pb.TEST) == {"r": "sum"}  # forward only
     g = _graph(_join())
-    assert g.node("sum").layer.relu_slope == 0.0 and g.node("sum").layer.backward_needs() == {NEEDS_TOP}
+    assert _relu_slope(g, "sum") == 0.0 and g.step_layer(g.node("sum")).backward_needs() == {NEEDS_TOP}
     # The planner sees the new need: the Eltwise's backward step reads its top, the ReLU's reads nothing.
     program = make_plan(g).program
     steps = {s.node.name: s.uses for s in program.steps[program.n_forward:]}
@@ -201,8 +209,8 @@ def test_fused_net_trains_bit_identically_to_unfused_on_cpu(monkeypatch, alias):
     monkeypatch.setenv("SUPERNEURONS_DIFF_ALIAS", alias)
     fused, losses_f, params_f = _train(_residual(), True, monkeypatch)
     plain, losses_p, params_p = _train(_residual(), False, monkeypatch)
-    assert fused.layer("sum").relu_slope == 0.0 and plain.layer("sum").relu_slope is None
-    assert (fused.layer("sum").diff_alias is not None) == (alias == "1")
+    assert _relu_slope(fused.graph, "sum") == 0.0 and _relu_slope(plain.graph, "sum") is None
+    assert ("sum" in fused.layout.aliases.index) == (alias == "1")
     assert losses_f == losses_p
     assert params_f.keys() == params_p.keys()
     for key in params_f:

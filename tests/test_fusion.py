@@ -15,6 +15,8 @@ from test_memory_modes import _check_modes, _input, _layer, conv
 from superneurons.backend.cpu import CpuBackend
 from superneurons.graph.build import build_graph
 from superneurons.layers.base import NEEDS_BOTTOM
+from superneurons.layers.fused import Absorbed
+from superneurons.layers.fused.batch_norm_scale_relu import BatchNormScaleReLU
 from superneurons.memory.tensors import declare_tensors
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
@@ -151,12 +153,14 @@ def test_fused_layer_gradient_by_central_differences(rng):
     bn, _ = make_layer("type: 'BatchNorm' bottom: 'a' top: 'a'", [shape], rng=rng)
     scale, _ = make_layer("type: 'Scale' bottom: 'a' top: 'a' scale_param { bias_term: true }", [shape], rng=rng)
     relu, _ = make_layer("type: 'ReLU' bottom: 'a' top: 'a'", [shape], rng=rng)
-    bn.fuse_affine(scale, relu, keep_for_backward=True)
+    bn = BatchNormScaleReLU(bn, scale, relu, keep_for_backward=True, in_place=True)
+    scale, relu = (Absorbed(layer, forward=True, backward=True) for layer in (scale, relu))
     assert bn.backward_needs() == frozenset() and scale.backward_needs() == frozenset() == relu.backward_needs()
     assert set(bn.buffers) == {"mean", "var", "inv_std", "x_hat"} and not scale.buffers
     assert bn.buffers["x_hat"].for_backward and bn.buffers["inv_std"].for_backward
     assert not bn.buffers["mean"].for_backward
-    bn.x_hat.array = np.zeros(shape)
+    for buf in bn.buffers.values():
+        buf.array = np.zeros(buf.shape)
     x = rng.standard_normal(shape) + 0.2
     weights = rng.standard_normal(shape)
 
@@ -208,15 +212,15 @@ def _graph(text, phase=pb.TRAIN):
 
 
 def _fused(graph):
-    return {n.name: (n.layer.affine.name, n.layer.relu_slope) for n in graph.nodes
-            if n.layer.type_name == "BatchNorm" and n.layer.affine is not None}
+    return {n.name: (graph.step_layer(n).scale.name, graph.step_layer(n).relu_slope) for n in graph.nodes
+            if isinstance(graph.step_layer(n), BatchNormScaleReLU)}
 
 
 def test_pass_fuses_the_resnet_chains_and_nothing_else(monkeypatch):
     g = _graph(_resnet_block())
     assert _fused(g) == {"bn_1": ("sc_1", 0.0), "bn_2": ("sc_2", None), "bn_s": ("sc_s", None)}
-    assert g.node("relu_1").layer.fused_into is g.node("bn_1").layer
-    assert g.node("rs").layer.fused_into is g.node("sum").layer  # the Eltwise's (test_eltwise_relu_fusion.py)
+    assert g.fusions.forward_owner("relu_1") == g.fusions.backward_owner("relu_1") == "bn_1"
+    assert g.fusions.forward_owner("rs") == "sum"  # the Eltwise's (test_eltwise_relu_fusion.py)
     monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
     assert _fused(_graph(_resnet_block())) == {}
 
@@ -248,7 +252,7 @@ def test_pass_takes_the_batch_norm_out_of_place_on_its_producers_top():
     assert g.node("c1").tops == ["c1/bn_input"] and g.node("c2").bottoms == ["c1"]
     assert (g.node("bn_1").bottoms, g.node("bn_1").tops) == (["c1/bn_input"], ["c1"])
     assert g.blob_shapes["c1/bn_input"] == g.blob_shapes["c1"]
-    layer = g.node("bn_1").layer
+    layer = g.step_layer(g.node("bn_1"))
     assert layer.keeps_input and not layer.in_place and "x_hat" not in layer.buffers
     assert layer.backward_needs() == frozenset({NEEDS_BOTTOM})
     assert layer.buffers["mean"].for_backward and layer.buffers["inv_std"].for_backward
@@ -263,7 +267,8 @@ def test_pass_takes_the_batch_norm_out_of_place_on_its_producers_top():
                       + _layer("loss", "SoftmaxWithLoss", ["c", "label"], ["loss"]))
     assert on_input.node("bn_a").need_backward
     assert on_input.internal_blobs == {} and on_input.node("bn_a").bottoms == ["data"]
-    assert "x_hat" in on_input.node("bn_a").layer.buffers and not on_input.node("bn_a").layer.keeps_input
+    fused = on_input.step_layer(on_input.node("bn_a"))
+    assert "x_hat" in fused.buffers and not fused.keeps_input
 
 
 def test_fused_op_backward_from_x_is_bit_identical_to_from_x_hat(rng):
@@ -279,8 +284,8 @@ def test_fused_op_backward_from_x_is_bit_identical_to_from_x_hat(rng):
 
 def test_test_phase_is_fused_without_saved_x_hat():
     g = _graph(_resnet_block(), pb.TEST)
-    layer = g.node("bn_1").layer
-    assert layer.affine is not None and layer.use_global_stats and "x_hat" not in layer.buffers
+    layer = g.step_layer(g.node("bn_1"))
+    assert isinstance(layer, BatchNormScaleReLU) and layer.bn.use_global_stats and "x_hat" not in layer.buffers
     assert not any(b.for_backward for b in layer.buffers.values())
 
 
@@ -341,7 +346,7 @@ def test_out_of_place_fused_batch_norm_keeps_its_input_and_trains_like_unfused(m
     g = _graph(_dense_block())
     assert set(_fused(g)) == {"bn_a", "bn_b"} and g.internal_blobs == {}
     for name in ("bn_a", "bn_b"):
-        layer = g.node(name).layer
+        layer = g.step_layer(g.node(name))
         assert layer.keeps_input and "x_hat" not in layer.buffers and layer.backward_needs() == {NEEDS_BOTTOM}
     assert_trains_like_unfused_in_every_mode(_dense_block(), monkeypatch)
 
@@ -413,7 +418,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
         losses = []
         solver.callbacks.append(lambda s, it, loss: losses.append(float(loss)))
         solver.step(4)
-        assert (solver.net.layer("bn").affine is not None) == (fuse == "1")
+        graph = solver.net.graph
+        assert isinstance(graph.step_layer(graph.node("bn")), BatchNormScaleReLU) == (fuse == "1")
         results.append((losses, [p.copy() for layer in ("conv", "bn", "sc", "ip")
                                  for p in (d.data for d in solver.net.layer(layer).params)]))
     (losses_f, params_f), (losses_p, params_p) = results

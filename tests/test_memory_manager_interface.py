@@ -109,9 +109,7 @@ def test_gradients_are_reported_once_when_final(text, mode, streamed, monkeypatc
         decl = next(x for x in net.learnable if id(x) == d)
         writers = [n.name for n in net.graph.nodes
                    if any(p is decl or p.owner is decl for p in n.layer.params) and n.name in order]
-        fused_into = {n.name: n.layer.fused_into for n in net.graph.nodes if getattr(n.layer, "fused_into", None)}
-        writers = [next(m.name for m in net.graph.nodes if m.layer is fused_into[w]) if w in fused_into else w
-                   for w in writers]
+        writers = [net.graph.fusions.forward_owner(w) or w for w in writers]
         assert order.index(name) == max(order.index(w) for w in writers), (name, writers)
     # Hook order: the manager before a step, then us; us after it, then the manager.
     assert rec.resident_tops

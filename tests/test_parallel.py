@@ -236,7 +236,7 @@ def test_fused_scale_gradients_are_final_after_the_batchnorm_step():
     solver = Solver(job.solver_param("bn", 1, 2), "job.prototxt", memory="baseline", log=Quiet())
     net = solver.net
     scale = net.layer("scale")
-    if getattr(scale, "fused_into", None) is None:
+    if net.graph.fusions.forward_owner("scale") is None:
         pytest.skip("fusion is off (SUPERNEURONS_FUSE=0)")
     net.layer("data").reset(*job.data(2))
     _reducer, rec = _reduce_once(net, 0)

@@ -102,7 +102,7 @@ def _graph(policy: MemoryPolicy | None = None):
 
 
 def _fused(graph) -> set[str]:
-    return {n.name for n in graph.nodes if n.layer.fused_into is not None}
+    return {n.name for n in graph.nodes if graph.fusions.forward_owner(n.name) is not None}
 
 
 def _alias_count(graph) -> int:

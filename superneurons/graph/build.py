@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superneurons.errors import UserError
-from superneurons.graph.fuse import (concat_slice_readers, fuse_batch_norm_chains, fuse_conv_relu,
-                                     fuse_eltwise_relu, fuse_relu_backward_into_max_pool)
-from superneurons.graph.precision import Precision, resolve as resolve_precision
+from superneurons.graph.fuse import fuse
+from superneurons.graph.fusions import Fusions
 from superneurons.graph.node import Node
+from superneurons.graph.precision import Precision, resolve as resolve_precision
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
-from superneurons.layers.base import GradientSlice, Layer, Shape, count, layer_class
+from superneurons.layers.base import Layer, Shape, count, layer_class
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.settings import MemoryPolicy, memory_policy
 
@@ -32,24 +32,31 @@ class Graph:
     param: pb.NetParameter | None = None
     # Whether gradients may share memory (memory/aliases.py), so the planner and the Net agree.
     diff_alias: bool = True
-    # Blobs graph/fuse.py split off a blob of the prototxt (a fused BatchNorm's input): name -> that blob.
-    internal_blobs: dict[str, str] = field(default_factory=dict)
     # Storage types of every blob's values and gradients, and the loss scaling (graph/precision.py).
     precision: Precision = field(default_factory=Precision)
-    # ReLUs that may read their gradient from a Concat's top gradient (graph/fuse.py: concat_slice_readers):
-    # (ReLU, where, the Concat's bottom index); `use_concat_slices` turns them on and off.
-    concat_slices: list[tuple[Layer, GradientSlice, int]] = field(default_factory=list)
+    # What graph/fuse.py decided: the layer each node's steps run, the layers that run together.
+    fusions: Fusions = field(default_factory=Fusions)
+
+    @property
+    def internal_blobs(self) -> dict[str, str]:
+        """Blobs graph/fuse.py split off a blob of the prototxt (a fused BatchNorm's input): name -> that blob."""
+        return self.fusions.internal_blobs
+
+    def step_layer(self, node: Node) -> Layer:
+        """What `node`'s steps compute: its layer, or the fused layer graph/fuse.py gave it."""
+        return self.fusions.step_layer(node)
+
+    def top_gradient_blobs(self, node: Node) -> list[str]:
+        return self.fusions.top_gradient_blobs(node)
+
+    def bottom_gradients_written(self, node: Node, propagate_down: list[bool]) -> list[bool]:
+        return self.fusions.bottom_gradients_written(node, propagate_down)
 
     def use_concat_slices(self, on: bool) -> None:
-        """Let the ReLUs of `concat_slices` read their slices of the Concat top gradients (on), or let the
-        Concats copy every bottom's gradient out (off, the state after build). memory.make_manager decides
-        by the Net's memory mode, before the manager plans and the Net builds its steps."""
-        for relu, where, _bottom in self.concat_slices:
-            relu.gradient_slice = None
-            where.concat.bottoms_taken = frozenset()
-        if on:
-            for relu, where, bottom in self.concat_slices:
-                relu.read_gradient_slice(where, bottom)
+        """Let the ReLUs in place on a Concat's bottoms read their slices of the Concat top gradients (on), or
+        let the Concats copy every bottom's gradient out (off, the state after build). memory.make_manager
+        decides by the Net's memory mode, before the manager plans and the Net builds its steps."""
+        self.fusions.slices_on = on
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -84,15 +91,8 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
     _mark_backward(nodes, bool(net.force_backward))
-    internal_blobs: dict[str, str] = {}
-    concat_slices: list = []
-    if policy.fuse_layers:
-        # needs need_backward; changes buffers (and may split blobs) before any Net declares tensors
-        fuse_batch_norm_chains(nodes, shapes, internal_blobs)
-        fuse_eltwise_relu(nodes)
-        fuse_conv_relu(nodes)
-        fuse_relu_backward_into_max_pool(nodes)
-        concat_slices = concat_slice_readers(nodes)
+    # needs need_backward; may split blobs before any Net declares tensors
+    fusions = fuse(nodes, shapes) if policy.fuse_layers else Fusions()
     precision = resolve_precision(net, nodes, source)
     consumed = {b for n in nodes for b in n.bottoms}
     # The state an unrolled layer leaves unread (an LSTM's last c_t without expose_hidden) is no output of the net
@@ -103,7 +103,7 @@ def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, sta
             if t not in consumed and t not in outputs and t not in inner:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
-                 internal_blobs=internal_blobs, concat_slices=concat_slices, precision=precision)
+                 fusions=fusions, precision=precision)
 
 
 def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, "_Part"] | None = None) -> list[Node]:

@@ -1,5 +1,6 @@
 """A node of the graph: one layer with its wiring (bottom and top blobs, shapes, loss weights, which bottoms
-get gradients). `build.py` makes the nodes; the fusion passes (`fuse.py`), the planner and the Net read them."""
+get gradients). `build.py` makes the nodes; the fusion passes (`fuse.py`), the planner and the Net read them.
+What a node's steps compute, when a fusion pass rewrote them, is the graph's to say (`Graph.step_layer`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,15 +23,3 @@ class Node:
     @property
     def name(self) -> str:
         return self.layer.name
-
-    def top_gradient_blobs(self) -> list[str]:
-        """The blobs whose gradients this node's backward reads as its top gradients: its tops, or the Concat
-        top whose slice it reads (`Layer.gradient_slice`). The planner and the Net both ask here."""
-        where = self.layer.gradient_slice
-        return [where.blob] if where is not None else self.tops
-
-    def bottom_gradients_written(self, propagate_down: list[bool]) -> list[bool]:
-        """Per bottom, whether this node's backward writes its gradient under `propagate_down`: not for those a
-        ReLU writes from this Concat's top gradient (`Layer.bottoms_taken`)."""
-        taken = self.layer.bottoms_taken
-        return [pd and j not in taken for j, pd in enumerate(propagate_down)]

@@ -92,17 +92,6 @@ def claim_cleared_diff(decl: ParamDecl) -> bool:
     return cleared
 
 
-@dataclass(frozen=True)
-class GradientSlice:
-    """Where a layer reads its top gradient instead of its own top's: the slice [offset, offset + width) along
-    `axis` of the gradient of `blob`, the top of `concat` (graph/fuse.py)."""
-
-    concat: "Layer"
-    blob: str
-    axis: int
-    offset: int
-
-
 @dataclass
 class BufferDecl:
     """Scratch state a layer keeps between its forward and backward (e.g. a max-pooling argmax)."""
@@ -137,10 +126,11 @@ class Layer:
     has_backward: ClassVar[bool] = True
     # Backward can add a bottom's gradient into what its memory already holds instead of overwriting it
     # (Convolution: cuDNN's beta = 1). memory/aliases.py then lets the consumers of a split blob write into
-    # the one summed gradient, and says which bottoms do so through `accumulate_bottoms`.
+    # the one summed gradient; the runtime says which bottoms through backward's `accumulate` argument.
     can_accumulate_bottom_diff: ClassVar[bool] = False
     # Backward writes bottom 0's gradient as the plain sum of the top gradients (Split): memory/aliases.py
-    # may then make the bottom gradient one top gradient's memory and add the others into it.
+    # may then make the bottom gradient one top gradient's memory and add the others into it (the runtime
+    # then passes the bottom gradient's array for those tops, as an in-place layer's are one array).
     sums_top_diffs: ClassVar[bool] = False
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -163,25 +153,6 @@ class Layer:
         self.prototxt_param = param
         # Set by graph.build on a layer that `can_copy_data`: its tops hold copies, not views, of bottom 0.
         self.copy_data = False
-        # Set by graph/fuse.py (`absorb_into`): the layer that computes this one; its own steps then pass through.
-        self.fused_into: Layer | None = None
-        # Set by graph/fuse.py (`leave_backward_to`): a later layer whose backward computes this one's (a max
-        # Pooling takes the backward of the ReLU it reads); this layer's backward step then passes through.
-        self.backward_taken_by: Layer | None = None
-        # Set by graph/fuse.py (`read_gradient_slice`): this layer's backward reads its top gradient as a slice
-        # of a later Concat's top gradient (a ReLU in place on the Concat's bottom), which then skips that
-        # bottom (`bottoms_taken`): the layer writes the bottom's gradient itself.
-        self.gradient_slice: GradientSlice | None = None
-        self.bottoms_taken: frozenset[int] = frozenset()
-        # Set by the runtime from memory/aliases.py. `diff_alias`: for a layer that `sums_top_diffs`, the top
-        # whose gradient memory is also the bottom's; for one with `identity_diff_bottoms`, the bottom whose
-        # gradient is the top gradient's memory (backward writes nothing for it; with `diff_in_place_bottoms`
-        # it writes over it); None: no shared memory.
-        self.diff_alias: int | None = None
-        # The tops whose consumers added their gradient into the summed bottom gradient themselves.
-        self.added_by_consumers: tuple[int, ...] = ()
-        # This layer's bottom indexes whose gradient backward adds into (see `can_accumulate_bottom_diff`).
-        self.accumulate_bottoms: frozenset[int] = frozenset()
 
     # ---- declared by subclasses -------------------------------------------------------------
     def setup(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -194,13 +165,14 @@ class Layer:
 
     def identity_diff_bottoms(self) -> tuple[int, ...]:
         """Bottoms whose gradient backward may write straight into top 0's gradient memory, because it is
-        that gradient (Eltwise SUM with coefficient 1): memory/aliases.py may then share the memory."""
+        that gradient (Eltwise SUM with coefficient 1): memory/aliases.py may then share the memory, and the
+        runtime passes such a bottom the top gradient's array itself."""
         return ()
 
     def diff_in_place_bottoms(self) -> tuple[int, ...]:
         """Bottoms whose gradient backward may compute over top 0's gradient, reading each element of it
         before writing that element (the fused BatchNorm out of place): memory/aliases.py may then share
-        the memory, as an in-place layer's gradients do."""
+        the memory, as an in-place layer's gradients do (the runtime passes the one array for both)."""
         return ()
 
     # The layer runs as several layers of other types (a recurrent layer unrolled over its time steps): graph.build
@@ -212,26 +184,6 @@ class Layer:
         (None: its registered type); the first keeps this layer's name and the others read their weights from
         it by parameter name."""
         raise NotImplementedError
-
-    # An owner of absorbed layers (graph/fuse.py) runs their backward in its own step (True) or only their
-    # forward, leaving each absorbed layer's backward to that layer's step (False: Convolution, see there).
-    runs_absorbed_backward = True
-
-    def absorb_into(self, owner: "Layer") -> None:
-        """Become a pass-through: `owner` (graph/fuse.py checked it may) computes this layer's forward and
-        backward. Layers that keep buffers for their own backward override this to drop them."""
-        self.fused_into = owner
-
-    def read_gradient_slice(self, where: GradientSlice, bottom: int) -> None:
-        """Read the top gradient from `where` and write the gradient of `where.concat`'s bottom `bottom`
-        (graph/fuse.py checked this layer may: ReLU can)."""
-        self.gradient_slice = where
-        where.concat.bottoms_taken = where.concat.bottoms_taken | {bottom}
-
-    def leave_backward_to(self, layer: "Layer") -> None:
-        """Let `layer`'s backward compute this layer's too (graph/fuse.py checked it may); the layer's own
-        backward must then do nothing and need nothing (ReLU does)."""
-        self.backward_taken_by = layer
 
     @property
     def views_bottom_data(self) -> bool:
@@ -251,8 +203,8 @@ class Layer:
 
     def forward_bytes(self, bottom_shapes: Sequence[Shape], top_shapes: Sequence[Shape]) -> int:
         """Bytes one forward pass moves through device memory, for `auto`'s time model: every bottom read and
-        every top written once, in float32; nothing for a view or a layer another computes (fused)."""
-        if self.views_bottom_data or self.fused_into is not None:
+        every top written once, in float32; nothing for a view."""
+        if self.views_bottom_data:
             return 0
         return FLOAT_BYTES * (sum(count(s) for s in bottom_shapes) + sum(count(s) for s in top_shapes))
 
@@ -260,8 +212,8 @@ class Layer:
         raise NotImplementedError
 
     def backward(self, top: list, top_diff: list, propagate_down: list[bool], bottom: list, bottom_diff: list) -> None:
-        """Write bottom diffs (overwrite; add for the indexes in `accumulate_bottoms`) and accumulate into
-        param diffs (+=), as Caffe does."""
+        """Write bottom diffs (overwrite) and accumulate into param diffs (+=), as Caffe does. A layer that
+        `can_accumulate_bottom_diff` also takes `accumulate`, the bottom indexes whose diff to add into."""
         raise NotImplementedError
 
     # ---- helpers for subclasses ---------------------------------------------------------------

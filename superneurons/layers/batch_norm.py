@@ -5,12 +5,7 @@ scale_factor (1)]; the running mean is mean_sum / scale_factor. With batch stati
 default) every forward folds the batch into them, except a forward the memory runtime replays
 (`ctx.recomputing`), so recomputation leaves them bit-identical.
 
-The graph pass in graph/fuse.py may fuse the Scale (and ReLU) that follow in place into this layer
-(`fuse_affine`): it then writes relu(gamma * x_hat + beta) itself and accumulates the Scale's parameter
-gradients, which stay owned by the Scale layer. For backward it keeps its input x (and the mean), from which
-backward normalizes x_hat again; in place, where y overwrites x, it keeps x_hat instead, one more pass over
-the activation forward. The pass takes the layer out of place where it can (it gives the producer's top a
-blob of its own), so only a BatchNorm whose bottom has no single producer keeps x_hat.
+graph/fuse.py may fuse it with the Scale (and ReLU) after it: layers/fused/batch_norm_scale_relu.py.
 """
 from __future__ import annotations
 
@@ -49,50 +44,14 @@ class BatchNorm(Layer):
         self.inv_std = self.add_buffer("inv_std", c, for_backward=train)
         self.saved_x = self.add_buffer("x", shape) if train and batch and self.in_place else None
         self.shape = tuple(shape)
-        self.affine = None  # the absorbed Scale layer, once fused
-        self.relu_slope = None  # the absorbed ReLU's negative_slope, or None
-        self.x_hat = None
-        self.keeps_input = False  # fused, out of place: backward reads the bottom, not x_hat
         return [shape]
 
-    def fuse_affine(self, scale, relu, keep_for_backward: bool, separate_bottom: bool = False) -> None:
-        """Take over `scale` (a per-channel Scale with bias, in place on our top) and optionally `relu`.
-
-        Called by graph/fuse.py after setup: the buffers change here, before the Net declares tensors.
-        `separate_bottom`: graph/fuse.py gave the bottom a blob of its own, so the layer is no longer in
-        place. Backward keeps the bottom x, the mean and inv_std, or in place x_hat and inv_std;
-        `keep_for_backward` False (no backward) keeps none.
-        """
-        if separate_bottom:
-            self.in_place = False
-        self.affine = scale
-        self.relu_slope = relu.slope if relu is not None else None
-        self.buffers.pop("x", None)
-        self.saved_x = None
-        self.keeps_input = keep_for_backward and not self.in_place
-        self.mean.for_backward = self.keeps_input
-        self.inv_std.for_backward = keep_for_backward
-        self.x_hat = self.add_buffer("x_hat", self.shape) if keep_for_backward and self.in_place else None
-        scale.absorb_into(self)
-        if relu is not None:
-            relu.absorb_into(self)
-
     def backward_needs(self):
-        if self.keeps_input:
-            return frozenset({NEEDS_BOTTOM})
-        if self.use_global_stats or self.saved_x is not None or self.affine is not None:
+        if self.use_global_stats or self.saved_x is not None:
             return frozenset()
         return frozenset({NEEDS_BOTTOM})
 
-    def diff_in_place_bottoms(self):
-        """Fused, out of place: backward may write dx over dy (the kernels read each element of dy before
-        writing that element of dx), as it does in place."""
-        return (0,) if self.affine is not None and not self.in_place else ()
-
     def forward(self, bottom, top):
-        if self.affine is not None:
-            self._forward_fused(bottom[0], top[0])
-            return
         ops = self.ops
         x, y = bottom[0], top[0]
         dims = (self.outer, self.channels, self.inner)
@@ -109,9 +68,6 @@ class BatchNorm(Layer):
         ops.bn_normalize(x, mean, var, self.eps, self.inv_std.array, y, *dims)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if self.affine is not None:
-            self._backward_fused(bottom[0], top_diff[0], bottom_diff[0] if propagate_down[0] else None)
-            return
         if not propagate_down[0]:
             return  # the running statistics get no gradient
         ops = self.ops
@@ -121,25 +77,3 @@ class BatchNorm(Layer):
         else:
             x = self.saved_x.array if self.saved_x is not None else bottom[0]
             ops.bn_backward(x, self.mean.array, self.inv_std.array, top_diff[0], bottom_diff[0], *dims)
-
-    # -- fused with the following Scale (+ ReLU) ---------------------------------------------------
-    def _forward_fused(self, x, y) -> None:
-        scale = self.affine
-        self.ops.bn_affine_forward(
-            x, y, self.x_hat.array if self.x_hat is not None else None, self.mean.array, self.var.array,
-            self.inv_std.array, scale.scale.data, scale.bias.data, self.mean_sum.data, self.var_sum.data,
-            self.scale_factor.data, self.outer, self.channels, self.inner, self.eps, self.use_global_stats,
-            not self.ctx.recomputing,  # a replayed forward has folded this batch in already
-            self.maf, self.var_correction, self.relu_slope)
-
-    def _backward_fused(self, x, dy, dx) -> None:
-        if self.keeps_input:
-            kept, mean = x, self.mean.array
-        elif self.x_hat is not None:
-            kept, mean = self.x_hat.array, None
-        else:
-            raise RuntimeError(f"{self!r} was fused for a net without backward (phase TEST); it keeps nothing")
-        scale = self.affine
-        self.ops.bn_affine_backward(kept, mean, self.inv_std.array, scale.scale.data, scale.bias.data, dy, dx,
-                                    scale.scale.diff, scale.bias.diff, self.outer, self.channels, self.inner,
-                                    self.use_global_stats, self.relu_slope)

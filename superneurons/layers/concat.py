@@ -38,7 +38,6 @@ class Concat(Layer):
         self.ops.concat_forward(bottom, top[0], self.axis)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        # bottoms_taken: a ReLU in place on that bottom reads its slice itself (graph/fuse.py)
-        for j, (pd, diff, offset) in enumerate(zip(propagate_down, bottom_diff, self.offsets)):
-            if pd and j not in self.bottoms_taken:
+        for pd, diff, offset in zip(propagate_down, bottom_diff, self.offsets):
+            if pd:
                 self.ops.concat_backward(top_diff[0], diff, self.axis, offset)

@@ -1,11 +1,5 @@
 """Convolution (Caffe semantics): 2-D, grouped, dilated, over the axes after `axis`.
 
-graph/fuse.py may fold the ReLU in place on a Convolution's top into it (`fuse_relu`: VGG, AlexNet and
-SqueezeNet-style nets): its forward then writes relu(conv + bias) itself, while the ReLU's backward stays in
-the ReLU's own step (`runs_absorbed_backward = False`). Masking the gradient here would need the top at the
-convolution's backward step beside its bottom, which raises the per-step peak that offload and recompute are
-bounded by (VGG16: 1176 -> 1568 MiB); apart, the two steps need what the unfused layers need.
-
 Also home of `spatial_pair`, the reading of Caffe's "one value for every spatial axis or one per
 axis, or the _h/_w fields" convention that Pooling shares.
 """
@@ -85,7 +79,6 @@ def read_conv_param(layer: Layer, shape, what: str) -> tuple[int, int]:
 @register("Convolution")
 class Convolution(Layer):
     can_accumulate_bottom_diff = True
-    runs_absorbed_backward = False  # a fused ReLU's gradient is its own step's (module docstring)
 
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
@@ -101,7 +94,6 @@ class Convolution(Layer):
         self.oh, self.ow = self.geom.out_size((self.h, self.w))
         self.weight = self.add_param((m, self.c // group) + kernel, p.weight_filler)
         self.bias = self.add_param((m,), p.bias_filler) if p.bias_term else None
-        self.relu_slope = None  # the absorbed ReLU's negative_slope (>= 0), once fused
         return [tuple(shape[:axis]) + (m, self.oh, self.ow)]
 
     def forward_flops(self):
@@ -115,31 +107,25 @@ class Convolution(Layer):
         return self.ops.conv_algorithm((self.n, self.c, self.h, self.w), self.weight.shape,
                                        (self.n, self.m, self.oh, self.ow), self.geom, self.weight.data.dtype)
 
-    def fuse_relu(self, relu) -> None:
-        """Apply `relu` (a ReLU in place on our top, slope >= 0; graph/fuse.py checks) ourselves."""
-        self.relu_slope = relu.slope
-        relu.absorb_into(self)
+    def as_4d(self, x):
+        """Bottom-shaped `x` as the (N, C, H, W) array the convolution ops take."""
+        return self.ops.reshape(x, (self.n, self.c, self.h, self.w))
+
+    def top_as_4d(self, y):
+        return self.ops.reshape(y, (self.n, self.m, self.oh, self.ow))
 
     def backward_needs(self):
         # dW needs the input; dx needs only dy and W (a parameter, always resident).
         return frozenset({NEEDS_BOTTOM})
 
     def forward(self, bottom, top):
-        ops = self.ops
-        x = ops.reshape(bottom[0], (self.n, self.c, self.h, self.w))
-        y = ops.reshape(top[0], (self.n, self.m, self.oh, self.ow))
         b = self.bias.data if self.bias is not None else None
-        if self.relu_slope is not None:
-            ops.conv_relu_forward(x, self.weight.data, b, y, self.geom, self.relu_slope)
-        else:
-            ops.conv_forward(x, self.weight.data, b, y, self.geom)
+        self.ops.conv_forward(self.as_4d(bottom[0]), self.weight.data, b, self.top_as_4d(top[0]), self.geom)
 
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        ops = self.ops
-        x_shape = (self.n, self.c, self.h, self.w)
-        ops.conv_backward(ops.reshape(bottom[0], x_shape), self.weight.data,
-                          ops.reshape(top_diff[0], (self.n, self.m, self.oh, self.ow)),
-                          ops.reshape(bottom_diff[0], x_shape) if propagate_down[0] else None,
-                          self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
-                          accumulate_dx=0 in self.accumulate_bottoms,
-                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff, accumulate=frozenset()):
+        """`accumulate`: {0} when dx is to be added into what its memory holds (`can_accumulate_bottom_diff`)."""
+        self.ops.conv_backward(self.as_4d(bottom[0]), self.weight.data, self.top_as_4d(top_diff[0]),
+                               self.as_4d(bottom_diff[0]) if propagate_down[0] else None,
+                               self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
+                               accumulate_dx=0 in accumulate,
+                               overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))

@@ -53,7 +53,6 @@ class Pooling(Layer):
         if method == "max":
             # The argmax is all max pooling's backward reads; a TEST net never reads it back.
             self.mask = self.add_buffer("mask", top, np.int32, for_backward=self.phase == pb.TRAIN)
-        self.relu_slope = None  # the negative_slope of the ReLU whose backward this layer runs (take_relu_backward)
         return [top] * len(self.param.top)
 
     def _out_size(self, n: int, k: int, s: int, pad: int, padded: bool, side: str) -> int:
@@ -75,27 +74,17 @@ class Pooling(Layer):
                             f"(kernel {k}, stride {s}); use round_mode: FLOOR or a kernel >= stride")
         return out
 
-    def take_relu_backward(self, relu) -> None:
-        """Run the backward of `relu`, the ReLU in place on our bottom (graph/fuse.py checked it may): the
-        gradient routed to each chosen pixel goes on through the ReLU's mask, which the argmax buffer carries
-        as its sign (a chosen pixel holds its window's maximum). The ReLU's own backward step then does
-        nothing and keeps nothing: VGG's largest activations are no longer read in backward, and a pass over
-        them and their gradient is saved."""
-        self.relu_slope = relu.slope
-        relu.leave_backward_to(self)
-
     def backward_needs(self):
         # AVE's gradient depends on nothing but dy; MAX's on its argmax buffer only.
         return frozenset()
 
     def forward(self, bottom, top):
         mask = self.mask.array if self.geom.method == "max" else None
-        self.ops.pool_forward(bottom[0], top[0], mask, self.geom, top[1] if len(top) > 1 else None,
-                              signed_mask=self.relu_slope is not None)
+        self.ops.pool_forward(bottom[0], top[0], mask, self.geom, top[1] if len(top) > 1 else None)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if self.geom.method == "stochastic":
             raise self.fail("STOCHASTIC pooling has no backward (TEST phase only)")
         if propagate_down[0]:
             mask = self.mask.array if self.geom.method == "max" else None
-            self.ops.pool_backward(top_diff[0], mask, bottom_diff[0], self.geom, self.relu_slope)
+            self.ops.pool_backward(top_diff[0], mask, bottom_diff[0], self.geom)

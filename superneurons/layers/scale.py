@@ -2,8 +2,7 @@
 
 s is a learned param of shape bottom.shape[axis:axis + num_axes], or, with two bottoms, the
 second bottom itself (which then gets a gradient). Usually follows BatchNorm to learn its
-per-channel scale and shift; graph/fuse.py may then fold it into the BatchNorm (`absorb_into`), after
-which this layer only owns its params and its forward and backward do nothing.
+per-channel scale and shift (graph/fuse.py may then fuse them).
 """
 from __future__ import annotations
 
@@ -47,15 +46,7 @@ class Scale(Layer):
         self.saved_x = self.add_buffer("x", shape) if self.in_place and self.phase == pb.TRAIN else None
         return [shape]
 
-    def absorb_into(self, owner) -> None:
-        """Become a pass-through: `owner` (a fused BatchNorm) applies and differentiates this layer."""
-        super().absorb_into(owner)
-        self.buffers.clear()
-        self.saved_x = None
-
     def backward_needs(self):
-        if self.fused_into is not None:
-            return frozenset()
         if self.scale is None:
             return frozenset({NEEDS_BOTTOM})  # the scale bottom multiplies the top diff
         return frozenset() if self.saved_x is not None else frozenset({NEEDS_BOTTOM})
@@ -64,8 +55,6 @@ class Scale(Layer):
         return self.scale.data if self.scale is not None else bottom[1]
 
     def forward(self, bottom, top):
-        if self.fused_into is not None:
-            return
         ops = self.ops
         if self.saved_x is not None:
             ops.copy(bottom[0], self.saved_x.array)
@@ -74,8 +63,6 @@ class Scale(Layer):
             ops.add_bias(top[0], self.bias.data, self.outer, self.dim, self.inner)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if self.fused_into is not None:
-            return
         ops = self.ops
         dims = (self.outer, self.dim, self.inner)
         dy = top_diff[0]

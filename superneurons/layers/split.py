@@ -8,7 +8,7 @@ from superneurons.layers.base import Layer, register
 class Split(Layer):
     shares_data = True
     can_copy_data = True  # when a consumer works in place on a top (graph.build sets copy_data)
-    sums_top_diffs = True  # diff_alias: the top whose gradient memory is also the bottom's (memory/aliases.py)
+    sums_top_diffs = True  # the bottom gradient may be a top gradient's memory (memory/aliases.py)
     n_tops = (1, None)
 
     def setup(self, bottom_shapes):
@@ -26,14 +26,16 @@ class Split(Layer):
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if not propagate_down[0]:
             return
-        # The sum of the top diffs; eltwise_sum adds the first two in one pass on the GPU. When the bottom
-        # diff is top `a`'s memory, that diff goes first: eltwise_sum may write its output over bottoms[0].
-        a = self.diff_alias
-        if a is None:
+        # The sum of the top diffs; eltwise_sum adds the first two in one pass on the GPU. A top diff that is
+        # the bottom diff's memory (memory/aliases.py: the runtime then passes the bottom diff's array itself)
+        # holds its share, and those of the consumers that added theirs into it, already: it goes first,
+        # since eltwise_sum may write its output over bottoms[0].
+        dx = bottom_diff[0]
+        rest = [d for d in top_diff if d is not dx]
+        if len(rest) == len(top_diff):
             diffs = top_diff
+        elif not rest:
+            return  # every share is in the bottom gradient already
         else:
-            rest = [d for k, d in enumerate(top_diff) if k != a and k not in self.added_by_consumers]
-            if not rest:
-                return  # every share is in the bottom gradient already
-            diffs = [top_diff[a]] + rest
+            diffs = [dx] + rest
         self.ops.eltwise_sum(diffs, self._ones[:len(diffs)], bottom_diff[0])

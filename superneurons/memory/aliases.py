@@ -18,7 +18,10 @@ The layers say which they are (`Layer.sums_top_diffs`, `Layer.identity_diff_bott
 
 `tensors.declare_tensors` asks `diff_aliases` which top gradients become views of which bottom gradients,
 and the planner (`liveness.Program`) and the runtime (`runtime.net.Net`) share that layout, so they agree on
-the roots; the layers are told which index shares memory (`Layer.diff_alias`).
+the roots. The layers learn it from their arguments: the runtime passes a top gradient that shares a bottom
+gradient's memory as that bottom gradient's array (as an in-place layer's are one array), and tells an
+accumulating consumer which bottom gradients to add into (backward's `accumulate`). The layers asked here
+are the ones the steps run (`Graph.step_layer`: a fused layer where graph/fuse.py rewrote the step).
 
 An alias is only taken when it is provably safe, with the same arithmetic in every memory mode:
 - the shared memory is (re)written every iteration before the aliasing layer's backward reads it: some
@@ -100,17 +103,18 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
             return None
         c = users[0]
         node = nodes[c]
-        if c >= before or not node.layer.can_accumulate_bottom_diff or not need_backward[node.name]:
+        layer = graph.step_layer(node)
+        if c >= before or not layer.can_accumulate_bottom_diff or not need_backward[node.name]:
             return None
-        if t in node.tops or node.bottoms.count(t) != 1 or node.layer.in_place:
+        if t in node.tops or node.bottoms.count(t) != 1 or layer.in_place:
             return None
         j = node.bottoms.index(t)
         return (c, j) if propagate_down[node.name][j] else None
 
     for i, n in enumerate(nodes):
-        layer = n.layer
+        layer = graph.step_layer(n)
         pdown = propagate_down[n.name]
-        if not need_backward[n.name] or n.layer.in_place:
+        if not need_backward[n.name] or layer.in_place:
             continue
         passed_on = layer.identity_diff_bottoms() or layer.diff_in_place_bottoms()
         if layer.sums_top_diffs and len(n.tops) >= 2 and pdown[0]:
@@ -145,11 +149,3 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
                 out.index[n.name] = j
     return out
 
-
-def install(graph: Graph, aliases: DiffAliases) -> None:
-    """Tell every layer which of its gradients shares memory (None: none), a layer summing top gradients
-    which tops' consumers add their own share, and those consumers which bottom gradients they add into."""
-    for n in graph.nodes:
-        n.layer.diff_alias = aliases.index.get(n.name)
-        n.layer.added_by_consumers = aliases.added.get(n.name, ())
-        n.layer.accumulate_bottoms = aliases.accumulate.get(n.name, frozenset())

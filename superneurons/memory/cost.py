@@ -45,7 +45,7 @@ FITS_ANYWAY = PLAN_MODES[:2]  # baseline, liveness: nothing moves, nothing repla
 def forward_seconds(node: Node, graph: Graph) -> float:
     """One forward step: the longer of its arithmetic and its memory traffic, as its layer declares them
     (nothing for a view or a layer fused into another)."""
-    layer = node.layer
+    layer = graph.step_layer(node)
     moved = layer.forward_bytes([graph.blob_shapes[b] for b in node.bottoms], node.top_shapes)
     return max(layer.forward_flops() / FLOPS, moved / DEVICE_BW)
 

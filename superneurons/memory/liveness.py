@@ -146,7 +146,7 @@ class Program:
             node = nodes[i]
             if not self.need_backward[node.name]:
                 continue
-            needs = node.layer.backward_needs()
+            needs = self.graph.step_layer(node).backward_needs()
             uses = list(self.seeds) if first else []
             first = False
             if NEEDS_BOTTOM in needs:
@@ -154,8 +154,8 @@ class Program:
             if NEEDS_TOP in needs:
                 uses += [r[data[t]] for t in node.tops]
             uses += [k for k, fb in self.buffer_keys[node.name] if fb]
-            uses += [r[diff[t]] for t in node.top_gradient_blobs() if t in diff]
-            written = node.bottom_gradients_written(self.propagate_down[node.name])
+            uses += [r[diff[t]] for t in self.graph.top_gradient_blobs(node) if t in diff]
+            written = self.graph.bottom_gradients_written(node, self.propagate_down[node.name])
             uses += [r[diff[b]] for b, w in zip(node.bottoms, written) if w and b in diff]
             self.steps.append(StepInfo(len(self.steps), BACKWARD, node, i, tuple(dict.fromkeys(uses))))
 

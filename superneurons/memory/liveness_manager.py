@@ -53,7 +53,7 @@ class LivenessManager(MemoryManager):
                 while r.base is not None:
                     r = r.base
                 self.views.setdefault(r.key, []).append(t)
-        self.buffer_decl = {key: n.layer.buffers[name] for n in net.graph.nodes
+        self.buffer_decl = {key: net.graph.step_layer(n).buffers[name] for n in net.graph.nodes
                             for key, name, _for_backward in net.layout.buffer_keys[n.name]}
         self.nf = self.program.n_forward
         params = [t for t in net.tensors if t.base is None and t.kind in PARAM_KINDS]
@@ -91,7 +91,7 @@ class LivenessManager(MemoryManager):
         n = len(self.program.steps)
         if not self.param_store.offloaded:
             return [0] * n
-        fwd, bwd = self.param_store.step_lists(self.net.graph.nodes, self.net.train)
+        fwd, bwd = self.param_store.step_lists(self.net.graph, self.net.train)
         size = lambda uses: sum(round_up(t.nbytes) for t in uses[0])  # noqa: E731
         return ([size(fwd[st.forward_index]) for st in self.program.steps[:self.nf]]
                 + [size(bwd[st.forward_index]) for st in self.program.steps[self.nf:]])

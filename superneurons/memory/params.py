@@ -39,17 +39,11 @@ def param_root(decl: Any) -> Any:
     return decl
 
 
-def layers_computed_by(nodes: list[Any]) -> list[list[Any]]:
-    """Per node, the layers whose parameters its forward and backward read: its own layer, plus the layers
-    graph/fuse.py folded into it (a fused BatchNorm applies its Scale's weights); a folded layer's own
-    steps read none (it is a pass-through)."""
-    folded: dict[int, list[Any]] = {}
-    for node in nodes:
-        owner = node.layer.fused_into
-        if owner is not None:
-            folded.setdefault(id(owner), []).append(node.layer)
-    return [[] if n.layer.fused_into is not None else [n.layer] + folded.get(id(n.layer), [])
-            for n in nodes]
+def layers_computed_by(graph: Any) -> list[list[Any]]:
+    """Per node of `graph`, the layers whose parameters its forward and backward read: its own layer, plus
+    the layers graph/fuse.py folded into it (a fused BatchNorm applies its Scale's weights); a folded layer's
+    own steps read none (they pass through)."""
+    return graph.fusions.layers_computed_by(graph.nodes)
 
 
 class ResidentParams:
@@ -233,12 +227,12 @@ class OffloadedParams:
             del self.outgoing[key]
             self.net.pool.free(key)
 
-    def step_lists(self, nodes: list[Any], train: bool) -> tuple[list[tuple[list, list]], list[tuple[list, list]]]:
+    def step_lists(self, graph: Any, train: bool) -> tuple[list[tuple[list, list]], list[tuple[list, list]]]:
         """Per node, for its forward and its backward step: (parameter tensors it uses, those it changes).
         Forward changes only statistics a layer keeps itself (BatchNorm's running sums, not learnable);
         backward accumulates into the gradients."""
         fwd, bwd = [], []
-        for layers in layers_computed_by(nodes):
+        for layers in layers_computed_by(graph):
             decls = [d for layer in layers for d in layer.params]
             roots = list({id(r): r for r in (param_root(d) for d in decls)}.values())
             mine = [r for r in roots if r.data_tensor.key in self.by_key]

@@ -134,7 +134,7 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
                 owned[name] = size(decl) * (2 if grads else 1)
         return sum(owned.values())
 
-    computed_by = layers_computed_by(program.graph.nodes)
+    computed_by = layers_computed_by(program.graph)
     forward = [node_bytes(layers, False) for layers in computed_by]
     window = [forward[st.forward_index] if st.phase == "forward" else
               node_bytes(computed_by[st.forward_index], train) for st in program.steps]

@@ -195,7 +195,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                         base = bottom_diff(out.aliases.views[t], node.name)
                     diff[t] = out.add(DIFF, t, 0, shape, diff_type.get(t, FLOAT32), base=base, layer=node.name)
         out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype, layer=node.name), name,
-                                       bool(buf.for_backward)) for name, buf in layer.buffers.items()]
+                                       bool(buf.for_backward))
+                                      for name, buf in graph.step_layer(node).buffers.items()]
         specs = layer.param.param
         for k, decl in enumerate(layer.params):
             name = specs[k].name if k < len(specs) and specs[k].name else ""

@@ -22,7 +22,6 @@ from superneurons.graph.node import Node
 from superneurons.graph.precision import check_backend
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
-from superneurons.memory.aliases import install as install_aliases
 from superneurons.memory.interface import MemoryManager, StepHooks
 from superneurons.memory.params import layers_computed_by, param_root
 from superneurons.memory.pool import format_bytes, make_pool, round_up
@@ -193,8 +192,6 @@ class Net:
                     decl.owner = other.layer.params[k]  # the test net reads the train net's weights
                     borrowed.add((node.name, k))
         self.layout = declare_tensors(graph, train=self.train, borrowed=borrowed, history=solver_history)
-        # Split and Eltwise SUM gradients that share memory: the layers are told which.
-        install_aliases(graph, self.layout.aliases)
         by_key: dict[str, Tensor] = {}
         for spec in self.layout.specs:
             base = by_key[spec.base] if spec.base is not None else None  # declared before its views
@@ -204,7 +201,7 @@ class Net:
         self.diff = {blob: by_key[key] for blob, key in self.layout.diff_key.items()}
         for node in graph.nodes:
             for key, name, _for_backward in self.layout.buffer_keys[node.name]:
-                node.layer.buffers[name].tensor = by_key[key]
+                graph.step_layer(node).buffers[name].tensor = by_key[key]
         decls = {(n.name, k): decl for n in graph.nodes for k, decl in enumerate(n.layer.params)}
         for slot in self.layout.params:
             decl = decls[slot.node, slot.index]
@@ -279,7 +276,7 @@ class Net:
                 decl.diff = src.diff_tensor.array if getattr(src, "diff_tensor", None) is not None else None
                 for store in self.param_stores():
                     store.register(decl)
-            for buf in node.layer.buffers.values():
+            for buf in self.graph.step_layer(node).buffers.values():
                 buf.array = buf.tensor.array
 
     def param_stores(self) -> list:
@@ -314,24 +311,28 @@ class Net:
         self.bind_params()
 
     def _build_steps(self) -> None:
+        graph = self.graph
         self.forward_steps: list[Step] = []
-        for node in self.graph.nodes:
+        for node in graph.nodes:
             self.forward_steps.append(Step(
                 node,
                 [self.data[b] for b in node.bottoms],
                 [self.data[t] for t in node.tops],
                 [self.diff.get(b) if w else None
-                 for b, w in zip(node.bottoms, node.bottom_gradients_written(node.propagate_down))],
-                [self.diff.get(t) for t in node.top_gradient_blobs()],
+                 for b, w in zip(node.bottoms, graph.bottom_gradients_written(node, node.propagate_down))],
+                [self.diff.get(t) for t in graph.top_gradient_blobs(node)],
             ))
+        # What each step runs: the node's layer, or the fused layer graph/fuse.py gave it.
+        self._step_layers = {id(n): graph.step_layer(n) for n in graph.nodes}
         self.backward_steps = [s for s in reversed(self.forward_steps) if self.train and s.node.need_backward]
+        self._gradient_sharing = [self._shared_gradients(s) for s in self.backward_steps]
         self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in self.graph.loss_blobs]
         # Streamed parameters: per step, (store, tensors it brings in); None when every parameter is resident.
         self._param_fwd: list[list] | None = None
         self._param_bwd: list[list] | None = None
         stores = self.param_stores()
         if stores:
-            per_store = [s.step_lists(self.graph.nodes, self.train) for s in stores]
+            per_store = [s.step_lists(self.graph, self.train) for s in stores]
             self._param_fwd = [[(s, *f[i]) for s, (f, _b) in zip(stores, per_store) if f[i][0]]
                                for i in range(len(self.graph.nodes))]
             index = {id(n): i for i, n in enumerate(self.graph.nodes)}
@@ -345,7 +346,7 @@ class Net:
         ready: list[list[ParamDecl]] = [[] for _ in self.backward_steps]
         if not ready:
             return ready
-        computed_by = layers_computed_by(self.graph.nodes)
+        computed_by = layers_computed_by(self.graph)
         index = {id(n): i for i, n in enumerate(self.graph.nodes)}
         last: dict[int, int] = {}  # id(learnable decl) -> the last backward step writing its gradient
         for b, step in enumerate(self.backward_steps):
@@ -355,6 +356,14 @@ class Net:
         for decl in self.learnable:
             ready[last.get(id(decl), len(ready) - 1)].append(decl)
         return ready
+
+    def _shared_gradients(self, step: Step) -> tuple[tuple[tuple[int, int], ...], frozenset[int]]:
+        """For backward step `step`: (top index, bottom index) of the top gradients that are a bottom
+        gradient's memory (memory/aliases.py), and the bottoms whose gradient the layer adds into."""
+        aliases, node = self.layout.aliases, step.node
+        shared = tuple((k, node.bottoms.index(aliases.views[t])) for k, t in enumerate(node.tops)
+                       if aliases.views.get(t) in node.bottoms)
+        return shared, aliases.accumulate.get(node.name, frozenset())
 
     # -- running ------------------------------------------------------------------------------
     def add_hooks(self, hooks: StepHooks) -> None:
@@ -403,7 +412,7 @@ class Net:
         outer = ctx.recomputing
         ctx.recomputing = outer or replay
         try:
-            step.node.layer.forward([t.array for t in step.bottoms], [t.array for t in step.tops])
+            self._step_layers[id(step.node)].forward([t.array for t in step.bottoms], [t.array for t in step.tops])
         finally:
             ctx.recomputing = outer
             for store, tensors, changed in streamed:
@@ -436,14 +445,7 @@ class Net:
                 for store, tensors, _changed in streamed[i]:
                     store.acquire(tensors)
                 self._prefetch_params(streamed, i + 1)
-            node = step.node
-            node.layer.backward(
-                [t.array for t in step.tops],
-                [t.array if t is not None else None for t in step.top_diffs],
-                node.propagate_down,
-                [t.array for t in step.bottoms],
-                [t.array if t is not None else None for t in step.bottom_diffs],
-            )
+            self._run_backward_step(i, step)
             if ready[i]:
                 for h in hooks:
                     h.gradients_ready(step, ready[i])
@@ -454,6 +456,20 @@ class Net:
                 h.after_backward(i, step)
         if streamed is not None:
             self._settle_params()
+
+    def _run_backward_step(self, i: int, step: Step) -> None:
+        """Call the step's layer. A top gradient that shares a bottom gradient's memory is passed as that
+        bottom gradient's array, so the layer sees one array, as in place; a layer that adds into bottom
+        gradients is told which (`accumulate`)."""
+        top_diffs = [t.array if t is not None else None for t in step.top_diffs]
+        bottom_diffs = [t.array if t is not None else None for t in step.bottom_diffs]
+        shared, accumulate = self._gradient_sharing[i]
+        for k, j in shared:
+            if bottom_diffs[j] is not None:
+                top_diffs[k] = bottom_diffs[j]
+        extra = {"accumulate": accumulate} if accumulate else {}
+        self._step_layers[id(step.node)].backward([t.array for t in step.tops], top_diffs, step.node.propagate_down,
+                                                  [t.array for t in step.bottoms], bottom_diffs, **extra)
 
     def forward_backward(self) -> float:
         """One training pass; the loss is read while the device runs backward (runtime/loss_read.py)."""
@@ -531,35 +547,19 @@ class Net:
     def _refuse_split_fusion(self, first: int, last: int | None, what: str, backward: bool) -> None:
         """A range that holds a fused layer (graph/fuse.py) without the layer computing it, or the other way
         round, would run the pair's work whole or not at all: e.g. a Convolution fused with its ReLU ends a
-        range at the convolution with the ReLU applied, where Caffe's blob is still before it. Backward, only
-        owners that run their absorbed layers' backward count (a fused ReLU after a Convolution keeps its own),
-        and layers that take another's backward (a max Pooling the ReLU's it reads)."""
-        def inside(layer) -> bool:
-            return first <= layer.layer_index and (last is None or layer.layer_index <= last)
+        range at the convolution with the ReLU applied, where Caffe's blob is still before it. The graph's
+        `Fusions.joined` says which layers run together forward and which backward."""
+        positions = {n.name: n.layer.layer_index for n in self.graph.nodes}
+        types = {n.name: n.layer.type_name for n in self.graph.nodes}
 
-        pairs = []  # (layer, layer, why they must run together)
-        for node in self.graph.nodes:
-            taker = node.layer.backward_taken_by
-            if backward and taker is not None:
-                pairs.append((taker, node.layer, f"whose backward runs in {taker.name!r}'s"))
-            where = node.layer.gradient_slice
-            if backward and where is not None:
-                pairs.append((where.concat, node.layer, f"whose backward writes {where.concat.name!r}'s bottom "
-                                                        "gradient"))
-            owner = node.layer.fused_into
-            if owner is not None and (not backward or owner.runs_absorbed_backward):
-                pairs.append((owner, node.layer, "which run fused as one step"))
-        # A blob split off for a fused BatchNorm (graph/fuse.py) holds what Caffe's blob holds between its
-        # producer and the BatchNorm: a range starting or ending between them would read or show the wrong one.
-        for internal, blob in self.graph.internal_blobs.items():
-            producer = next(n.layer for n in self.graph.nodes if internal in n.tops)
-            consumer = next(n.layer for n in self.graph.nodes if internal in n.bottoms)
-            pairs.append((producer, consumer, f"which works in place on blob {blob!r} and runs fused"))
-        for a, b, why in pairs:
+        def inside(name: str) -> bool:
+            return first <= positions[name] and (last is None or positions[name] <= last)
+
+        for a, b, why in self.graph.fusions.joined(self.graph.nodes, backward):
             if inside(a) != inside(b):
                 raise UserError(f"net {self.name!r}: {what} from layer {first} to "
-                                f"{last if last is not None else 'the end'} separates {a.name!r} ({a.type_name}) from "
-                                f"{b.name!r} ({b.type_name}), {why}; include both, or build the net with "
+                                f"{last if last is not None else 'the end'} separates {a!r} ({types[a]}) from "
+                                f"{b!r} ({types[b]}), {why}; include both, or build the net with "
                                 f"SUPERNEURONS_FUSE=0 to run every layer on its own")
 
     def _require_resident(self, what: str) -> None:
