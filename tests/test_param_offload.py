@@ -175,7 +175,7 @@ def test_replayed_steps_read_streamed_weights_from_the_device(monkeypatch):
     assert store.offloaded
     seen = {"replays": 0, "homes": []}
     nodes = solver.net.graph.nodes
-    for node, computed in zip(nodes, layers_computed_by(nodes)):  # a fused BatchNorm applies its Scale's weights
+    for node, computed in zip(nodes, layers_computed_by(solver.net.graph)):  # a fused BatchNorm applies its Scale's weights
         decls = [(f"{c.name} param {k}", d) for c in computed for k, d in enumerate(c.params)]
 
         def checked(bottom, top, _decls=decls, _forward=node.layer.forward):

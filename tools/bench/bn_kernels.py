@@ -36,8 +36,8 @@ FORWARD_PASSES, BACKWARD_PASSES = 3, 5
 def bn_shapes(net: str, batch: int) -> Counter:
     """(outer, channels, inner) of every fused BatchNorm of `net` at `batch`, with multiplicity."""
     graph = common.train_graph(net, batch)
-    return Counter((n.layer.outer, n.layer.channels, n.layer.inner) for n in graph.nodes
-                   if n.layer.type_name == "BatchNorm" and n.layer.affine is not None)
+    fused = {m.layers[0] for m in graph.fusions.matches if m.pattern == "BatchNorm+Scale+ReLU"}
+    return Counter((n.layer.outer, n.layer.channels, n.layer.inner) for n in graph.nodes if n.name in fused)
 
 
 class Timer:

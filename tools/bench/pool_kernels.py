@@ -34,7 +34,8 @@ def pool_shapes(net: str, batch: int) -> Counter:
         if layer.type_name == "Pooling" and layer.geom.method == "max":
             bottom = tuple(graph.blob_shapes[n.bottoms[0]])
             top = tuple(n.top_shapes[0])
-            shapes[(bottom, top, layer.geom.kernel, layer.geom.stride, layer.geom.pad, layer.relu_slope is not None)] += 1
+            takes_relu = any(m.pattern == "ReLU+Pooling" and m.layers[0] == n.name for m in graph.fusions.matches)
+            shapes[(bottom, top, layer.geom.kernel, layer.geom.stride, layer.geom.pad, takes_relu)] += 1
     return shapes
 
 
