@@ -3,21 +3,34 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
+DEV     := $(VENV)/.dev-stamp
 DIGITS  := data/digits/train_lmdb/data.mdb
 # With an NVIDIA driver, the GPU extra of the CUDA major it supports (README: Install); none without one.
 GPU_EXTRA := $(shell v=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -1); \
-                [ -n "$$v" ] && { [ "$$v" -ge 13 ] && echo ,cu13 || echo ,cu12; })
+                [ -n "$$v" ] && { [ "$$v" -ge 13 ] && echo cu13 || echo cu12; })
+comma   := ,
+# What `make train` needs: the runtime, the example's digits, and with a driver the GPU extra. The tests add
+# the dev extras.
+RUNTIME := .[examples$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))]
+DEVTOOLS := .[dev$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))]
+# The files whose kernels the tests check under numba's CUDA simulator, each in a process of its own (numba
+# picks the simulator when it is first imported; the files install different stand-ins for the device).
+SIM_TESTS := $(wildcard tests/*_sim.py)
 # Train on the GPU when one is present and usable, else on the CPU.
 GPU_FLAG := $(shell $(BIN)/python -c "from superneurons.backend.cuda.probe import gpu_available as g; print('--gpu 0' if g() else '')" 2>/dev/null)
 
-.PHONY: install train test gpu-test proto data clean
+.PHONY: install train test lint gpu-test proto data clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev$(GPU_EXTRA)]'
+	$(BIN)/python -m pip install -q -e '$(RUNTIME)'
+	touch $@
+
+$(DEV): $(STAMP)
+	$(BIN)/python -m pip install -q -e '$(DEVTOOLS)'
 	touch $@
 
 data: $(DIGITS)
@@ -28,15 +41,21 @@ $(DIGITS): | $(STAMP)
 train: install data
 	$(BIN)/superneurons train --solver models/lenet/lenet_solver.prototxt $(GPU_FLAG)
 
-test: install
+# ruff's rules are in pyproject.toml ([tool.ruff]).
+lint: $(DEV)
+	$(BIN)/ruff check superneurons tests tools
+
+test: lint
 	$(BIN)/python -m pytest -q -m "not gpu"
+	for f in $(SIM_TESTS); do NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "simulator and not gpu" $$f || exit 1; done
 
 # On a GPU machine with no registry: the packages come from the machine, not a venv (docs/BENCHMARKS.md,
 # "Setting up the GPU machine").
 gpu-test:
 	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}$(CURDIR) python3 -m pytest -q -m gpu tests
 
-proto: install
+proto: $(DEV)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=superneurons/proto proto/superneurons.proto
 
 clean:

@@ -61,3 +61,16 @@ def pytest_runtest_makereport(item, call):
             if name == "rng_seed":
                 report.sections.append(
                     ("rng seed", f"{seed} (rerun with --rng-seed {seed} or {SEED_ENV}={seed})"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `simulator` run only in a process that started numba under the CUDA simulator
+    (NUMBA_ENABLE_CUDASIM=1, tests/cudasim.py): elsewhere they are deselected, not skipped."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return
+    chosen, simulated = [], []
+    for item in items:
+        (simulated if item.get_closest_marker("simulator") else chosen).append(item)
+    if simulated:
+        config.hook.pytest_deselected(items=simulated)
+        items[:] = chosen

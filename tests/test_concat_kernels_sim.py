@@ -3,9 +3,9 @@
 ReLU's backward, relu_backward_slab) against NumPy slicing on fresh random inputs, for axes 0-3, rows of one element, rows shorter than a block, rows not a multiple
 of four, rows of several tasks, and grids smaller than the number of rows or tasks.
 
-A normal run (no NUMBA_ENABLE_CUDASIM) has one test: it reruns this file in a child process with the simulator
-on, so this process's numba stays real for the other test files. Skipped without numba-cuda. The gpu-marked
-tests at the end run the same ops on a real device against the CPU op.
+The `simulator` tests here run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run
+deselects them. Skipped without numba-cuda. The gpu-marked tests at the end run the same ops on a real device
+against the CPU op.
 """
 from __future__ import annotations
 
@@ -14,12 +14,7 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
-
-
-if not IN_SIMULATOR:
-    def test_concat_kernels_under_simulator():
-        rerun_under_simulator(__file__)
+from cudasim import simulated  # noqa: E402
 
 
 from superneurons.backend.cuda.kernels import slab as sk  # noqa: E402

@@ -3,8 +3,8 @@ the bias + ReLU pass of kernels/conv_relu.py against NumPy float64 on fresh rand
 than a block, longer than one, and long enough for the plain sweep, with one and several blocks per channel;
 and the op conv_relu_forward's host logic (bias or none) with cuDNN's plan replaced by the CPU convolution.
 
-A normal run (no NUMBA_ENABLE_CUDASIM) has one test: it reruns this file in a child process with the simulator
-on, so this process's numba stays real for the other test files. Skipped without numba-cuda.
+The `simulator` tests here run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run
+deselects them. Skipped without numba-cuda.
 """
 from __future__ import annotations
 
@@ -14,12 +14,7 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
-
-
-if not IN_SIMULATOR:
-    def test_conv_relu_kernels_under_simulator():
-        rerun_under_simulator(__file__)
+from cudasim import simulated  # noqa: E402
 
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402

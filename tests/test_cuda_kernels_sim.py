@@ -1,6 +1,7 @@
 """The numba-cuda kernels under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1): no GPU needed, so CI checks the
-kernels' logic against the CPU ops on tiny inputs. Skipped without numba-cuda; when numba was already imported
-without the simulator in this process, one test reruns this file in a fresh process with it."""
+kernels' logic against the CPU ops on tiny inputs. Skipped without numba-cuda.
+The `simulator` tests here run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run
+deselects them."""
 from __future__ import annotations
 
 import os
@@ -13,11 +14,7 @@ import pytest
 if "numba" not in sys.modules:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
-
-if not IN_SIMULATOR:
-    def test_kernels_under_simulator_in_subprocess():
-        rerun_under_simulator(__file__)
+from cudasim import simulated  # noqa: E402
 
 
 from superneurons.backend.cpu import (  # noqa: E402

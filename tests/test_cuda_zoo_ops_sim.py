@@ -5,8 +5,8 @@ tiny fresh random inputs: the kernels' index math and the ops' host logic, on ma
 
 The simulator has no real device arrays, so backend/cuda/device.py cannot import; a stand-in module gives the
 ops the helpers they use from it (`flat`, `scalar`) over the simulator's arrays. Skipped without numba-cuda.
-A normal run (no NUMBA_ENABLE_CUDASIM) has one test: it reruns this file in a child process with the
-simulator on, so this process's numba stays real for the other test files.
+The `simulator` tests here run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run
+deselects them.
 """
 from __future__ import annotations
 
@@ -17,15 +17,7 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
-
-# Never switch this process to the simulator (other test files need the real numba-cuda): without it, the
-# tests run in a child process that has NUMBA_ENABLE_CUDASIM=1 from the start.
-
-if not IN_SIMULATOR:
-    def test_extra_ops_under_simulator_in_subprocess():
-        rerun_under_simulator(__file__)
-
+from cudasim import IN_SIMULATOR, simulated  # noqa: E402
 
 def _install_simulator_device() -> None:
     """Stand-in for backend/cuda/device.py over simulator arrays (views share memory, as on the GPU)."""

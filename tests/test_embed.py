@@ -12,7 +12,6 @@ from superneurons.errors import UserError
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_embed_reference_and_gradient(bias):
-    rng = np.random.default_rng(120)
     idx = np.array([[0.0, 3.0, 3.0], [1.0, 4.0, 0.0]])  # repeats: their gradients add up
     proto = f"type: 'Embed' embed_param {{ num_output: 3 input_dim: 5 bias_term: {str(bias).lower()} }}"
     layer, shapes = make_layer(proto, [idx.shape])

@@ -4,8 +4,8 @@ ops on fresh random inputs: several segments of odd lengths at shuffled offsets 
 decay 0 and lr_mult 0 for some, iter_size 2 and a clip scale; and a CPU Solver whose grouped update runs the
 CUDA ops. The simulator runs kernels on NumPy arrays, so the arena is a NumPy array here.
 
-A normal run (no NUMBA_ENABLE_CUDASIM) has one test: it reruns this file in a child process with the simulator
-on, so this process's numba stays real for the other test files. Skipped without numba-cuda.
+The `simulator` tests here run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run
+deselects them. Skipped without numba-cuda.
 """
 from __future__ import annotations
 
@@ -16,12 +16,7 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
-
-
-if not IN_SIMULATOR:
-    def test_multi_update_kernels_in_subprocess():
-        rerun_under_simulator(__file__)
+from cudasim import IN_SIMULATOR, simulated  # noqa: E402
 
 
 if IN_SIMULATOR:  # backend/cuda/device.py needs real device arrays: the ops get its helpers over host arrays

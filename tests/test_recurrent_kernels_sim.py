@@ -2,8 +2,8 @@
 (kernels/im2col.py) under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), against the CPU ops on fresh random
 inputs: their index math on machines without a GPU.
 
-A normal run (no NUMBA_ENABLE_CUDASIM) has one test: it reruns this file in a child process with the simulator
-on, so this process's numba stays real for the other test files. Skipped without numba-cuda.
+The `simulator` tests here run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run
+deselects them. Skipped without numba-cuda.
 """
 from __future__ import annotations
 
@@ -14,11 +14,7 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, rerun_under_simulator, simulated  # noqa: E402
-
-if not IN_SIMULATOR:
-    def test_recurrent_and_im2col_kernels_under_simulator():
-        rerun_under_simulator(__file__)
+from cudasim import IN_SIMULATOR, simulated  # noqa: E402
 
 
 if IN_SIMULATOR:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from superneurons.backend.cpu import CpuBackend
 from superneurons.backend.cpu.transfer import CpuTransfer

@@ -66,7 +66,6 @@ def _ctype_values(kernel, args):
     """The ctypes values numba would pass for `args` (its _prepare_args rules) and, per scalar argument,
     (its index in `args`, its ctypes value, the conversion that stores a new value there); (None, None, None)
     if unsupported."""
-    import numpy as np
     from numba.core import types
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 

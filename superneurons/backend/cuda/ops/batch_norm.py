@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
-from superneurons.backend.cuda.kernels import batch_norm as bk, reduce as rk
+from superneurons.backend.cuda.kernels import batch_norm as bk
 from superneurons.backend.cuda.ops.scale import channel_partials, spread as rk_spread
 
 __all__ = ["bn_batch_stats", "bn_running_update", "bn_global_stats", "bn_normalize", "bn_backward"]
