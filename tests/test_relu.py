@@ -1,4 +1,4 @@
-"""The ReLU layer (layers/relu.py), with and without a negative slope, against NumPy and central differences."""
+"""The ReLU layer (layers/activations.py), with and without a negative slope, against NumPy and central differences."""
 import numpy as np
 from harness import check_gradients, forward, make_layer
 

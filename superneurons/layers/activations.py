@@ -1,7 +1,7 @@
-"""The activations (Caffe semantics): Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold, Clip
-and Swish. ReLU, whose neighbours may take over its work, is in relu.py.
+"""The activations (Caffe semantics): ReLU, Sigmoid, TanH, PReLU, ELU, AbsVal, BNLL, Exp, Log, Power, Threshold,
+Clip and Swish. The fusion passes (graph/fuse.py) may give a ReLU's step to a fused layer (layers/fused/).
 
-Sigmoid, TanH, ELU, BNLL and Exp compute their gradient from the output, so they work in place. AbsVal, Log,
+ReLU, Sigmoid, TanH, ELU, BNLL and Exp compute their gradient from the output, so they work in place. AbsVal, Log,
 non-trivial Power, Clip and Swish read the input; they refuse to work in place in training, where their input would be
 overwritten. PReLU in place keeps a copy of its input for backward, as Caffe does.
 """
@@ -12,6 +12,26 @@ from typing import ClassVar
 
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, count, register
 from superneurons.proto import superneurons_pb2 as pb
+
+
+@register("ReLU")
+class ReLU(Layer):
+    """Caffe's ReLU, with its leaky negative_slope."""
+
+    def setup(self, bottom_shapes):
+        self.slope = float(self.param.relu_param.negative_slope)
+        return [bottom_shapes[0]]
+
+    def backward_needs(self):
+        # y > 0 exactly where x > 0 (for any slope >= 0), so the output suffices and in-place works.
+        return frozenset({NEEDS_TOP})
+
+    def forward(self, bottom, top):
+        self.ops.relu_forward(bottom[0], top[0], self.slope)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        if propagate_down[0]:
+            self.ops.relu_backward(top[0], top_diff[0], bottom_diff[0], self.slope)
 
 
 class _OutputGradActivation(Layer):

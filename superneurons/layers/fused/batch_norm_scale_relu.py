@@ -12,7 +12,7 @@ from __future__ import annotations
 from superneurons.layers.base import NEEDS_BOTTOM, BufferDecl
 from superneurons.layers.batch_norm import BatchNorm
 from superneurons.layers.fused import FusedLayer
-from superneurons.layers.relu import ReLU
+from superneurons.layers.activations import ReLU
 from superneurons.layers.scale import Scale
 
 

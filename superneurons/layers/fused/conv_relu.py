@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from superneurons.layers.convolution import Convolution
 from superneurons.layers.fused import FusedLayer
-from superneurons.layers.relu import ReLU
+from superneurons.layers.activations import ReLU
 
 
 class ConvolutionReLU(FusedLayer):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from superneurons.layers.base import NEEDS_TOP
 from superneurons.layers.eltwise import Eltwise
 from superneurons.layers.fused import FusedLayer
-from superneurons.layers.relu import ReLU
+from superneurons.layers.activations import ReLU
 
 
 class EltwiseSumReLU(FusedLayer):

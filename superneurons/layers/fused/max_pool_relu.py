@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from superneurons.layers.fused import FusedLayer
 from superneurons.layers.pooling import Pooling
-from superneurons.layers.relu import ReLU
+from superneurons.layers.activations import ReLU
 
 
 class MaxPoolingReLU(FusedLayer):
