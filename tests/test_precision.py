@@ -445,3 +445,12 @@ layer { name: "embed" type: "Embed" bottom: "flat_ids" top: "vec"
     weights = BACKEND.to_host(net.layer("embed").params[0].data)
     want = np.tile(weights[301], (4, 1, 1)).astype(BFLOAT16)  # row 301: bfloat16 would have read row 300 or 302
     np.testing.assert_array_equal(net.blob("vec"), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_cuda_backend_refuses_a_half_net_in_one_line(gpu, precision):
+    with pytest.raises(UserError, match=r"the cuda backend stores tensors in float32 only, and this net asks for "
+                                        r"(bfloat16|float16)"):
+        Net(_graph(NVCAFFE_NET, precision), gpu)
+    Net(_graph(NVCAFFE_NET.replace("FLOAT16", "FLOAT").replace("BFLOAT", "FLOAT"), "fp32"), gpu)  # float32 builds
