@@ -184,8 +184,11 @@ layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'fc' bottom: 'label' top: '
 
 def test_lstm_trains_to_the_same_weights_in_every_memory_mode():
     """The unrolled time steps are the runtime's steps: every mode trains bit-identically to baseline, the pool
-    under liveness holds what the plan says at every step, and recomputation plans a lower peak."""
-    from test_memory_modes import _check_modes, _graph, train
+    under liveness holds what the plan says at every step, and recomputation trains it in a pool below
+    liveness's peak."""
+    from test_memory_modes import BACKEND, _check_modes, _graph, train
+
+    from superneurons.runtime.net import Net
 
     from superneurons.memory.plan import make_plan
 
@@ -195,6 +198,12 @@ def test_lstm_trains_to_the_same_weights_in_every_memory_mode():
     assert net.memory.trace == plan.traces["liveness"].bytes
     assert max(net.memory.trace) < plan.traces["baseline"].bytes[0]
     assert plan.peak("recompute")[0] < plan.peak("liveness")[0] < plan.peak("baseline")[0]
+    # A pool below liveness's peak: recomputation trains the sequence there, to baseline's weights.
+    _, ref, ref_losses = train(LSTM_NET, "baseline")
+    params = Net(_graph(LSTM_NET), BACKEND, memory="liveness").memory.param_bytes
+    budget = params + plan.peak("liveness")[0] - 1024
+    net, got, losses = train(LSTM_NET, "recompute", pool_bytes=budget)
+    assert got == ref and losses == ref_losses and max(net.memory.trace) <= budget - params
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "RNN"])
