@@ -14,56 +14,62 @@ from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, count, regi
 from superneurons.proto import superneurons_pb2 as pb
 
 
+class _Activation(Layer):
+    """y = f(x) elementwise through two backend ops, `<op>_forward(x, y, *scalars)` and
+    `<op>_backward(v, dy, dx, *backward_scalars)`. `v` is what the gradient is computed from: the output when
+    `reads` is NEEDS_TOP (the layer then works in place), the input when it is NEEDS_BOTTOM (in place is
+    refused in training, where forward would overwrite it), None when the gradient needs neither. A subclass
+    names `op` and `reads` and turns its parameter message into `scalars` (and `backward_scalars`, when the
+    backward takes others) in `configure`."""
+
+    op: ClassVar[str]
+    reads: str | None = NEEDS_TOP
+    scalars: tuple[float, ...] = ()
+    backward_scalars: tuple[float, ...] | None = None  # None: the forward's
+
+    def setup(self, bottom_shapes):
+        self.configure()
+        if self.reads == NEEDS_BOTTOM and self.in_place and self.phase == pb.TRAIN:
+            raise self.fail(f"cannot work in place on {self.param.bottom[0]!r} when training: its backward "
+                            f"reads the input; give the top its own name")
+        return [bottom_shapes[0]]
+
+    def configure(self) -> None:
+        """Read the layer's parameter message (checking it) into `scalars`."""
+
+    def backward_needs(self):
+        return frozenset({self.reads}) if self.reads else frozenset()
+
+    def forward(self, bottom, top):
+        getattr(self.ops, f"{self.op}_forward")(bottom[0], top[0], *self.scalars)
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        if propagate_down[0]:
+            v = {NEEDS_TOP: top[0], NEEDS_BOTTOM: bottom[0]}.get(self.reads)
+            scalars = self.scalars if self.backward_scalars is None else self.backward_scalars
+            getattr(self.ops, f"{self.op}_backward")(v, top_diff[0], bottom_diff[0], *scalars)
+
+
 @register("ReLU")
-class ReLU(Layer):
-    """Caffe's ReLU, with its leaky negative_slope."""
+class ReLU(_Activation):
+    """Caffe's ReLU, with its leaky negative_slope. y > 0 exactly where x > 0 (for any slope >= 0), so the
+    gradient needs only the output."""
 
-    def setup(self, bottom_shapes):
+    op = "relu"
+
+    def configure(self):
         self.slope = float(self.param.relu_param.negative_slope)
-        return [bottom_shapes[0]]
-
-    def backward_needs(self):
-        # y > 0 exactly where x > 0 (for any slope >= 0), so the output suffices and in-place works.
-        return frozenset({NEEDS_TOP})
-
-    def forward(self, bottom, top):
-        self.ops.relu_forward(bottom[0], top[0], self.slope)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.relu_backward(top[0], top_diff[0], bottom_diff[0], self.slope)
-
-
-class _OutputGradActivation(Layer):
-    """y = f(x) elementwise where f'(x) is a function of y; subclasses name their two backend ops."""
-
-    forward_op: ClassVar[str]
-    backward_op: ClassVar[str]
-
-    def setup(self, bottom_shapes):
-        return [bottom_shapes[0]]
-
-    def backward_needs(self):
-        return frozenset({NEEDS_TOP})
-
-    def forward(self, bottom, top):
-        getattr(self.ops, self.forward_op)(bottom[0], top[0])
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            getattr(self.ops, self.backward_op)(top[0], top_diff[0], bottom_diff[0])
+        self.scalars = (self.slope,)
 
 
 @register("Sigmoid")
-class Sigmoid(_OutputGradActivation):
-    forward_op = "sigmoid_forward"
-    backward_op = "sigmoid_backward"  # dx = dy * y * (1 - y)
+class Sigmoid(_Activation):
+    op = "sigmoid"  # dx = dy * y * (1 - y)
 
 
 @register("TanH")
-class TanH(_OutputGradActivation):
-    forward_op = "tanh_forward"
-    backward_op = "tanh_backward"  # dx = dy * (1 - y^2)
+class TanH(_Activation):
+    op = "tanh"  # dx = dy * (1 - y^2)
 
 
 def _log_base(layer: Layer, base: float) -> float:
@@ -75,20 +81,96 @@ def _log_base(layer: Layer, base: float) -> float:
     return math.log(base)
 
 
-class _Elementwise(Layer):
-    """Top has the bottom's shape."""
-
-    def _no_in_place_training(self):
-        if self.in_place and self.phase == pb.TRAIN:
-            raise self.fail(f"cannot work in place on {self.param.bottom[0]!r} when training: its backward "
-                            f"reads the input; give the top its own name")
-
-    def setup(self, bottom_shapes):
-        self.configure()
-        return [bottom_shapes[0]]
+@register("ELU")
+class ELU(_Activation):
+    op = "elu"
 
     def configure(self):
-        pass
+        alpha = float(self.param.elu_param.alpha)
+        if alpha < 0:
+            raise self.fail(f"elu_param.alpha must be >= 0, got {alpha:g}")
+        self.scalars = (alpha,)
+
+
+@register("AbsVal")
+class AbsVal(_Activation):
+    op = "absval"
+    reads = NEEDS_BOTTOM
+
+
+@register("BNLL")
+class BNLL(_Activation):
+    op = "bnll"
+
+
+@register("Exp")
+class Exp(_Activation):
+    op = "exp"
+
+    def configure(self):
+        p = self.param.exp_param
+        log_base = _log_base(self, float(p.base))
+        self.scalars = (log_base, float(p.scale), float(p.shift))
+        self.backward_scalars = (log_base, float(p.scale))
+
+
+@register("Log")
+class Log(_Activation):
+    op = "log"
+    reads = NEEDS_BOTTOM
+
+    def configure(self):
+        p = self.param.log_param
+        self.scalars = (_log_base(self, float(p.base)), float(p.scale), float(p.shift))
+
+
+@register("Power")
+class Power(_Activation):
+    op = "power"
+
+    def configure(self):
+        p = self.param.power_param
+        power, scale, shift = float(p.power), float(p.scale), float(p.shift)
+        # The gradient is a constant when power is 0 or 1 or scale is 0; otherwise it reads the input.
+        self.reads = None if power in (0.0, 1.0) or scale == 0.0 else NEEDS_BOTTOM
+        self.scalars = (power, scale, shift)
+
+
+@register("Clip")
+class Clip(_Activation):
+    """y = min(max(x, min), max); the gradient passes where min <= x <= max (Caffe's, which reads the input)."""
+
+    op = "clip"
+    reads = NEEDS_BOTTOM
+
+    def configure(self):
+        p = self.param.clip_param
+        if not (p.HasField("min") and p.HasField("max")):
+            raise self.fail("clip_param needs both min and max")
+        if p.min > p.max:
+            raise self.fail(f"clip_param.min {p.min:g} is above clip_param.max {p.max:g}")
+        self.scalars = (float(p.min), float(p.max))
+
+
+@register("Swish")
+class Swish(_Activation):
+    """y = x * sigmoid(beta * x); backward recomputes the sigmoid from the input (Caffe keeps it from forward)."""
+
+    op = "swish"
+    reads = NEEDS_BOTTOM
+
+    def configure(self):
+        self.scalars = (float(self.param.swish_param.beta),)
+
+
+@register("Threshold")
+class Threshold(_Activation):
+    op = "threshold"
+    reads = None
+    has_backward = False  # a step function: no useful gradient (Caffe does not implement one)
+
+    def configure(self):
+        self.scalars = (float(self.param.threshold_param.threshold),)
 
 
 @register("PReLU")
@@ -119,166 +201,3 @@ class PReLU(Layer):
         self.ops.prelu_backward(x, self.slope.data, top_diff[0], None, self.slope.diff, *self.dims)
         if propagate_down[0]:
             self.ops.prelu_backward(x, self.slope.data, top_diff[0], bottom_diff[0], None, *self.dims)
-
-
-@register("ELU")
-class ELU(_Elementwise):
-    def configure(self):
-        self.alpha = float(self.param.elu_param.alpha)
-        if self.alpha < 0:
-            raise self.fail(f"elu_param.alpha must be >= 0, got {self.alpha:g}")
-
-    def backward_needs(self):
-        return frozenset({NEEDS_TOP})
-
-    def forward(self, bottom, top):
-        self.ops.elu_forward(bottom[0], top[0], self.alpha)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.elu_backward(top[0], top_diff[0], bottom_diff[0], self.alpha)
-
-
-@register("AbsVal")
-class AbsVal(_Elementwise):
-    def configure(self):
-        self._no_in_place_training()
-
-    def backward_needs(self):
-        return frozenset({NEEDS_BOTTOM})
-
-    def forward(self, bottom, top):
-        self.ops.absval_forward(bottom[0], top[0])
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.absval_backward(bottom[0], top_diff[0], bottom_diff[0])
-
-
-@register("BNLL")
-class BNLL(_Elementwise):
-    def backward_needs(self):
-        return frozenset({NEEDS_TOP})
-
-    def forward(self, bottom, top):
-        self.ops.bnll_forward(bottom[0], top[0])
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.bnll_backward(top[0], top_diff[0], bottom_diff[0])
-
-
-@register("Exp")
-class Exp(_Elementwise):
-    def configure(self):
-        p = self.param.exp_param
-        self.log_base = _log_base(self, float(p.base))
-        self.scale, self.shift = float(p.scale), float(p.shift)
-
-    def backward_needs(self):
-        return frozenset({NEEDS_TOP})
-
-    def forward(self, bottom, top):
-        self.ops.exp_forward(bottom[0], top[0], self.log_base, self.scale, self.shift)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.exp_backward(top[0], top_diff[0], bottom_diff[0], self.log_base, self.scale)
-
-
-@register("Log")
-class Log(_Elementwise):
-    def configure(self):
-        p = self.param.log_param
-        self.log_base = _log_base(self, float(p.base))
-        self.scale, self.shift = float(p.scale), float(p.shift)
-        self._no_in_place_training()
-
-    def backward_needs(self):
-        return frozenset({NEEDS_BOTTOM})
-
-    def forward(self, bottom, top):
-        self.ops.log_forward(bottom[0], top[0], self.log_base, self.scale, self.shift)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.log_backward(bottom[0], top_diff[0], bottom_diff[0], self.log_base, self.scale, self.shift)
-
-
-@register("Power")
-class Power(_Elementwise):
-    def configure(self):
-        p = self.param.power_param
-        self.power, self.scale, self.shift = float(p.power), float(p.scale), float(p.shift)
-        # The gradient is a constant when power is 0 or 1 or scale is 0; otherwise it reads the input.
-        self.reads_x = not (self.power in (0.0, 1.0) or self.scale == 0.0)
-        if self.reads_x:
-            self._no_in_place_training()
-
-    def backward_needs(self):
-        return frozenset({NEEDS_BOTTOM}) if self.reads_x else frozenset()
-
-    def forward(self, bottom, top):
-        self.ops.power_forward(bottom[0], top[0], self.power, self.scale, self.shift)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.power_backward(bottom[0] if self.reads_x else None, top_diff[0], bottom_diff[0], self.power,
-                                    self.scale, self.shift)
-
-
-@register("Clip")
-class Clip(_Elementwise):
-    """y = min(max(x, min), max); the gradient passes where min <= x <= max (Caffe's, which reads the input)."""
-
-    def configure(self):
-        p = self.param.clip_param
-        if not (p.HasField("min") and p.HasField("max")):
-            raise self.fail("clip_param needs both min and max")
-        if p.min > p.max:
-            raise self.fail(f"clip_param.min {p.min:g} is above clip_param.max {p.max:g}")
-        self.bounds = (float(p.min), float(p.max))
-        self._no_in_place_training()
-
-    def backward_needs(self):
-        return frozenset({NEEDS_BOTTOM})
-
-    def forward(self, bottom, top):
-        self.ops.clip_forward(bottom[0], top[0], *self.bounds)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.clip_backward(bottom[0], top_diff[0], bottom_diff[0], *self.bounds)
-
-
-@register("Swish")
-class Swish(_Elementwise):
-    """y = x * sigmoid(beta * x); backward recomputes the sigmoid from the input (Caffe keeps it from forward)."""
-
-    def configure(self):
-        self.beta = float(self.param.swish_param.beta)
-        self._no_in_place_training()
-
-    def backward_needs(self):
-        return frozenset({NEEDS_BOTTOM})
-
-    def forward(self, bottom, top):
-        self.ops.swish_forward(bottom[0], top[0], self.beta)
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        if propagate_down[0]:
-            self.ops.swish_backward(bottom[0], top_diff[0], bottom_diff[0], self.beta)
-
-
-@register("Threshold")
-class Threshold(_Elementwise):
-    has_backward = False  # a step function: no useful gradient (Caffe does not implement one)
-
-    def configure(self):
-        self.threshold = float(self.param.threshold_param.threshold)
-
-    def backward_needs(self):
-        return frozenset()
-
-    def forward(self, bottom, top):
-        self.ops.threshold_forward(bottom[0], top[0], self.threshold)
