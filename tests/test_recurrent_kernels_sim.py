@@ -16,7 +16,6 @@ import pytest
 cuda = pytest.importorskip("numba.cuda")
 from cudasim import IN_SIMULATOR, simulated  # noqa: E402
 
-
 if IN_SIMULATOR:
     # backend/cuda/device.py needs a real device; the ops use only its `flat` here.
     fake = types.ModuleType("superneurons.backend.cuda.device")
