@@ -156,6 +156,8 @@ def test_caffemodel_sees_the_layer_with_caffes_blobs():
     assert rec.type == "LSTM" and list(rec.bottom) == ["x", "cont"] and list(rec.top) == ["out"]
     assert [tuple(b.shape.dim) for b in rec.blobs] == [(20, 4), (20,), (20, 5)]  # W_xc, b_c, W_hc
     assert net.graph.outputs == ["loss"]
+    weighted = cpu_net(str(net_to_proto(net)).replace('top: "out"', 'top: "out" loss_weight: 0.5', 1))
+    assert ("out", 0.5) in weighted.graph.loss_blobs  # a loss weight on the layer's top still counts
 
 
 def test_recurrent_layers_refuse_bad_bottoms():

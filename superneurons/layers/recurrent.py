@@ -107,8 +107,6 @@ class _Recurrent(Layer):
         if len(self.param.top) != 1 + exposed:
             raise self.fail(f"has {1 + exposed} top(s) (the outputs{', then the final state' * bool(exposed)}), "
                             f"got {len(self.param.top)}")
-        self.x_shape = tuple(x)
-        self.static_shape = tuple(bottom_shapes[2]) if self.static else None
         return [(self.steps, self.streams, self.hidden)] + [state_shape] * exposed
 
     # ---- the unrolled form ------------------------------------------------------------------------------
@@ -158,6 +156,11 @@ class _Recurrent(Layer):
         if not exposed:
             out.append((self._carried_state([], [f"{name}/{s}_{self.steps}" for s in self.state_names]),
                         _CarriedState))
+        weights = dict(zip(tops, self.param.loss_weight))
+        if any(weights.values()):  # a loss weight on a top goes to the part that produces it
+            for part, _cls in out:
+                if any(t in weights for t in part.top):
+                    part.loss_weight.extend(weights.get(t, 0.0) for t in part.top)
         return out
 
     def _carried_state(self, tops: list[str], bottoms: list[str]) -> pb.LayerParameter:
