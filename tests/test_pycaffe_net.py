@@ -110,7 +110,7 @@ def test_host_copies_stay_in_step_with_the_net(mlp_file, rng, monkeypatch, copie
     monkeypatch.setattr(pycaffe_net, "FORCE_HOST_COPIES", copies)
     net = caffe.Net(mlp_file, caffe.TRAIN)
     data, w2 = net.blobs["data"].data, net.params["ip2"][0].data
-    assert np.shares_memory(data, net.runtime.blob_array("data")) != copies
+    assert np.shares_memory(data, net.runtime.data["data"].array) != copies
     x, t = rng.standard_normal((4, 6)), rng.standard_normal((4, 3))
     data[...] = x
     net.blobs["target"].data[...] = t

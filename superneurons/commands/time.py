@@ -79,7 +79,7 @@ def run(args) -> int:
     for node in graph.nodes:
         if node.layer.type_name == "Input":
             for top in node.tops:
-                net.ops.fill(net.blob_array(top), 0.0)
+                net.ops.fill(net.data[top].array, 0.0)
     profile = Profiler(net).run(args.iterations)
     if args.json:
         print(json.dumps(to_json(profile, graph.name, args), indent=1))

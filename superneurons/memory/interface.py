@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from superneurons.memory.params import OffloadedParams
     from superneurons.memory.pool import HeapPool, MallocPool
     from superneurons.memory.tensors import TensorLayout
-    from superneurons.memory.steps import RunContext, Step, Tensor
+    from superneurons.memory.steps import Step, Tensor
+    from superneurons.settings import MemoryPolicy
 
 
 class StepHooks:
@@ -99,19 +100,18 @@ class MemoryManager(StepHooks, MovementCounters, ABC):
 
 
 class NetServices(Protocol):
-    """The Net as a memory manager sees it (runtime.net.Net implements it)."""
+    """The Net as a memory manager sees it (runtime.net.Net implements it): what the managers of
+    memory/managers.py, the parameter stores and `make_manager` use, and nothing else."""
 
     graph: Graph
     name: str
     train: bool
     backend: Backend
     ops: Any  # the backend's ops namespace
-    ctx: RunContext
+    policy: MemoryPolicy  # the tensor cache, the allocator, parameter streaming (settings.py)
     pool: HeapPool | MallocPool
     layout: TensorLayout  # the tensors' declaration (memory/tensors.py), which the plans are made on
     tensors: list[Tensor]  # in layout order: views after their bases
-    forward_steps: list[Step]
-    backward_steps: list[Step]
     learnable: list[ParamDecl]  # the solver's list
     history: list[list[Tensor]]  # solver history: per set, one tensor per learnable parameter
     memory: MemoryManager

@@ -260,7 +260,7 @@ class Net:
     def _blob(self, name: str) -> Blob:
         reshape = (lambda dims: self._reshape_input(name, dims)) if self._standalone else None
         return Blob(self, ("blob", name), lambda: self._net.graph.blob_shapes[name],
-                    lambda: self._resident(name), lambda: self._net.blob_array(name, diff=True), reshape)
+                    lambda: self._resident(name), lambda: _blob_array(self._net, name, diff=True), reshape)
 
     def _param_blob(self, layer: str, k: int) -> Blob:
         decl_of = lambda: self._net.layer(layer).params[k]  # noqa: E731  (re-read: a reshape rebuilds the net)
@@ -268,7 +268,7 @@ class Net:
                     lambda: decl_of().diff, None)
 
     def _resident(self, name: str) -> Any:
-        array = self._net.blob_array(name)
+        array = _blob_array(self._net, name)
         if array is None:
             raise UserError(f"blob {name!r} is not in memory: the net runs under memory mode "
                             f"{self._net.memory.name!r}, which frees it after its last use; build the Net with "
@@ -345,7 +345,7 @@ class Net:
     def _position(self, layer: str, what: str) -> int:
         if layer not in self._nodes:
             raise UserError(f"{what}={layer!r}: the net has no layer of that name")
-        return self._net.layer_position(layer)
+        return self._net.layer(layer).layer_index  # Caffe's layer index (split layers included)
 
     def _blob_for(self, name: str) -> str:
         """`end=` names a layer; pycaffe returns the blob of the same name (else the layer's first top)."""
@@ -386,7 +386,7 @@ class Net:
         outputs = set(self.bottom_names[end] + diffs) if end is not None else set(self.inputs + diffs)
         if kwargs and set(kwargs) != set(self.outputs):
             raise UserError(f"backward() got gradients for {sorted(kwargs)}, the net's outputs are {self.outputs}")
-        if not self._net.runs_backward():
+        if not self._net.backward_steps:
             raise UserError(f"backward(): net {self._net.name!r} ({_phase_name(self._phase)}) runs no layer backward: "
                             "a TEST net keeps gradients only with force_backward: true in its prototxt, and "
                             "otherwise only layers below a loss backpropagate")
@@ -397,7 +397,7 @@ class Net:
                 return
             self._net.seed_loss_diffs()
             for name, value in kwargs.items():
-                array = self._net.blob_array(name, diff=True)
+                array = _blob_array(self._net, name, diff=True)
                 if array is not None:  # else no layer reads it (an input passed through): nothing to do
                     self._net.backend.from_host(array, np.asarray(value, dtype=np.float32).reshape(
                         self.blobs[name].shape))
@@ -485,7 +485,7 @@ class Net:
         staged, self._pending = self._pending, {}
         self._rebuild()
         for name, values in staged.items():
-            self._net.backend.from_host(self._net.blob_array(name), values)
+            self._net.backend.from_host(_blob_array(self._net, name), values)
 
     def _set_input_shape(self, name: str, dims: tuple[int, ...]) -> None:
         for lp in self._net_param.layer:
@@ -615,9 +615,20 @@ def _phase_name(phase: int) -> str:
     return "TRAIN" if phase == TRAIN else "TEST"
 
 
+def _blob_array(runtime: Any, name: str, diff: bool = False) -> Any:
+    """The backend array that holds blob `name`'s data (`diff`: its gradient) now, not a copy; None when the
+    net keeps no gradient for the blob or the memory mode has freed it. KeyError: no such blob."""
+    if diff:
+        t = runtime.diff.get(name)
+        if name not in runtime.data:
+            raise KeyError(name)
+        return None if t is None else t.array
+    return runtime.data[name].array
+
+
 def _zero_blobs(runtime: Any) -> None:
     """Caffe's blobs start at zero, and pycaffe code reads (or runs on) inputs it has not written yet."""
     for name in runtime.graph.blob_shapes:
-        array = runtime.blob_array(name)
+        array = _blob_array(runtime, name)
         if array is not None:
             runtime.ops.fill(array, 0.0)
