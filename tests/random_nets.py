@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import sys
 import time
@@ -523,6 +524,86 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
                     stream=True)
             attempt(mode, f"with streamed parameters in a pool one block under ({streamed - BLOCK} bytes)",
                     streamed - BLOCK, stream=True, may_refuse=True)
+    return problems
+
+
+# -- the budget sweep ----------------------------------------------------------------------------
+
+SWEEP_MODES = ("baseline", "liveness", "offload", "recompute", "auto")
+SOLVER = ('type: "SGD" base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" max_iter: 2 display: 0 random_seed: 3 '
+          'solver_mode: CPU snapshot_after_train: false')
+SOLVER_HISTORY = 1  # momentum SGD keeps one history blob per learnable parameter in the pool
+
+
+def with_dummy_data(net: RandomNet) -> str:
+    """`net` reading DummyData (the Solver draws its own inputs) instead of its Input layer."""
+    _name, head, rest = net.text.split("\n", 2)
+    layer = text_format.Parse(head.strip()[len("layer "):].strip()[1:-1], pb.LayerParameter())
+    dims = " ".join(f"shape {{ {' '.join(f'dim: {d}' for d in s.dim)} }}" for s in layer.input_param.shape)
+    return (f'name: "random{net.seed}"\nlayer {{ name: "input" type: "DummyData" top: "data" top: "label" '
+            'dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } '
+            f"{dims} }} }}\n{rest}")
+
+
+def sweep_budgets(needs: dict[str, int], count: int = 8) -> list[int]:
+    """`count` pool sizes from the smallest mode's need to baseline's, in whole blocks, plus each mode's need and
+    one block under it (where a promise is kept or broken)."""
+    lo, hi = min(needs.values()), max(needs.values())
+    even = {lo + (hi - lo) * k // max(1, count - 1) // BLOCK * BLOCK for k in range(count)}
+    edges = {b for n in needs.values() for b in (n, n - BLOCK)}
+    return sorted(b for b in even | edges if b > 0)
+
+
+def sweep_needs(net: RandomNet) -> dict[str, int]:
+    """The pool each mode of SWEEP_MODES needs under the solver (`MemoryPlan.need`); auto's is the least of the
+    plans it weighs."""
+    graph = build_graph(text_format.Parse(with_dummy_data(net), pb.NetParameter()), pb.TRAIN)
+    needs: dict[str, int] = {}
+    for types in (DEFAULT_CHECKPOINTS, BLOCK_CHECKPOINTS):
+        plan = make_plan(graph, plan_backward=False, solver_history=SOLVER_HISTORY, checkpoint_types=types)
+        for mode in SWEEP_MODES[:-1]:
+            need = plan.need(mode)[0]
+            if types == DEFAULT_CHECKPOINTS:
+                needs[mode] = need
+            needs["auto"] = min(needs.get("auto", need), need)
+    return needs
+
+
+def sweep_net(net: RandomNet, modes: tuple[str, ...] = SWEEP_MODES, count: int = 8,
+              tally: dict[tuple[str, str], int] | None = None) -> list[str]:
+    """Train `net` with momentum SGD (the Solver's own update, history in the pool) in every mode at every budget
+    of `sweep_budgets`: a run must be refused when its Solver is built exactly when the budget is below the
+    plan's need for its mode, and train to the end otherwise. Returns what broke the promise."""
+    from superneurons.runtime.logging import TrainLog
+    from superneurons.solver import Solver
+
+    needs = sweep_needs(net)
+    problems: list[str] = []
+    tally = {} if tally is None else tally
+    param = text_format.Parse(SOLVER, pb.SolverParameter())
+    param.net_param.CopyFrom(text_format.Parse(with_dummy_data(net), pb.NetParameter()))
+    quiet = TrainLog(stream=open(os.devnull, "w"))
+    for mode in modes:
+        for budget in sweep_budgets(needs, count):
+            below = budget < needs[mode]
+            try:
+                solver = Solver(param, "sweep.prototxt", memory=mode, pool_bytes=budget, log=quiet)
+            except UserError as e:
+                outcome = "refused at setup"
+                if not below:
+                    problems.append(f"{mode} at {budget} bytes (plan needs {needs[mode]}): refused: {e}")
+            else:
+                try:
+                    solver.solve()
+                    outcome = "trained"
+                    if below and mode != "auto":
+                        problems.append(f"{mode} at {budget} bytes trained, below the plan's {needs[mode]}: "
+                                        "the plan counts bytes the run does not take")
+                except UserError as e:
+                    outcome = "failed midway"
+                    problems.append(f"{mode} at {budget} bytes (plan needs {needs[mode]}): failed midway: {e}")
+            tally[mode, outcome] = tally.get((mode, outcome), 0) + 1
+    quiet.stream.close()
     return problems
 
 

@@ -13,12 +13,13 @@ import os
 import numpy as np
 import pytest
 
-from random_nets import CLASSES, RandomNet, build, check_net, random_net, train
+from random_nets import CLASSES, RandomNet, build, check_net, random_net, sweep_net, train
 from superneurons.backend.cuda.probe import gpu_available
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.memory.plan import make_plan
 
 NETS = int(os.environ.get("RANDOM_NETS", "40"))
+SWEPT = int(os.environ.get("RANDOM_NETS_SWEPT", "4"))  # nets swept over budgets (tools/fuzz's `budget` kind: more)
 GPU_NETS = int(os.environ.get("RANDOM_NETS_GPU", "12"))
 
 
@@ -232,3 +233,26 @@ def test_too_small_a_pool_is_refused_before_the_first_iteration():
         runtime = build(net, mode, budget + 1024, stream=False)
         weights, losses, _ = train(runtime)
         assert np.isfinite(losses).all()
+
+
+# Convolutions, LRN, Concat, Eltwise and a wide InnerProduct: with the parameters streamed, the momentum
+# update of ip1 (weights, gradient, history) needs more than any step, so a plan without the update let a
+# run start and fail at the end of its first iteration.
+WIDE_INNER_PRODUCT = _net("wide_inner_product", (
+    _conv("conv1", "data", "conv1", n=4) + _l("relu1", "ReLU", ["conv1"], ["conv1"])
+    + _l("norm1", "LRN", ["conv1"], ["norm1"], "lrn_param { local_size: 3 }")
+    + _conv("conv2a", "norm1", "conv2a", n=2) + _conv("conv2b", "norm1", "conv2b", n=2, k=1)
+    + _l("cat", "Concat", ["conv2a", "conv2b"], ["cat"]) + _l("sum", "Eltwise", ["cat", "conv1"], ["sum"])
+    + _ip("ip1", "sum", "ip1", n=64) + _ip("ip2", "ip1", "ip2")
+    + _l("loss", "SoftmaxWithLoss", ["ip2", "label"], ["loss"])), c=3, h=8)
+
+
+@pytest.mark.parametrize("net", [WIDE_INNER_PRODUCT] + [random_net(seed) for seed in range(SWEPT)],
+                         ids=lambda n: n.text.split('"')[1])
+def test_every_budget_is_refused_at_setup_or_trains(net):
+    # The Solver's own momentum update, every mode, budgets from the smallest plan to baseline's and around
+    # each mode's need: below the need the Solver is refused when built, at it the run trains to the end.
+    tally = {}
+    problems = sweep_net(net, tally=tally)
+    assert not problems, "\n".join(problems)
+    assert tally.get(("recompute", "refused at setup")) and tally.get(("recompute", "trained"))

@@ -141,8 +141,10 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
              f"Parameters + gradients + solver history (resident, not below): {format_bytes(plan.param_bytes)}; "
              f"streamed from the host instead, each step holds only its own (recompute then peaks at "
              f"{_mib(plan.streamed_peak('recompute'))} with them)",
-             f"max(l_i) = {_mib(mx['bytes'])} at {mx['name']} ({mx['phase']})", ""]
-    rows = [("mode", "peak_m", "at step", "live tensors", "notes")]
+             f"max(l_i) = {_mib(mx['bytes'])} at {mx['name']} ({mx['phase']})",
+             "pool needed: the smallest --gpu-memory the mode trains in (parameters resident, or streamed where "
+             "that needs less); a smaller pool is refused at setup", ""]
+    rows = [("mode", "peak_m", "at step", "live tensors", "pool needed", "notes")]
     for m in modes:
         e = doc["modes"][m]
         step = plan.program.steps[e["peak_step"] - 1]
@@ -151,8 +153,9 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
             notes = f"offloads {format_bytes(offloaded_bytes(plan, m))}"
         if m == "recompute":
             notes += f", {e['extra_forward_steps']} replayed forward steps"
+        pool = f"{e['pool_bytes']} B" + (" (streamed)" if e["pool_streams_params"] else "")
         rows.append((m, _mib(e["peak_bytes"]), f"{e['peak_step']} ({step.node.name} {step.phase})",
-                     str(e["live_tensors_at_peak"]), notes))
+                     str(e["live_tensors_at_peak"]), pool, notes))
     lines += _table(rows)
     return "\n".join(lines)
 

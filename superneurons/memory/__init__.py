@@ -15,8 +15,6 @@ from superneurons.memory.interface import MemoryManager, NetServices, StepHooks 
 from superneurons.memory.managers import MANAGERS
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import make_plan
-from superneurons.memory.pool import round_up
-from superneurons.memory.tensors import PARAM_KINDS
 
 MODES = ("baseline", "liveness", "offload", "recompute", "auto")
 
@@ -41,16 +39,11 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     """`auto` for a Net: a `cost.Choice` whose `mode` and `checkpoint_types` fit the Net's pool beside the
     resident parameters (or with them streamed) and are predicted fastest. `checkpoint_types` given: only
     those are weighed; None: the sets of `checkpoint_sets`."""
-    # The Net's own parameter tensors (shared ones are declared once) and solver history, as the pool holds them.
-    params = sum(round_up(t.nbytes) for t in net.tensors if t.base is None and t.kind in PARAM_KINDS)
-    update = max((round_up(d.data_tensor.nbytes) * 2 + sum(round_up(h[i].nbytes) for h in net.history)
-                  for i, d in enumerate(net.learnable)), default=0)
 
     def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> Any:
-        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
+        # On the Net's layout: its parameter tensors and solver history are the plan's (plan.layout_param_bytes).
+        return make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
                          layout=net.layout, recompute_limit=recompute_limit)
-        plan.param_bytes, plan.update_bytes = params, update
-        return plan
 
     return choose(net.pool.capacity, checkpoint_sets(net.graph, checkpoint_types), plan_for)
 

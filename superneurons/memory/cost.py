@@ -21,7 +21,7 @@ from typing import Protocol, Sequence
 from superneurons.graph.build import Graph
 from superneurons.graph.node import Node
 from superneurons.memory.liveness import RUN
-from superneurons.memory.plan import PLAN_MODES, MemoryPlan, offloaded_bytes
+from superneurons.memory.plan import PLAN_MODES, MemoryPlan, no_fit_error, offloaded_bytes
 from superneurons.memory.pool import format_bytes
 
 # Effective rates of the device the ranking assumes: one H100 (SXM), fp32 with TF32 convolutions. Fitted
@@ -145,7 +145,7 @@ def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: Pl
                   for p, modes in [(first, ("liveness",))] + [(p, MOVING_MODES) for p in plans]
                   for m in modes if p.fits_streamed(m, budget)]
     if not ranked:
-        raise min(plans, key=lambda p: p.peak("recompute")[0]).no_fit_error(budget)
+        raise no_fit_error(plans, budget)
     fastest = min(e.seconds for e in ranked)
     win = next(e for e in ranked if e.seconds <= fastest * (1 + TIE))
     return Choice(win.mode, win.checkpoint_types, budget, win.streams_params, win.recompute_limit, ranked, win)

@@ -68,11 +68,12 @@ class Program:
     `plan_backward=True` plans a deploy net (no loss) as if its outputs fed one: every layer that can
     run backward does, and every bottom produced by such a layer gets a gradient. `layout`: the tensors
     as a Net declared them (`net.layout`, for the plan the Net's memory manager runs); by default they
-    are declared here, with the same function (`tensors.declare_tensors`).
+    are declared here, with the same function (`tensors.declare_tensors`), with `history` solver history
+    sets per learnable parameter.
     """
 
     def __init__(self, graph: Graph, train: bool = True, plan_backward: bool = False,
-                 layout: TensorLayout | None = None):
+                 layout: TensorLayout | None = None, history: int = 0):
         self.graph = graph
         self.need_backward, self.propagate_down = self._backward_flags(graph, plan_backward)
         # Gradients the loss seeds (Net.backward fills them before the first backward step); a deploy net
@@ -81,7 +82,7 @@ class Program:
                            if train else [])
         if layout is None:
             layout = declare_tensors(graph, train=train, need_backward=self.need_backward,
-                                     propagate_down=self.propagate_down, seeds=self.seed_blobs)
+                                     propagate_down=self.propagate_down, seeds=self.seed_blobs, history=history)
         self.layout = layout
         # Split / Eltwise SUM top gradients that are views of a bottom gradient (as the Net declares them).
         self.aliases = layout.aliases

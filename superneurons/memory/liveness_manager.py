@@ -58,7 +58,7 @@ class LivenessManager(MemoryManager):
         self.nf = self.program.n_forward
         params = [t for t in net.tensors if t.base is None and t.kind in PARAM_KINDS]
         all_params = sum(round_up(t.nbytes) for t in params)
-        self.param_store = self._param_store(params, all_params)
+        self.param_store = self._param_store(params)
         self._check_floor(all_params)
         self._check_plan(all_params)
         # Resident: parameters, their gradients and history (unless streamed), and the inputs data
@@ -75,13 +75,13 @@ class LivenessManager(MemoryManager):
         self._compile(schedule)
         self.in_setup = False
 
-    def _param_store(self, params: list, all_params: int):
+    def _param_store(self, params: list):
         """Stream the parameters through the pool when the pool cannot hold them all beside this mode's
-        planned peak; keep them resident otherwise. The policy's param_offload true / false forces either."""
+        planned peak; keep them resident otherwise (`MemoryPlan.need` decides the same way). The policy's
+        param_offload true / false forces either."""
         net = self.net
         setting = net.policy.param_offload
-        fits = all_params + max(self.plan.traces[self.name].bytes, default=0) <= net.pool.capacity
-        stream = (not fits) if setting is None else setting
+        stream = (self.plan.resident_need(self.name) > net.pool.capacity) if setting is None else setting
         if net.train and params and stream:
             return OffloadedParams(net, params)
         return ResidentParams(net)
@@ -116,26 +116,37 @@ class LivenessManager(MemoryManager):
                 f"({format_bytes(need)}) at once, plus {params} = {total} bytes; give a larger pool/--gpu-memory")
 
     def _check_plan(self, all_params: int) -> None:
-        """A plan is a promise: refuse here, before any step runs, a pool this mode's plan does not fit
-        (its peak beside the resident parameters, or with them streamed each step's activations plus its
-        parameters), rather than run out of memory in the middle of an iteration."""
+        """A plan is a promise: refuse here, before any step runs, a pool smaller than what this mode's plan
+        needs (`MemoryPlan.need`: its peak beside the resident parameters, or with them streamed each step's
+        activations plus its parameters, and between iterations the update of the largest parameter with its
+        solver history), rather than run out of memory in the middle of an iteration."""
         trace = self.plan.traces[self.name].bytes
         if not trace:
             return
-        if self.param_store.offloaded:
+        need, streamed = self.plan.need(self.name, stream=self.param_store.offloaded)
+        if need <= self.net.pool.capacity:
+            return
+        if streamed:
             steps = self.plan.streamed_steps(self.name)
             s = max(range(len(trace)), key=lambda i: steps[i])
-            need, params = steps[s], f"{steps[s] - trace[s]} bytes of streamed parameters (its own or a replay's)"
+            if steps[s] < need:  # the update between iterations needs more than any step
+                raise UserError(
+                    f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train "
+                    f"this net under --memory {self.name}: with the parameters streamed, the update between "
+                    f"iterations holds one parameter with its gradient and solver history "
+                    f"({self.plan.update_bytes} bytes) beside the {self.plan.between_bytes(self.name)} bytes of "
+                    f"inputs and outputs kept = {need} bytes ({format_bytes(need)}); give a larger "
+                    f"pool/--gpu-memory")
+            params = f"{steps[s] - trace[s]} bytes of streamed parameters (its own or a replay's)"
         else:
             s = max(range(len(trace)), key=lambda i: trace[i])
-            need, params = trace[s] + all_params, f"{all_params} bytes of parameters"
-        if need > self.net.pool.capacity:
-            st = self.program.steps[s]
-            raise UserError(
-                f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
-                f"under --memory {self.name}: its plan peaks at {st.phase} step {s + 1} (layer {st.node.name!r}) with "
-                f"{trace[s]} bytes of activations plus {params} = {need} bytes ({format_bytes(need)}); give a larger "
-                f"pool/--gpu-memory or a leaner --memory mode")
+            params = f"{all_params} bytes of parameters"
+        st = self.program.steps[s]
+        raise UserError(
+            f"a {self.net.pool.capacity}-byte pool ({format_bytes(self.net.pool.capacity)}) cannot train this net "
+            f"under --memory {self.name}: its plan peaks at {st.phase} step {s + 1} (layer {st.node.name!r}) with "
+            f"{trace[s]} bytes of activations plus {params} = {need} bytes ({format_bytes(need)}); give a larger "
+            f"pool/--gpu-memory or a leaner --memory mode")
 
     def _compile(self, schedule) -> None:
         do = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,

@@ -20,7 +20,7 @@ from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, bac
 from superneurons.memory.params import layers_computed_by
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.recompute import RecomputePlanner
-from superneurons.memory.tensors import TensorLayout
+from superneurons.memory.tensors import PARAM_KINDS, TensorLayout
 
 PLAN_MODES = ("baseline", "liveness", "offload", "recompute")  # cheapest (in time) first
 
@@ -44,6 +44,8 @@ class MemoryPlan:
     # streamed in (a recomputation brings in the weights of the forward step it replays).
     replay_peaks: dict[str, list[int]] = field(default_factory=dict)
     recompute_limit: int = 0  # what make_plan was given (0: recompute plans down to max(l_i))
+    forward_window: int = 0  # the most one forward step streams in (a test net's step reads the train net's weights)
+    streamable: bool = False  # a training plan with parameters: a run may stream them (memory/params.py)
 
     @property
     def max_layer(self) -> tuple[int, int]:
@@ -58,17 +60,17 @@ class MemoryPlan:
         return b[s], s
 
     def streamed_peak(self, mode: str) -> int:
-        """peak_m with the parameters streamed: every step's activations plus its own parameters, or the
-        update of the largest parameter beside what stays between iterations."""
-        return max(max(self.streamed_steps(mode), default=0), self.update_bytes + self.between_bytes(mode))
+        """peak_m with the parameters streamed: every step's activations plus its own parameters, or, between
+        iterations, what stays plus the update of the largest parameter (or a test net's step, which streams
+        the train net's weights into its pool)."""
+        between = max(self.update_bytes, self.forward_window) + self.between_bytes(mode)
+        return max(max(self.streamed_steps(mode), default=0), between)
 
     def between_bytes(self, mode: str) -> int:
-        """What stays on the device between iterations (bounded by the last step's bytes): the inputs, which
-        the caller writes next, and the outputs and losses, which it reads."""
-        b = self.traces[mode].bytes
+        """What stays on the device between iterations: the inputs, which the caller writes next, and the
+        outputs and losses, which it reads (every other tensor is freed after its last step)."""
         p = self.program
-        kept = sum(p.tensors[k].nbytes for k in p.resident | p.pinned)
-        return max(b[-1], kept) if b else 0
+        return sum(p.tensors[k].nbytes for k in p.resident | p.pinned) if self.traces[mode].bytes else 0
 
     def streamed_steps(self, mode: str) -> list[int]:
         """Per global step, the bytes `mode` needs with the parameters streamed: the step's activations
@@ -78,26 +80,50 @@ class MemoryPlan:
         replays = self.replay_peaks.get(mode) or [0] * len(b)
         return [max(x + w, r) for x, w, r in zip(b, window, replays)]
 
+    def resident_need(self, mode: str) -> int:
+        """The pool `mode` needs with the parameters resident: its peak beside all of them."""
+        return self.peak(mode)[0] + self.param_bytes
+
+    def need(self, mode: str, stream: bool | None = None) -> tuple[int, bool]:
+        """(the smallest pool `mode` trains in, whether the parameters are then streamed): resident when
+        that fits, else streamed (the memory managers decide the same way, memory/liveness_manager.py);
+        `stream` True / False forces either (the policy's param_offload). Baseline never streams. Every
+        byte the run takes from the pool is in it, so a run below it is refused at setup and a run at it
+        never fails midway."""
+        resident = self.resident_need(mode)
+        if mode == "baseline" or not self.streamable or stream is False:
+            return resident, False
+        streamed = self.streamed_peak(mode)
+        if stream is True:
+            return streamed, True
+        return (resident, False) if resident <= streamed else (streamed, True)
+
     def fits(self, mode: str, budget: int) -> bool:
         """Whether `mode`'s peak fits `budget` bytes beside the resident parameters."""
-        return self.peak(mode)[0] + self.param_bytes <= budget
+        return self.resident_need(mode) <= budget
 
     def fits_streamed(self, mode: str, budget: int) -> bool:
         """Whether `mode` fits `budget` with the parameters streamed (baseline holds everything: never)."""
-        return mode != "baseline" and self.streamed_peak(mode) <= budget
+        return mode != "baseline" and self.streamable and self.streamed_peak(mode) <= budget
 
-    def no_fit_error(self, budget: int) -> UserError:
-        """What to say when not even the recompute plan fits `budget`: the bytes it needs and max(l_i)."""
-        s, need = self.max_layer
-        step = self.program.steps[s]
-        total = self.peak("recompute")[0] + self.param_bytes
-        streamed = self.streamed_peak("recompute")
-        return UserError(
-            f"{self.program.graph.name or 'net'}: {format_bytes(budget)} ({budget} bytes) cannot hold even the "
-            f"recompute plan: it needs {total} bytes ({format_bytes(total)}) = parameters {self.param_bytes} + "
-            f"peak {total - self.param_bytes}, or {streamed} bytes ({format_bytes(streamed)}) with the parameters "
-            f"streamed from the host; the largest layer, {step.node.name!r} ({step.phase}), needs "
-            f"{need} bytes ({format_bytes(need)}) on its own")
+
+def no_fit_error(plans: list[MemoryPlan], budget: int) -> UserError:
+    """What `auto` says when not even a recompute plan fits `budget`: per checkpoint set, the pool
+    `--memory recompute` needs with it (`MemoryPlan.need`, the number its own refusal quotes), and max(l_i)."""
+    plan = min(plans, key=lambda p: p.need("recompute")[0])
+    s, largest = plan.max_layer
+    step = plan.program.steps[s]
+
+    sets: dict[tuple[int, bool], list[str]] = {}  # the need -> the checkpoint sets with it
+    for p in plans:
+        sets.setdefault(p.need("recompute"), []).append(",".join(p.checkpoint_types))
+    needs = "; or ".join(
+        f"{need} bytes ({format_bytes(need)}) with the parameters {'streamed from the host' if streamed else 'resident'}"
+        f" (checkpoints {' or '.join(names)})" for (need, streamed), names in sets.items())
+    return UserError(
+        f"{plan.program.graph.name or 'net'}: {format_bytes(budget)} ({budget} bytes) cannot hold even the "
+        f"recompute plan: --memory recompute needs {needs}; the largest layer, "
+        f"{step.node.name!r} ({step.phase}), needs {largest} bytes ({format_bytes(largest)}) on its own")
 
 
 def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
@@ -117,9 +143,19 @@ def param_bytes(graph: Graph, train: bool = True, history: int = 0) -> int:
     return total
 
 
-def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int], list[int], int]:
+def layout_param_bytes(layout: TensorLayout) -> tuple[int, int]:
+    """(pool bytes of every parameter tensor `layout` declares -- values, gradients, solver history --, the
+    most one parameter's update holds at once with the parameters streamed: its value, gradient and history).
+    A Net's layout carries its solver's history sets, so the plan counts what the run allocates."""
+    size = {s.key: round_up(s.nbytes) for s in layout.roots(PARAM_KINDS)}
+    update = max((size[p.data] + size[p.diff] + sum(size[h[i]] for h in layout.history)
+                  for i, p in enumerate(layout.learnable())), default=0)
+    return sum(size.values()), update
+
+
+def _param_steps(program: Program, train: bool) -> tuple[list[int], list[int]]:
     """(bytes of parameters each global step streams in, the same for each forward step by route index (what
-    a replay brings in), bytes one parameter's update needs)."""
+    a replay brings in))."""
     def size(decl) -> int:
         return round_up(tensor_bytes(decl.shape, program.graph.precision.master))
 
@@ -138,9 +174,7 @@ def _param_steps(program: Program, train: bool, history: int) -> tuple[list[int]
     forward = [node_bytes(layers, False) for layers in computed_by]
     window = [forward[st.forward_index] if st.phase == "forward" else
               node_bytes(computed_by[st.forward_index], train) for st in program.steps]
-    update = max((size(d) * (2 + history) for n in program.graph.nodes for d in n.layer.params if d.learnable),
-                 default=0) if train else 0
-    return window, forward, update
+    return window, forward
 
 
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
@@ -154,7 +188,7 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
     recompute plans down to max(l_i), the paper's floor."""
     if plan_backward is None:
         plan_backward = train and not graph.loss_blobs
-    program = Program(graph, train=train, plan_backward=plan_backward, layout=layout)
+    program = Program(graph, train=train, plan_backward=plan_backward, layout=layout, history=solver_history)
     live = Liveness(program)
     types = tuple(checkpoint_types)
     n = len(program.steps)
@@ -180,11 +214,13 @@ def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[st
             raise UserError(f"memory mode {mode!r} has no plan; choose from {', '.join(PLAN_MODES)}")
         seeds_first(program, sched)
         schedules[mode] = sched
-    window, forward_window, update = _param_steps(program, train, solver_history)
+    window, forward_window = _param_steps(program, train)
     traces = {m: simulate(program, s, forward_window) for m, s in schedules.items()}
-    return MemoryPlan(program, live, schedules, traces, layer_bytes,
-                      param_bytes(graph, train, solver_history), types, param_window=window, update_bytes=update,
-                      replay_peaks={m: t.replay for m, t in traces.items()}, recompute_limit=recompute_limit)
+    params, update = layout_param_bytes(program.layout)
+    return MemoryPlan(program, live, schedules, traces, layer_bytes, params, types, param_window=window,
+                      update_bytes=update, replay_peaks={m: t.replay for m, t in traces.items()},
+                      recompute_limit=recompute_limit, forward_window=max(forward_window, default=0),
+                      streamable=train and params > 0)
 
 
 def offloaded_bytes(plan: MemoryPlan, mode: str) -> int:
@@ -200,7 +236,9 @@ def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
     modes: dict[str, Any] = {}
     for mode, trace in plan.traces.items():
         peak, step = plan.peak(mode)
-        entry: dict[str, Any] = {"peak_bytes": peak, "peak_step": step + 1, "live_tensors_at_peak": trace.count[step]}
+        need, streamed = plan.need(mode)
+        entry: dict[str, Any] = {"peak_bytes": peak, "peak_step": step + 1, "live_tensors_at_peak": trace.count[step],
+                                 "pool_bytes": need, "pool_streams_params": streamed}
         if mode in ("offload", "recompute"):
             entry["offloaded_bytes"] = offloaded_bytes(plan, mode)
         if mode == "recompute":
