@@ -235,6 +235,13 @@ class Layer:
         """An error naming this layer; `raise self.fail(...)`."""
         return UserError(f"layer {self.name!r} ({self.type_name}): {msg}")
 
+    def require_axes(self, shape: Sequence[int], at_least: int, what: str = "bottom") -> None:
+        """A clean error when `shape` has fewer axes than this layer indexes (a Reduction's 0-D top read
+        where an N x ... blob is expected)."""
+        if len(shape) < at_least:
+            raise self.fail(f"its {what} must have at least {at_least} axis/axes, got a {len(shape)}-D blob "
+                            f"({' '.join(str(int(d)) for d in shape) or 'a scalar'})")
+
     def check_counts(self, n_bottom: int, n_top: int) -> None:
         for what, n, (lo, hi) in (("bottom", n_bottom, self.n_bottoms), ("top", n_top, self.n_tops)):
             if n < lo or (hi is not None and n > hi):

@@ -23,6 +23,7 @@ class BatchNorm(Layer):
         self.eps = float(p.eps)
         if self.eps <= 0:
             raise self.fail(f"batch_norm_param.eps must be positive, got {self.eps}")
+        self.require_axes(shape, 1)  # N, and C when there is a second axis
         self.outer = int(shape[0])
         self.channels = int(shape[1]) if len(shape) > 1 else 1
         self.inner = count(shape, 2)

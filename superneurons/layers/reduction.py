@@ -54,6 +54,7 @@ class ArgMax(Layer):
             dims = (count(shape, 0, axis), shape[axis], count(shape, axis + 1))
             top = shape[:axis] + (self.top_k,) + shape[axis + 1:]
         else:
+            self.require_axes(shape, 1)  # ranks each item's values: an N axis first
             dims = (shape[0], count(shape, 1), 1)
             top = [1] * max(3, len(shape))
             top[0], top[1], top[2] = shape[0], 2 if self.out_max_val else 1, self.top_k
