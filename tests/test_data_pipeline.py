@@ -332,6 +332,46 @@ def test_too_little_shared_memory_falls_back_to_the_thread(tmp_path, monkeypatch
     assert "/dev/shm has 0 MiB free, the decode workers" in capsys.readouterr().err
 
 
+def test_a_file_size_limit_below_the_slots_falls_back_to_the_thread(tmp_path):
+    """`ulimit -f` caps shared memory too: the slots' segment cannot be made. The run warns in one line and
+    decodes in its own thread: no OSError, no resource-tracker traceback, nothing left in /dev/shm."""
+    import resource
+    import subprocess
+    import sys
+
+    src = jpeg_db(tmp_path / "jpeg", n=9)
+    script = ("from tests.test_data_pipeline import data_layer, take\n"
+              f"layer, shapes = data_layer({src!r}, 3, 3)\n"
+              "take(layer, shapes, 2)\n"
+              "print(type(layer.batch_maker).__name__, flush=True)\n"
+              "layer.close()\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    before = set(os.listdir("/dev/shm"))
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # noqa: E731
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
+                          preexec_fn=limit, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Prefetcher"
+    assert "Traceback" not in done.stderr and "file-size limit (ulimit -f) is 16384 bytes" in done.stderr
+    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("psm_")}
+
+
+def test_a_segment_the_system_refuses_falls_back_to_the_thread(monkeypatch):
+    import errno
+    from multiprocessing import shared_memory
+
+    from superneurons.data import workers
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shared_memory, "SharedMemory", refuse)
+    with pytest.raises(workers.SharedMemoryShort, match="No space left on device"):
+        workers._create_segment(4096, "layer 'd'")
+
+
 # ---- the benchmark -----------------------------------------------------------------------------
 def test_input_benchmark_runs_small_on_the_cpu(tmp_path):
     import json

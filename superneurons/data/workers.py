@@ -44,6 +44,11 @@ from collections import deque
 from multiprocessing import connection, shared_memory
 from typing import Any, Callable, Protocol
 
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None  # type: ignore[assignment]
+
 import numpy as np
 
 from superneurons.data.batches import Batch, BatchPlan, RecordSource, fill_batch
@@ -99,18 +104,36 @@ def _mp_context():
 
 
 class SharedMemoryShort(Exception):
-    """/dev/shm cannot hold the slot ring (a container's default is often 64 MiB); the layer falls back
-    to its in-process thread rather than let a worker die of SIGBUS when it writes past the limit."""
+    """/dev/shm cannot hold the slot ring (a container's default is often 64 MiB), or the file-size limit
+    (`ulimit -f`) is below it; the layer falls back to its in-process thread rather than let a worker die of
+    SIGBUS when it writes past the limit, or the segment's creation fail."""
 
 
 def _check_shared_memory(nbytes: int, where: str) -> None:
+    fallback = ("making batches in one thread instead (enlarge /dev/shm, e.g. docker --shm-size, or lower prefetch "
+                "or --data-workers)")
+    # A shared-memory segment is a file: `ulimit -f` caps it as it caps any other (ftruncate fails, EFBIG).
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else -1
+    if limit != getattr(resource, "RLIM_INFINITY", -1) and 0 <= limit < nbytes:
+        raise SharedMemoryShort(f"{where}: the file-size limit (ulimit -f) is {limit} bytes, the decode workers' "
+                                f"slots need {nbytes}; making batches in one thread instead")
     if not os.path.isdir("/dev/shm"):
         return
     free = shutil.disk_usage("/dev/shm").free
     if free < nbytes:
         raise SharedMemoryShort(f"{where}: /dev/shm has {free / 2**20:.0f} MiB free, the decode workers' slots need "
-                                f"{nbytes / 2**20:.0f} MiB; making batches in one thread instead (enlarge "
-                                f"/dev/shm, e.g. docker --shm-size, or lower prefetch or --data-workers)")
+                                f"{nbytes / 2**20:.0f} MiB; {fallback}")
+
+
+def _create_segment(nbytes: int, where: str) -> shared_memory.SharedMemory:
+    """A new segment of `nbytes`; one the system will not make (full, or a limit the check above cannot see)
+    is SharedMemoryShort too."""
+    _check_shared_memory(nbytes, where)
+    try:
+        return shared_memory.SharedMemory(create=True, size=nbytes)
+    except OSError as e:
+        raise SharedMemoryShort(f"{where}: cannot create the decode workers' {nbytes}-byte shared-memory slots "
+                                f"({e.strerror or e}); making batches in one thread instead") from None
 
 
 class CopyEvent(Protocol):
@@ -136,8 +159,7 @@ class SlotRing:
         self.slot_bytes = self.data_bytes + tensor_bytes((plan.batch_size,), FLOAT32)
         self.slots = slots
         if name is None:
-            _check_shared_memory(slots * self.slot_bytes, where)
-            self.shm = shared_memory.SharedMemory(create=True, size=slots * self.slot_bytes)
+            self.shm = _create_segment(slots * self.slot_bytes, where)
         else:
             self.shm = shared_memory.SharedMemory(name=name)
         self.name = self.shm.name
