@@ -3,6 +3,17 @@
 Anything raised as `UserError` is printed by the CLI as a single line and exits 1;
 every other exception is a bug in SuperNeurons and keeps its traceback.
 """
+from __future__ import annotations
+
+import re
+
+LONG_TOKEN = 240  # characters without a space a message quotes whole; a longer one (a mangled file's line) is cut
+_LONG = re.compile(r"\S{%d,}" % (LONG_TOKEN + 1))
+
+
+def _cut(match: re.Match) -> str:
+    token = match.group(0)
+    return f"{token[:LONG_TOKEN // 2]}...[{len(token)} characters]"
 
 
 class UserError(Exception):
@@ -12,7 +23,10 @@ class UserError(Exception):
         # Always one line: a message may quote what a library read from a damaged file (LevelDB's status
         # names the bytes of its CURRENT file), and newlines or control characters would break the line.
         text = Exception.__str__(self)  # the message as given, whatever built-in type a subclass adds
-        return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+        if not text.isprintable():
+            text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+        # ... and short enough to read: a token of thousands of characters (a mutated number) is cut.
+        return _LONG.sub(_cut, text)
 
 
 class ShapeError(UserError):

@@ -130,7 +130,8 @@ def test_unknown_filler_is_caught_at_build_naming_file_and_layer(tmp_path, capsy
     path.write_text(HEAD.replace('"xavier"', '"xaviar"'))
     assert main(["summary", "--model", str(path)]) == 1
     err = _one_line_error(capsys)
-    assert f"{path}: layer 'ip1' (InnerProduct): parameter 0: unknown filler type 'xaviar'" in err
+    line = HEAD.split("\n").index(next(x for x in HEAD.split("\n") if 'name: "ip1"' in x)) + 1
+    assert f"{path}:{line}: layer 'ip1' (InnerProduct): parameter 0: unknown filler type 'xaviar'" in err
 
 
 def test_negative_gaussian_std_is_caught_at_build():

@@ -6,6 +6,8 @@ device; `runtime.Net` allocates and runs it.
 """
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 
 from superneurons.errors import UserError
@@ -16,6 +18,7 @@ from superneurons.graph.precision import Precision, resolve as resolve_precision
 from superneurons.graph.route import build_route
 from superneurons.graph.splits import insert_splits
 from superneurons.graph.state import filter_net, make_state
+from superneurons.io.prototxt_lines import layer_line
 from superneurons.layers.base import Layer, Shape, count, layer_class
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.settings import MemoryPolicy, memory_policy
@@ -77,7 +80,26 @@ class Graph:
 def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, stages: tuple[str, ...] = (),
                 source: str = "", policy: MemoryPolicy | None = None) -> Graph:
     """`policy`: fusion and gradient aliasing (None: MemoryParameter's defaults and the environment's
-    overrides, settings.memory_policy)."""
+    overrides, settings.memory_policy). An error about a layer names the line of its `name:` in `source`."""
+    try:
+        return _build_graph(net, phase, level, stages, source, policy)
+    except UserError as e:
+        raise _at_layer_line(e, source) from None
+
+
+_LAYER_NAMED = re.compile(r"""^: layer (['"])(.+?)\1""")
+
+
+def _at_layer_line(e: UserError, source: str) -> UserError:
+    """`e` with `source:LINE` for `source` when its message starts `source: layer 'NAME'` and the file has it."""
+    msg = str(e)
+    m = _LAYER_NAMED.match(msg[len(source):]) if source and msg.startswith(source) else None
+    line = layer_line(source, m.group(2)) if m is not None and os.path.isfile(source) else None
+    return e if line is None else type(e)(f"{source}:{line}{msg[len(source):]}")
+
+
+def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str, ...], source: str,
+                 policy: MemoryPolicy | None) -> Graph:
     policy = policy if policy is not None else memory_policy()
     where = source or net.name or "<net>"
     state = make_state(phase, level, tuple(stages) or tuple(net.state.stage))
@@ -227,15 +249,16 @@ def _infer_shapes(nodes: list[Node], where: str) -> dict[str, Shape]:
     shapes: dict[str, Shape] = {}
     for n in nodes:
         layer = n.layer
-        layer.check_counts(len(n.bottoms), len(n.tops))
         bottom_shapes = [shapes[b] for b in n.bottoms]
         try:
+            layer.check_counts(len(n.bottoms), len(n.tops))
             top_shapes = layer.setup(bottom_shapes)
         except UserError as e:
             msg = str(e)
             if not msg.startswith(where):
                 msg = f"{where}: {msg}"
-            raise UserError(f"{msg} (bottom shapes: {', '.join(_fmt(s) for s in bottom_shapes) or 'none'})") from None
+            shown = f" (bottom shapes: {', '.join(_fmt(s) for s in bottom_shapes)})" if bottom_shapes else ""
+            raise UserError(msg + shown) from None
         top_shapes = [tuple(int(d) for d in s) for s in top_shapes]
         if len(top_shapes) != len(n.tops):
             raise RuntimeError(f"{layer!r}.setup returned {len(top_shapes)} shapes for {len(n.tops)} tops")
@@ -243,7 +266,10 @@ def _infer_shapes(nodes: list[Node], where: str) -> dict[str, Shape]:
             if t == in_place_of and shapes[t] != s:
                 raise UserError(f"{where}: layer {layer.name!r} works in place on {t!r} but changes its shape "
                                 f"from {_fmt(shapes[t])} to {_fmt(s)}")
-            if any(d < 0 for d in s) or (count(s) == 0 and len(s) > 0):
+            if any(d < 0 for d in s):
+                raise UserError(f"{where}: layer {layer.name!r}: top {t!r} would have a negative dimension, shape "
+                                f"{_fmt(s)}")
+            if count(s) == 0 and len(s) > 0:
                 raise UserError(f"{where}: layer {layer.name!r}: top {t!r} has an empty shape {_fmt(s)}")
             shapes[t] = s
         n.top_shapes = top_shapes

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import TypeVar
 
@@ -23,8 +24,35 @@ def parse_text(text: str, msg: M, filename: str = "<string>") -> M:
         # ParseError's str() already starts with "line:col : "; keep only the message part.
         detail = str(e).split(" : ", 1)[-1]
         where = f"{filename}:{line}:{col}" if line else filename
-        raise UserError(f"{where}: {detail}") from None
+        layer = _enclosing_layer(text, line, col) if line else None
+        raise UserError(f"{where}: {f'layer {layer!r}: ' if layer else ''}{detail}") from None
     return msg
+
+
+_TOKEN = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|#[^\n]*|[{}]|\blayers?\s*\{|\bname\s*:""")
+
+
+def _enclosing_layer(text: str, line: int, col: int) -> str | None:
+    """The name of the top-level `layer { ... }` block around 1-based (`line`, `col`) of a prototxt, for a
+    parse error (None outside one, or when it has no name before that point)."""
+    lines = text.split("\n")
+    stop = sum(len(x) + 1 for x in lines[:line - 1]) + max(0, col - 1)
+    depth, name, expect_name = 0, None, False
+    for m in _TOKEN.finditer(text, 0, stop):
+        tok = m.group(0)
+        if tok.startswith("layer") and depth == 0:
+            depth, name = 1, None
+        elif tok == "{":
+            depth += 1
+        elif tok == "}":
+            depth = max(0, depth - 1)
+        elif tok.startswith("name"):
+            expect_name = depth == 1
+            continue
+        elif tok[0] in "\"'" and expect_name:
+            name = tok[1:-1]
+        expect_name = False
+    return name if depth > 0 else None
 
 
 def decode_text(data: bytes, path: str, what: str = "a prototxt file") -> str:
