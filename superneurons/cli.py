@@ -76,7 +76,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         command = f"superneurons {args.command}"
-        return int(args.func(args) or 0)
+        try:
+            return int(args.func(args) or 0)
+        finally:
+            # Decode workers and their shared memory go before the command returns, where a Ctrl-C is still
+            # answered as an interruption (not in an exit handler). None started if the module was never loaded.
+            workers = sys.modules.get("superneurons.data.workers")
+            if workers is not None:
+                workers.close_pools()
     except UserError as e:
         if getattr(args, "debug", False):
             raise

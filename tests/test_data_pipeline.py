@@ -372,6 +372,78 @@ def test_a_segment_the_system_refuses_falls_back_to_the_thread(monkeypatch):
         workers._create_segment(4096, "layer 'd'")
 
 
+def test_ctrl_c_during_close_is_acted_on_after_the_clean_up(tmp_path, monkeypatch):
+    """A second Ctrl-C while the workers are being stopped (at exit) must not cut the clean-up short: every
+    worker is stopped and the shared memory unlinked, then the interrupt is raised."""
+    src = jpeg_db(tmp_path / "jpeg")
+    layer, shapes = data_layer(src, 2, 3)
+    try:
+        take(layer, shapes, 1)
+        pool = layer.batch_maker
+        pids, name = pool.pids, pool.shared_memory_name
+        first = pool._procs[0]
+        terminate = first.terminate
+
+        def ctrl_c_then_terminate():
+            os.kill(os.getpid(), signal.SIGINT)
+            terminate()
+
+        monkeypatch.setattr(first, "terminate", ctrl_c_then_terminate)
+        with pytest.raises(KeyboardInterrupt):
+            pool.close()
+        assert not os.path.exists(f"/dev/shm/{name}")
+        assert not [p for p in pids if _alive(p)]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        layer.close()
+
+
+def test_a_decode_worker_ignores_ctrl_c_before_it_imports_anything_heavy():
+    """The terminal's Ctrl-C reaches the workers too; one still importing when it came died, and the run
+    reported a worker death instead of stopping as interrupted. The worker's entry module ignores SIGINT
+    first thing while it is being unpickled in the new process, and imports nothing heavy before."""
+    import subprocess
+    import sys
+
+    from superneurons.data import worker_start
+
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # the parent imported it: no effect here
+    code = ("import signal, sys\n"
+            "from multiprocessing import process\n"
+            "process.current_process()._inheriting = True\n"
+            "import superneurons.data.worker_start\n"
+            "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, 'numpy' in sys.modules)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.stdout.split() == ["True", "False"], out.stderr
+    assert callable(worker_start.run)
+
+
+def test_the_next_pool_removes_the_shared_memory_a_killed_run_left(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from superneurons.data import workers
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = f"/dev/shm/{workers.RING_PREFIX}{int(dead.stdout)}-deadbeef"
+    alive = f"/dev/shm/{workers.RING_PREFIX}{os.getpid()}-cafecafe"
+    for path in (left, alive):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 2048)
+    src = jpeg_db(tmp_path / "jpeg")
+    layer, shapes = data_layer(src, 2, 3)
+    try:
+        take(layer, shapes, 1)
+        assert isinstance(layer.batch_maker, WorkerPool)
+        assert not os.path.exists(left) and os.path.exists(alive)
+        assert "removed 1 shared-memory segment(s) (2048 bytes) that killed runs left" in capsys.readouterr().err
+    finally:
+        layer.close()
+        os.unlink(alive)
+
+
 # ---- the benchmark -----------------------------------------------------------------------------
 def test_input_benchmark_runs_small_on_the_cpu(tmp_path):
     import json

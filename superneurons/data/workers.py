@@ -35,11 +35,14 @@ import ctypes
 import mmap
 import multiprocessing as mp
 import os
+import secrets
 import shutil
 import signal
 import sys
+import threading
 import traceback
 import types
+import weakref
 from collections import deque
 from multiprocessing import connection, shared_memory
 from typing import Any, Callable, Protocol
@@ -51,10 +54,12 @@ except ImportError:  # not POSIX
 
 import numpy as np
 
+from superneurons.data import worker_start
 from superneurons.data.batches import Batch, BatchPlan, RecordSource, fill_batch
 from superneurons.data.transformer import DataTransformer
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
+from superneurons.io.prototxt import process_running
 
 _POLL_S = 0.2  # how often a consumer waiting for a batch checks that its worker still lives
 _JOIN_S = 2.0  # how long close() waits for a terminated worker before killing it
@@ -125,12 +130,45 @@ def _check_shared_memory(nbytes: int, where: str) -> None:
                                 f"{nbytes / 2**20:.0f} MiB; {fallback}")
 
 
+# Slot rings are named `superneurons-PID-XXXXXXXX` after the process that made them, so a later run can tell
+# a ring whose process is gone (killed with SIGKILL along with the resource tracker that would have unlinked
+# it) from one a running process still uses, and remove it, as it removes a dead run's temporary snapshots.
+RING_PREFIX = "superneurons-"
+SHM_FOLDER = "/dev/shm"
+
+
+def remove_dead_rings(folder: str = SHM_FOLDER) -> list[tuple[str, int]]:
+    """Unlink the slot rings in `folder` whose process is no longer running; returns (name, bytes) of each."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(RING_PREFIX):].split("-", 1)[0] if name.startswith(RING_PREFIX) else ""
+        if not pid.isdigit() or process_running(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            size = os.stat(path).st_size
+            os.unlink(path)
+        except OSError:
+            continue  # another user's, or removed meanwhile
+        removed.append((name, size))
+    return removed
+
+
 def _create_segment(nbytes: int, where: str) -> shared_memory.SharedMemory:
     """A new segment of `nbytes`; one the system will not make (full, or a limit the check above cannot see)
-    is SharedMemoryShort too."""
+    is SharedMemoryShort too. What killed runs left is removed first: it takes the room."""
+    gone = remove_dead_rings()
+    if gone:
+        print(f"{where}: removed {len(gone)} shared-memory segment(s) ({sum(n for _, n in gone)} bytes) that "
+              f"killed runs left in {SHM_FOLDER}", file=sys.stderr, flush=True)
     _check_shared_memory(nbytes, where)
     try:
-        return shared_memory.SharedMemory(create=True, size=nbytes)
+        name = f"{RING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        return shared_memory.SharedMemory(name=name, create=True, size=nbytes)
     except OSError as e:
         raise SharedMemoryShort(f"{where}: cannot create the decode workers' {nbytes}-byte shared-memory slots "
                                 f"({e.strerror or e}); making batches in one thread instead") from None
@@ -216,10 +254,10 @@ def _die_with_parent() -> None:
             pass  # the closed pipe still ends the worker
 
 
-def _worker_main(conn, ring_name: str, slots: int, source: RecordSource, transformer: DataTransformer,
+def worker_main(conn, ring_name: str, slots: int, source: RecordSource, transformer: DataTransformer,
                  plan: BatchPlan, where: str) -> None:
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # done first by worker_start, the process's entry point
     try:
         os.nice(_WORKER_NICENESS)
     except OSError:
@@ -251,6 +289,34 @@ def _worker_main(conn, ring_name: str, slots: int, source: RecordSource, transfo
         conn.close()
 
 
+_open_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+def close_pools() -> None:
+    """Close every pool still open. The command line does it before it returns, so that the workers and the
+    shared memory go while a Ctrl-C can still be answered as an interruption, not in an exit handler."""
+    for pool in list(_open_pools):
+        pool.close()
+
+
+@contextlib.contextmanager
+def _ctrl_c_after():
+    """Run the block to its end however often Ctrl-C comes, then act on it as the handler in place would
+    have (on the main thread, where Python runs signal handlers; elsewhere the block runs as is). A clean-up
+    cut short by a second Ctrl-C left workers running and shared memory behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    frames: list = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: frames.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if frames and callable(previous):
+            previous(signal.SIGINT, frames[-1])
+
+
 class WorkerPool:
     """Batches start, start+1, ... of `plan`, made by `workers` processes; `next()` serves them in order.
 
@@ -276,6 +342,7 @@ class WorkerPool:
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         self._ring: SlotRing | None = SlotRing(plan, self.slots, where=where)
+        _open_pools.add(self)
         self._pin: HostPin | None = None
         self.pin_failure: str | None = None
         ctx = _mp_context()
@@ -287,7 +354,7 @@ class WorkerPool:
                     self.pin_failure = str(e)
             for w in range(workers):
                 ours, theirs = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=_worker_main, name=f"decode-{w}", daemon=True,
+                proc = ctx.Process(target=worker_start.run, name=f"decode-{w}", daemon=True,
                                    args=(theirs, self._ring.name, self.slots, source, transformer, plan, where))
                 with _main_script_hidden():
                     proc.start()
@@ -383,7 +450,13 @@ class WorkerPool:
                 raise self._failure
 
     def close(self) -> None:
-        """Stop and join the workers, unlink the shared memory. Safe to call twice."""
+        """Stop and join the workers, unlink the shared memory. Safe to call twice; Ctrl-C meanwhile is acted on
+        once it is done."""
+        _open_pools.discard(self)
+        with _ctrl_c_after():
+            self._close()
+
+    def _close(self) -> None:
         # The device may still be copying from the slots: wait for it before unlocking and unmapping them.
         self._hand_back()
         pending = [event for _, reads in self._returned for event in reads]

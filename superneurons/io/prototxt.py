@@ -136,7 +136,7 @@ def remove_stale_temps(folder: str, name_prefix: str) -> list[str]:
         if not name.startswith("." + name_prefix) or TEMP_MARK not in name:
             continue
         pid = name.rsplit(TEMP_MARK, 1)[1].split("-", 1)[0]
-        if not pid.isdigit() or _running(int(pid)):
+        if not pid.isdigit() or process_running(int(pid)):
             continue
         path = os.path.join(folder, name)
         try:
@@ -147,7 +147,7 @@ def remove_stale_temps(folder: str, name_prefix: str) -> list[str]:
     return removed
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:

@@ -9,15 +9,18 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
 from google.protobuf import message, text_format
 
-from corpus import Corpus
-from mutate import mutate_bytes, mutate_message, mutate_text
-from superneurons.data.lmdb_source import write_lmdb
-from superneurons.proto import superneurons_pb2 as pb
+sys.path.append(str(Path(__file__).resolve().parents[2] / "tests"))  # random_nets: the generator the tests use
+
+from corpus import Corpus  # noqa: E402
+from mutate import mutate_bytes, mutate_message, mutate_text  # noqa: E402
+from superneurons.data.lmdb_source import write_lmdb  # noqa: E402
+from superneurons.proto import superneurons_pb2 as pb  # noqa: E402
 
 Kind = Callable[[random.Random, Corpus, Path], list[str]]
 
@@ -294,6 +297,21 @@ def image(rng: random.Random, c: Corpus, case: Path) -> list[str]:
     return ["test", "--model", c.rel(net), "--iterations", "1"]
 
 
+def budget(rng: random.Random, c: Corpus, case: Path) -> list[str]:
+    """A random valid net (tests/random_nets.py) trained two iterations with momentum SGD in one memory mode,
+    at one of 8 pool sizes from the smallest plan's need to baseline's, or at a mode's need or one block
+    under it: the run is refused at setup or trains to the end (runner.classify calls a pool that runs out
+    after setup `midway`)."""
+    from random_nets import SOLVER, SWEEP_MODES, random_net, sweep_budgets, sweep_needs, with_dummy_data
+
+    net = random_net(rng.randrange(1 << 20))
+    (case / "net.prototxt").write_text(with_dummy_data(net))
+    (case / "solver.prototxt").write_text(f'net: "{c.rel(case / "net.prototxt")}"\n{SOLVER}\n')
+    mode = rng.choice(SWEEP_MODES)
+    return ["train", "--solver", c.rel(case / "solver.prototxt"), "--memory", mode, "--gpu-memory",
+            str(rng.choice(sweep_budgets(sweep_needs(net)))), "--no-progress"]
+
+
 KINDS: dict[str, Kind] = {
     "prototxt": prototxt,
     "solver": solver,
@@ -306,4 +324,5 @@ KINDS: dict[str, Kind] = {
     "leveldb": leveldb,
     "hdf5_data": hdf5_data,
     "image": image,
+    "budget": budget,
 }

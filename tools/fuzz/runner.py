@@ -2,7 +2,8 @@
 
 Outcomes: `ok` (exit 0), `error` (exit 1 or 2 with the CLI's one-line `superneurons CMD: error: ...`),
 `traceback` (an exception escaped the CLI, or the error was not one line), `signal` (the process died,
-e.g. SIGBUS/SIGSEGV/SIGKILL), `hang` (no answer within the time limit).
+e.g. SIGBUS/SIGSEGV/SIGKILL), `hang` (no answer within the time limit), `midway` (the memory pool ran out
+after setup: the plan promised a run it could not keep).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-OUTCOMES = ("ok", "error", "traceback", "signal", "hang")
+OUTCOMES = ("ok", "error", "traceback", "signal", "hang", "midway")
 RESTART_EVERY = 300  # cases per worker: bounds what a long run leaks (threads, open databases)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -58,6 +59,8 @@ def classify(answer: dict) -> tuple[str, str]:
     lines = [l for l in answer["err"].splitlines() if l.strip()]
     if rc in (1, 2) and lines and "Traceback" not in answer["err"]:
         last = lines[-1]
+        if "memory pool exhausted" in last and "during setup" not in last:
+            return "midway", last  # the plan let the run start, then the pool ran out: a broken promise
         if rc == 2 or (last.startswith("superneurons ") and ": error: " in last):
             return "error", last
     return "traceback", f"exit {rc}, stderr: {answer['err'][-1500:]}"

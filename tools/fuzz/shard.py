@@ -34,7 +34,7 @@ from corpus import Corpus  # noqa: E402
 from kinds import KINDS  # noqa: E402
 from runner import Worker  # noqa: E402
 
-BAD = ("traceback", "signal", "hang")
+BAD = ("traceback", "signal", "hang", "midway")
 
 
 @dataclass

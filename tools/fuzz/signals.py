@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Trials of `superneurons train` on an LMDB net with decode worker processes, stopped or limited from outside:
+
+    python tools/fuzz/signals.py --kind interrupt --trials 100 --seed 1 --nice 19
+    python tools/fuzz/signals.py --kind all --trials 20 --seed 1
+
+Kinds:
+- `interrupt`: Ctrl-C (SIGINT to the whole process group, as a terminal sends it) at a random moment from
+  start-up (imports, worker start) to exit, and in half the trials a second one shortly after (the race with
+  the clean-up). The run must stop with a snapshot or as interrupted: exit 0, or 130 (or death by the second
+  SIGINT late in exit, after the run said "interrupted"), no traceback, no
+  "Exception ignored", nothing of it left in /dev/shm, no process of it left.
+- `kill`: SIGKILL to the whole process group at a random moment (the resource tracker dies too, so the
+  run's shared memory stays); then a short run must remove what the killed one left.
+- `ulimit`: the run under a random file-size limit (`ulimit -f`, 1 KiB to 4 MiB): exit 0, or 1 with one
+  `superneurons train: error:` line; no traceback; nothing left in /dev/shm.
+
+Trial i of a kind under a seed is a pure function of (seed, kind, i) except for timing. Exit status 1 when a
+trial failed. docs/ROBUSTNESS.md has the numbers of the runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from superneurons.data.datum import array_to_datum  # noqa: E402
+from superneurons.data.lmdb_source import write_lmdb  # noqa: E402
+from superneurons.data.workers import RING_PREFIX, SHM_FOLDER  # noqa: E402
+
+KINDS = ("interrupt", "kill", "ulimit")
+TIMEOUT_S = 120.0
+NET = """name: "digits"
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+  transform_param { scale: 0.00390625 } data_param { source: "db" batch_size: 16 backend: LMDB } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 8 kernel_size: 5 weight_filler { type: "xavier" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+SOLVER = """net: "net.prototxt" base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" display: 5 max_iter: {iters}
+snapshot_prefix: "out/run" solver_mode: CPU random_seed: 1
+"""
+
+
+def make_folder(root: Path) -> None:
+    """An LMDB of 64 random 1x28x28 digits-like records, the net, and solvers of a long and a short run."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    records = [(f"{i:08d}".encode(), array_to_datum(rng.integers(0, 256, (1, 28, 28), dtype=np.uint8),
+                                                     int(i % 10)).SerializeToString()) for i in range(64)]
+    write_lmdb(str(root / "db"), records)
+    (root / "net.prototxt").write_text(NET)
+    (root / "long.prototxt").write_text(SOLVER.format(iters=60))
+    (root / "short.prototxt").write_text(SOLVER.format(iters=2) + "snapshot_after_train: false\n")
+
+
+def shm_names() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_FOLDER) if n.startswith(RING_PREFIX)}
+    except OSError:
+        return set()
+
+
+def start(root: Path, solver: str, limit: int | None = None, nice: int = 0) -> subprocess.Popen:
+    def setup() -> None:
+        if nice:
+            os.nice(nice)
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # Its own process group, as a shell job: a signal to the group reaches the run, its fork server and
+    # its decode workers, as a terminal's Ctrl-C does.
+    return subprocess.Popen([sys.executable, "-m", "superneurons", "train", "--solver", solver,
+                             "--data-workers", "2", "--no-progress"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=setup)
+
+
+def group_gone(pgid: int, wait_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        return -999, err
+    return proc.returncode, err
+
+
+def clean_stderr(err: str) -> str | None:
+    """What is wrong with a run's stderr: a traceback or an exception ignored at exit (None: nothing)."""
+    for bad in ("Traceback", "Exception ignored", "leaked shared_memory"):
+        if bad in err:
+            return f"stderr has {bad!r}: {err[-1500:]}"
+    return None
+
+
+def interrupt(rng: random.Random, root: Path, nice: int) -> str | None:
+    before = shm_names()
+    proc = start(root, "long.prototxt", nice=nice)
+    time.sleep(rng.choice([rng.uniform(0, 1.5), rng.uniform(0, 6)]))  # start-up, or anywhere in a run
+    os.killpg(proc.pid, signal.SIGINT)
+    if rng.random() < 0.5:
+        time.sleep(rng.uniform(0, 0.6))  # a second Ctrl-C, while the first is acted on (or during exit)
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    code, err = finish(proc)
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("I", "W"))]
+    # Killed by the second SIGINT once Python has restored its default handler (late in exit) is stopping too.
+    if code not in (0, 130, -signal.SIGINT):
+        return f"exit {code}: {err[-1500:]}"
+    problem = clean_stderr(err)
+    if problem:
+        return problem
+    if code != 0 and not any(x.endswith(": interrupted") for x in lines):
+        return f"exit 130 without 'interrupted': {err[-800:]}"
+    if not group_gone(proc.pid):
+        return "a process of the run outlived it"
+    left = shm_names() - before
+    return f"left in {SHM_FOLDER}: {sorted(left)}" if left else None
+
+
+def kill(rng: random.Random, root: Path, nice: int) -> str | None:
+    proc = start(root, "long.prototxt", nice=nice)
+    time.sleep(rng.uniform(0.5, 6))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    group_gone(proc.pid)
+    dead = {n for n in shm_names() if n.startswith(f"{RING_PREFIX}{proc.pid}-")}
+    after = start(root, "short.prototxt", nice=nice)
+    code, err = finish(after)
+    if code != 0:
+        return f"the run after a kill: exit {code}: {err[-1500:]}"
+    left = dead & shm_names()
+    return f"the next run left the killed run's {sorted(left)} in {SHM_FOLDER}" if left else None
+
+
+def ulimit(rng: random.Random, root: Path, nice: int) -> str | None:
+    before = shm_names()
+    shutil.rmtree(root / "out", ignore_errors=True)
+    limit = int(2 ** rng.uniform(10, 22))
+    proc = start(root, "short.prototxt" if rng.random() < 0.5 else "long.prototxt", limit=limit, nice=nice)
+    code, err = finish(proc)
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("I", "W", "warning:"))]
+    if code == 1:
+        if len(lines) != 1 or not lines[0].startswith("superneurons train: error: "):
+            return f"ulimit -f {limit // 1024}: exit 1 but not one error line: {err[-1500:]}"
+    elif code != 0:
+        return f"ulimit -f {limit // 1024}: exit {code}: {err[-1500:]}"
+    problem = clean_stderr(err)
+    if problem:
+        return f"ulimit -f {limit // 1024}: {problem}"
+    left = shm_names() - before
+    return f"left in {SHM_FOLDER}: {sorted(left)}" if left else None
+
+
+TRIALS = {"interrupt": interrupt, "kill": kill, "ulimit": ulimit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", action="append", choices=["all", *KINDS])
+    parser.add_argument("--trials", type=int, default=10, help="trials per kind (default 10)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--nice", type=int, default=0, help="niceness of the runs")
+    args = parser.parse_args(argv)
+    kinds = list(KINDS) if not args.kind or "all" in args.kind else list(dict.fromkeys(args.kind))
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="sn-signals-") as folder:
+        root = Path(folder)
+        make_folder(root)
+        for kind in kinds:
+            bad, began = 0, time.monotonic()
+            for i in range(args.trials):
+                problem = TRIALS[kind](random.Random(f"{args.seed}:{kind}:{i}"), root, args.nice)
+                if problem:
+                    bad += 1
+                    print(f"{kind} trial {i}: {problem}", flush=True)
+            print(f"{kind}: {args.trials} trials, {bad} failed, {time.monotonic() - began:.0f} s", flush=True)
+            failed += bad
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
