@@ -11,6 +11,17 @@ LONG_TOKEN = 240  # characters without a space a message quotes whole; a longer 
 _LONG = re.compile(r"\S{%d,}" % (LONG_TOKEN + 1))
 
 
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")  # a Python object's repr: "<_io.BytesIO object at 0x...>"
+
+
+def reason(e: BaseException) -> str:
+    """What a library's exception says, in words a user can act on: Pillow's "cannot identify image file
+    <_io.BytesIO object at 0x...>" names a Python object, which tells a user nothing."""
+    if type(e).__name__ == "UnidentifiedImageError":
+        return "not in an image format Pillow can read (PNG, JPEG, BMP, ...)"
+    return _OBJECT_REPR.sub("", str(e)) or type(e).__name__
+
+
 def _cut(match: re.Match) -> str:
     token = match.group(0)
     return f"{token[:LONG_TOKEN // 2]}...[{len(token)} characters]"
@@ -25,8 +36,9 @@ class UserError(Exception):
         text = Exception.__str__(self)  # the message as given, whatever built-in type a subclass adds
         if not text.isprintable():
             text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-        # ... and short enough to read: a token of thousands of characters (a mutated number) is cut.
-        return _LONG.sub(_cut, text)
+        # ... with no Python object reprs, and short enough to read: a token of thousands of characters (a
+        # mutated number) is cut.
+        return _LONG.sub(_cut, _OBJECT_REPR.sub("", text))
 
 
 class ShapeError(UserError):

@@ -40,6 +40,14 @@ def test_summary_sizes_the_data_from_crop_size_and_says_so(absent_data, capsys):
     assert "64 1 24 24" in out and "64 20 20 20" in out  # conv1 (5x5) on the 24x24 crop
 
 
+def test_the_assumed_shapes_say_the_batch_given_with_the_flag(absent_data, capsys):
+    _, cropped = absent_data
+    assert main(["summary", "--model", str(cropped), "--batch", "2"]) == 0
+    out, err = _stderr_lines(capsys)
+    assert "assumed data 2x1x24x24 (--batch 2, 1 channels, crop_size 24), label 2 (--batch)" in err[0]
+    assert "batch_size 64" not in err[0] and "2 1 24 24" in out
+
+
 def test_without_shape_fields_the_error_names_the_flag_and_the_flag_works(absent_data, capsys):
     path, _ = absent_data
     assert main(["summary", "--model", str(path)]) == 1

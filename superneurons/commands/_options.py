@@ -125,7 +125,8 @@ def read_model(args, say: Callable[[str], None] | None = None):
         raise UserError(f"--batch must be positive, got {args.batch}")
     net = read_net(args.model)
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    for note in stand_in_inputs(net, parse_input_shapes(args.input_shape), args.model, net_state(args, net)):
+    for note in stand_in_inputs(net, parse_input_shapes(args.input_shape), args.model, net_state(args, net),
+                                batch=args.batch):
         say(f"{args.model}: {note}")
     if args.batch:
         set_batch(net, args.batch)

@@ -10,7 +10,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, reason
 from superneurons.proto import superneurons_pb2 as pb
 
 # What Pillow raises for image bytes it cannot decode: OSError/SyntaxError for truncated or unknown data,
@@ -90,7 +90,7 @@ def decode_image(data: bytes, where: str, force_color: bool = False, force_gray:
         with Image.open(io.BytesIO(data)) as img:
             return pil_to_array(img, force_color, force_gray)
     except _UNDECODABLE as e:
-        raise UserError(f"{where}: cannot decode the encoded image ({e})") from None
+        raise UserError(f"{where}: cannot decode the encoded image ({reason(e)})") from None
 
 
 def encode_image(array: np.ndarray, fmt: str = "PNG") -> bytes:
@@ -114,4 +114,4 @@ def load_image(path: str, is_color: bool = True, height: int = 0, width: int = 0
     except FileNotFoundError:
         raise UserError(f"{path}: no such image file") from None
     except _UNDECODABLE as e:
-        raise UserError(f"{path}: cannot read the image ({e})") from None
+        raise UserError(f"{path}: cannot read the image ({reason(e)})") from None

@@ -68,10 +68,10 @@ def _fmt(shape: Shape) -> str:
 
 
 def stand_in_inputs(net: pb.NetParameter, input_shapes: dict[str, Shape], where: str,
-                    state: pb.NetState | None = None) -> list[str]:
+                    state: pb.NetState | None = None, batch: int | None = None) -> list[str]:
     """Replace, in place, the data layers of `net` that cannot be read here or that `input_shapes` sizes
     (only those of `state`'s net when given: the other phase's layers are never built); returns what was
-    assumed, one line per layer."""
+    assumed, one line per layer. `batch`: the --batch that will replace every batch_size (said as such)."""
     notes: list[str] = []
     used: set[str] = set()
     for i, layer in enumerate(net.layer):
@@ -91,7 +91,8 @@ def stand_in_inputs(net: pb.NetParameter, input_shapes: dict[str, Shape], where:
         found = _source_and_image(layer)
         if found is None:
             continue
-        source, batch, channels, hw, how = found
+        source, batch_size, channels, hw, how = found
+        n_items, said_n = (batch, f"--batch {batch}") if batch else (batch_size, f"batch_size {batch_size}")
         absent = not source or not os.path.exists(source)
         if not absent and not any(t in input_shapes for t in tops):
             continue
@@ -102,12 +103,12 @@ def stand_in_inputs(net: pb.NetParameter, input_shapes: dict[str, Shape], where:
                 whys.append(f"{t} {_fmt(input_shapes[t])} (--input-shape)")
                 used.add(t)
             elif j == 1 and layer.type != "HDF5Data":  # labels: one per item of the data top
-                n = shapes[0][0] if tops[0] in input_shapes else batch
+                n = shapes[0][0] if tops[0] in input_shapes else n_items
                 shapes.append((n,))
-                whys.append(f"{t} {n} ({'as ' + tops[0] if tops[0] in input_shapes else 'batch_size'})")
-            elif j == 0 and hw is not None and batch > 0:
-                shapes.append((batch, channels) + hw)
-                whys.append(f"{t} {_fmt(shapes[-1])} (batch_size {batch}, {channels} channels, {how})")
+                whys.append(f"{t} {n} ({'as ' + tops[0] if tops[0] in input_shapes else said_n.split(' ')[0]})")
+            elif j == 0 and hw is not None and n_items > 0:
+                shapes.append((n_items, channels) + hw)
+                whys.append(f"{t} {_fmt(shapes[-1])} ({said_n}, {channels} channels, {how})")
             else:
                 reason = f"its source {source!r} does not exist here" if absent else "--input-shape sizes another top"
                 raise UserError(f"{where}: layer {layer.name!r} ({layer.type}): {reason} and the prototxt does not "

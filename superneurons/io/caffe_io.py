@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from superneurons.errors import UserError, UserValueError
+from superneurons.errors import UserError, UserValueError, reason
 from superneurons.proto import superneurons_pb2 as pb
 
 __all__ = ["Transformer", "load_image", "resize_image", "oversample", "array_to_datum", "datum_to_array",
@@ -32,7 +32,7 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
     except FileNotFoundError:
         raise UserError(f"{path}: no such image file") from None
     except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"{path}: cannot read it as an image ({e})") from None
+        raise UserError(f"{path}: cannot read it as an image ({reason(e)})") from None
     img = np.asarray(pixels, dtype=np.float32) / 255.0
     return img if color else img[:, :, None]
 

@@ -412,6 +412,9 @@ def _inputs_to_layer(net: pb.NetParameter, path: str, notes: list[str]) -> None:
     if shapes and len(shapes) != len(names):
         raise UserError(f"{path}: {len(names)} input name(s) but {len(shapes)} input_shape entries; "
                         "give one input_shape per input")
+    if dims and not names:
+        raise UserError(f"{path}: {len(dims)} input_dim value(s) but no input names; give an `input:` name for each "
+                        "4 input_dim values (N, C, H, W)")
     if dims and len(dims) != 4 * len(names):
         raise UserError(f"{path}: {len(names)} input name(s) need {4 * len(names)} input_dim values "
                         f"(N, C, H, W for each), got {len(dims)}")

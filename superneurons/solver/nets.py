@@ -54,8 +54,13 @@ def _state(net: pb.NetParameter, extra: pb.NetState | None) -> tuple[int, tuple[
     return int(state.level), tuple(state.stage)
 
 
-def _load(path: str, solver_path: str) -> tuple[pb.NetParameter, str]:
+def _load(path: str, solver_path: str, field: str) -> tuple[pb.NetParameter, str]:
+    """The net the solver's `field` names; an empty name or a folder is the solver's mistake, said so."""
+    if not path.strip():
+        raise UserError(f"{solver_path}: {field} is empty; give the path of the net prototxt")
     resolved = resolve_net_path(path, solver_path)
+    if os.path.isdir(resolved):
+        raise UserError(f"{solver_path}: {field} {path!r} is a folder, not a net prototxt")
     return read_net(resolved), resolved
 
 
@@ -69,7 +74,7 @@ def train_net_source(param: pb.SolverParameter, solver_path: str) -> NetSource:
                         "keep one")
     field = given[0]
     if field in ("net", "train_net"):
-        net, where = _load(getattr(param, field), solver_path)
+        net, where = _load(getattr(param, field), solver_path, field)
     else:
         net, where = getattr(param, field), f"{solver_path}:{field}"
     level, stages = _state(net, param.train_state if param.HasField("train_state") else None)
@@ -81,10 +86,10 @@ def test_net_sources(param: pb.SolverParameter, solver_path: str) -> list[NetSou
     if param.HasField("net_param"):
         generic = (param.net_param, f"{solver_path}:net_param")
     elif param.HasField("net"):
-        generic = _load(param.net, solver_path)
+        generic = _load(param.net, solver_path, "net")
     specific: list[tuple[pb.NetParameter, str]] = [
         (p, f"{solver_path}:test_net_param[{i}]") for i, p in enumerate(param.test_net_param)]
-    specific += [_load(path, solver_path) for path in param.test_net]
+    specific += [_load(path, solver_path, f"test_net[{i}]") for i, path in enumerate(param.test_net)]
     n_iter = len(param.test_iter)
     if generic is not None:
         if n_iter < len(specific):

@@ -136,10 +136,13 @@ def remove_leftovers(solver: "Solver") -> list[str]:
 
 def _find_learned_net(learned: str, state_path: str) -> str:
     """Caffe stores the model path as written (relative to the training's working folder)."""
+    if not learned.strip() or os.path.isdir(learned):
+        raise UserError(f"{state_path}: its learned_net {learned!r} is {'empty' if not learned.strip() else 'a folder'}"
+                        ", not a .caffemodel")
     if os.path.exists(learned):
         return learned
     beside = os.path.join(os.path.dirname(state_path), os.path.basename(learned))
-    if os.path.exists(beside):
+    if os.path.exists(beside) and not os.path.isdir(beside):
         return beside
     raise UserError(f"{state_path}: its model {learned!r} does not exist (looked in the working folder and "
                     f"beside the solverstate)")
@@ -153,8 +156,11 @@ def restore_snapshot(solver: "Solver", state_path: str) -> None:
             raise UserError(f"{state_path}: field {field} is {getattr(state, field)}; it must be >= 0")
     solver.iter = int(state.iter)
     if state.HasField("learned_net"):
-        load_weights(solver.net, _find_learned_net(_text_field(state.learned_net, "learned_net", state_path),
-                                                   state_path))
+        model = _find_learned_net(_text_field(state.learned_net, "learned_net", state_path), state_path)
+        try:
+            load_weights(solver.net, model)
+        except UserError as e:  # the model file's own error, and where its name came from
+            raise UserError(f"{e} (the model named by learned_net in {state_path})") from None
     solver.lr_policy.current_step = int(state.current_step)
     hists = solver.history_blobs()
     if len(state.history) != len(hists):
