@@ -5,7 +5,7 @@ its first act is to unpickle its target, which imports that target's module. The
 the whole process group, workers included; the parent handles it (it stops the run and closes the workers).
 A worker still importing NumPy and the decoders when the signal came died of a KeyboardInterrupt, which
 the parent then reported as a worker death. This module is the target: importing it is the first thing the
-worker does, and it imports nothing heavy before it ignores the signal.
+worker does, and it imports nothing heavy before it ignores the signal; the real target comes as an argument.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if getattr(process.current_process(), "_inheriting", False):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run(*args) -> None:
-    from superneurons.data.workers import worker_main
-
-    worker_main(*args)
+def run(target, *args) -> None:
+    """Call `target(*args)`. The process unpickles this function before its arguments, `target` among them, so
+    the signal is ignored before their modules (NumPy, the decoders) load."""
+    target(*args)

@@ -355,7 +355,8 @@ class WorkerPool:
             for w in range(workers):
                 ours, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=worker_start.run, name=f"decode-{w}", daemon=True,
-                                   args=(theirs, self._ring.name, self.slots, source, transformer, plan, where))
+                                   args=(worker_main, theirs, self._ring.name, self.slots, source, transformer, plan,
+                                         where))
                 with _main_script_hidden():
                     proc.start()
                 theirs.close()
