@@ -51,7 +51,7 @@ def test_plot_writes_png(tmp_path):
 
 
 @pytest.mark.parametrize("text, expect", [
-    ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 2 } }\n', "bad.prototxt:1:73: Expected"),
+    ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 2 } }\n', "bad.prototxt:1:73: layer 'a': Expected"),
     ('layer { name: "a" type: "Nope" top: "x" }\n', "unknown layer type 'Nope'"),
     ('layer { name: "a" type: "ReLU" bottom: "missing" top: "x" }\n', "unknown bottom blob 'missing'"),
     ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 2 } } }\n'
