@@ -535,12 +535,17 @@ SOLVER = ('type: "SGD" base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" max_iter: 
 SOLVER_HISTORY = 1  # momentum SGD keeps one history blob per learnable parameter in the pool
 
 
-def with_dummy_data(net: RandomNet) -> str:
-    """`net` reading DummyData (the Solver draws its own inputs) instead of its Input layer."""
+PRECISIONS = ("FLOAT", "FLOAT16", "BFLOAT16")  # storage of activations and gradients (docs/PRECISION.md)
+
+
+def with_dummy_data(net: RandomNet, precision: str = "FLOAT") -> str:
+    """`net` reading DummyData (the Solver draws its own inputs) instead of its Input layer, its activations and
+    gradients stored in `precision`."""
     _name, head, rest = net.text.split("\n", 2)
     layer = text_format.Parse(head.strip()[len("layer "):].strip()[1:-1], pb.LayerParameter())
     dims = " ".join(f"shape {{ {' '.join(f'dim: {d}' for d in s.dim)} }}" for s in layer.input_param.shape)
-    return (f'name: "random{net.seed}"\nlayer {{ name: "input" type: "DummyData" top: "data" top: "label" '
+    types = f"default_forward_type: {precision} default_backward_type: {precision}\n" if precision != "FLOAT" else ""
+    return (f'name: "random{net.seed}"\n{types}layer {{ name: "input" type: "DummyData" top: "data" top: "label" '
             'dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } '
             f"{dims} }} }}\n{rest}")
 
@@ -554,10 +559,10 @@ def sweep_budgets(needs: dict[str, int], count: int = 8) -> list[int]:
     return sorted(b for b in even | edges if b > 0)
 
 
-def sweep_needs(net: RandomNet) -> dict[str, int]:
+def sweep_needs(net: RandomNet, precision: str = "FLOAT") -> dict[str, int]:
     """The pool each mode of SWEEP_MODES needs under the solver (`MemoryPlan.need`); auto's is the least of the
     plans it weighs."""
-    graph = build_graph(text_format.Parse(with_dummy_data(net), pb.NetParameter()), pb.TRAIN)
+    graph = build_graph(text_format.Parse(with_dummy_data(net, precision), pb.NetParameter()), pb.TRAIN)
     needs: dict[str, int] = {}
     for types in (DEFAULT_CHECKPOINTS, BLOCK_CHECKPOINTS):
         plan = make_plan(graph, plan_backward=False, solver_history=SOLVER_HISTORY, checkpoint_types=types)
@@ -570,18 +575,19 @@ def sweep_needs(net: RandomNet) -> dict[str, int]:
 
 
 def sweep_net(net: RandomNet, modes: tuple[str, ...] = SWEEP_MODES, count: int = 8,
-              tally: dict[tuple[str, str], int] | None = None) -> list[str]:
+              tally: dict[tuple[str, str], int] | None = None, precision: str = "FLOAT") -> list[str]:
     """Train `net` with momentum SGD (the Solver's own update, history in the pool) in every mode at every budget
-    of `sweep_budgets`: a run must be refused when its Solver is built exactly when the budget is below the
-    plan's need for its mode, and train to the end otherwise. Returns what broke the promise."""
+    of `sweep_budgets`, its activations and gradients stored in `precision`: a run must be refused when its
+    Solver is built exactly when the budget is below the plan's need for its mode, and train to the end
+    otherwise. Returns what broke the promise."""
     from superneurons.runtime.logging import TrainLog
     from superneurons.solver import Solver
 
-    needs = sweep_needs(net)
+    needs = sweep_needs(net, precision)
     problems: list[str] = []
     tally = {} if tally is None else tally
     param = text_format.Parse(SOLVER, pb.SolverParameter())
-    param.net_param.CopyFrom(text_format.Parse(with_dummy_data(net), pb.NetParameter()))
+    param.net_param.CopyFrom(text_format.Parse(with_dummy_data(net, precision), pb.NetParameter()))
     quiet = TrainLog(stream=open(os.devnull, "w"))
     for mode in modes:
         for budget in sweep_budgets(needs, count):
@@ -591,17 +597,17 @@ def sweep_net(net: RandomNet, modes: tuple[str, ...] = SWEEP_MODES, count: int =
             except UserError as e:
                 outcome = "refused at setup"
                 if not below:
-                    problems.append(f"{mode} at {budget} bytes (plan needs {needs[mode]}): refused: {e}")
+                    problems.append(f"{precision} {mode} at {budget} bytes (plan needs {needs[mode]}): refused: {e}")
             else:
                 try:
                     solver.solve()
                     outcome = "trained"
                     if below and mode != "auto":
-                        problems.append(f"{mode} at {budget} bytes trained, below the plan's {needs[mode]}: "
+                        problems.append(f"{precision} {mode} at {budget} bytes trained, below the plan's {needs[mode]}: "
                                         "the plan counts bytes the run does not take")
                 except UserError as e:
                     outcome = "failed midway"
-                    problems.append(f"{mode} at {budget} bytes (plan needs {needs[mode]}): failed midway: {e}")
+                    problems.append(f"{precision} {mode} at {budget} bytes (plan needs {needs[mode]}): failed midway: {e}")
             tally[mode, outcome] = tally.get((mode, outcome), 0) + 1
     quiet.stream.close()
     return problems

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from random_nets import CLASSES, RandomNet, build, check_net, random_net, sweep_net, train
+from random_nets import CLASSES, PRECISIONS, RandomNet, build, check_net, random_net, sweep_net, train
 from superneurons.backend.cuda.probe import gpu_available
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.memory.plan import make_plan
@@ -247,12 +247,13 @@ WIDE_INNER_PRODUCT = _net("wide_inner_product", (
     + _l("loss", "SoftmaxWithLoss", ["ip2", "label"], ["loss"])), c=3, h=8)
 
 
-@pytest.mark.parametrize("net", [WIDE_INNER_PRODUCT] + [random_net(seed) for seed in range(SWEPT)],
-                         ids=lambda n: n.text.split('"')[1])
-def test_every_budget_is_refused_at_setup_or_trains(net):
+@pytest.mark.parametrize("net, precision", [(WIDE_INNER_PRODUCT, p) for p in PRECISIONS]
+                         + [(random_net(seed), PRECISIONS[seed % 3]) for seed in range(SWEPT)],
+                         ids=lambda x: x if isinstance(x, str) else x.text.split('"')[1])
+def test_every_budget_is_refused_at_setup_or_trains(net, precision):
     # The Solver's own momentum update, every mode, budgets from the smallest plan to baseline's and around
     # each mode's need: below the need the Solver is refused when built, at it the run trains to the end.
     tally = {}
-    problems = sweep_net(net, tally=tally)
+    problems = sweep_net(net, tally=tally, precision=precision)
     assert not problems, "\n".join(problems)
     assert tally.get(("recompute", "refused at setup")) and tally.get(("recompute", "trained"))

@@ -298,18 +298,19 @@ def image(rng: random.Random, c: Corpus, case: Path) -> list[str]:
 
 
 def budget(rng: random.Random, c: Corpus, case: Path) -> list[str]:
-    """A random valid net (tests/random_nets.py) trained two iterations with momentum SGD in one memory mode,
-    at one of 8 pool sizes from the smallest plan's need to baseline's, or at a mode's need or one block
+    """A random valid net (tests/random_nets.py), its activations stored in float32, float16 or bfloat16,
+    trained two iterations with momentum SGD in one memory mode, at one of 8 pool sizes from the smallest plan's need to baseline's, or at a mode's need or one block
     under it: the run is refused at setup or trains to the end (runner.classify calls a pool that runs out
     after setup `midway`)."""
-    from random_nets import SOLVER, SWEEP_MODES, random_net, sweep_budgets, sweep_needs, with_dummy_data
+    from random_nets import PRECISIONS, SOLVER, SWEEP_MODES, random_net, sweep_budgets, sweep_needs, with_dummy_data
 
     net = random_net(rng.randrange(1 << 20))
-    (case / "net.prototxt").write_text(with_dummy_data(net))
+    precision = rng.choice(PRECISIONS)
+    (case / "net.prototxt").write_text(with_dummy_data(net, precision))
     (case / "solver.prototxt").write_text(f'net: "{c.rel(case / "net.prototxt")}"\n{SOLVER}\n')
     mode = rng.choice(SWEEP_MODES)
     return ["train", "--solver", c.rel(case / "solver.prototxt"), "--memory", mode, "--gpu-memory",
-            str(rng.choice(sweep_budgets(sweep_needs(net)))), "--no-progress"]
+            str(rng.choice(sweep_budgets(sweep_needs(net, precision)))), "--no-progress"]
 
 
 KINDS: dict[str, Kind] = {
