@@ -19,7 +19,7 @@ when nothing did):
 - a pool one block smaller either trains (to baseline's weights) or is refused when the Net is built:
   never an error in the middle of an iteration.
 
-Run at length: `python tests/random_nets.py --nets 500 [--start 0] [--modes ...]` (from the repository
+Run at length: `python tests/random_nets.py --nets 500 [--start 0] [--modes ...] [--sweep]` (from the repository
 root, with the package importable); tests/test_random_nets.py runs a few in CI.
 """
 from __future__ import annotations
@@ -620,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--max-layers", type=int, default=14, help="layers the generator adds at most (before losses)")
     ap.add_argument("--show", action="store_true", help="print each failing net's prototxt")
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of check_net: sweep_net in every mode at 8 budgets and in every precision "
+                         "(the Solver's momentum update; refused at setup exactly below the plan, else trained)")
     ap.add_argument("--gpu", type=int, default=None, metavar="ID",
                     help="run on this GPU (weights compared within a relative 1e-3, not by bits)")
     args = ap.parse_args(argv)
@@ -637,7 +640,10 @@ def main(argv: list[str] | None = None) -> int:
         for f in net.features:
             features[f] = features.get(f, 0) + 1
         try:
-            problems = check_net(net, tuple(args.modes), tally=tally, backend=backend, rtol=rtol)
+            if args.sweep:
+                problems = [p for precision in PRECISIONS for p in sweep_net(net, tally=tally, precision=precision)]
+            else:
+                problems = check_net(net, tuple(args.modes), tally=tally, backend=backend, rtol=rtol)
         except Exception as e:  # a crash is a finding too: report it with its seed
             problems = [f"crashed: {type(e).__name__}: {e}"]
         if problems:
@@ -648,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.show:
                 print(net.text)
         sys.stdout.flush()
+    if args.sweep:
+        outcomes, args.modes = ("trained", "refused at setup", "failed midway"), list(SWEEP_MODES)
     print(f"{args.nets} nets (seeds {args.start}..{args.start + args.nets - 1}), modes {' '.join(args.modes)}: "
           f"{failed} with problems, {time.time() - t0:.0f} s")
     outcomes = ("trained", "refused at setup", "failed", "traces compared", "traces differ")
