@@ -131,7 +131,8 @@ def _processes_in(folder: Path) -> list[tuple[int, str, str]]:
 def _start_long_run(tmp_path: Path, jobs: int) -> subprocess.Popen:
     """A run of many cases, returned once a worker runs cases (it works in its shard's folder)."""
     proc = subprocess.Popen([sys.executable, str(FUZZ / "fuzz.py"), "--kind", "solver", "--cases", "400",
-                             "--data-workers", "1", "--jobs", str(jobs), "--work", str(tmp_path / "work")],
+                             "--data-workers", "1", "--jobs", str(jobs), "--work", str(tmp_path / "work"),
+                             "--progress", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not any(cwd.startswith(str(tmp_path / "work/shards")) for _, cwd, _ in _processes_in(tmp_path)):

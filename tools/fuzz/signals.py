@@ -69,9 +69,11 @@ def make_folder(root: Path) -> None:
     (root / "short.prototxt").write_text(SOLVER.format(iters=2) + "snapshot_after_train: false\n")
 
 
-def shm_names() -> set[str]:
+def shm_names(pid: int | None = None) -> set[str]:
+    """The slot rings in /dev/shm (those made by process `pid` only, when given: other runs may be going on)."""
+    prefix = RING_PREFIX if pid is None else f"{RING_PREFIX}{pid}-"
     try:
-        return {n for n in os.listdir(SHM_FOLDER) if n.startswith(RING_PREFIX)}
+        return {n for n in os.listdir(SHM_FOLDER) if n.startswith(prefix)}
     except OSError:
         return set()
 
@@ -121,7 +123,6 @@ def clean_stderr(err: str) -> str | None:
 
 
 def interrupt(rng: random.Random, root: Path, nice: int) -> str | None:
-    before = shm_names()
     proc = start(root, "long.prototxt", nice=nice)
     time.sleep(rng.choice([rng.uniform(0, 1.5), rng.uniform(0, 6)]))  # start-up, or anywhere in a run
     os.killpg(proc.pid, signal.SIGINT)
@@ -143,7 +144,7 @@ def interrupt(rng: random.Random, root: Path, nice: int) -> str | None:
         return f"exit 130 without 'interrupted': {err[-800:]}"
     if not group_gone(proc.pid):
         return "a process of the run outlived it"
-    left = shm_names() - before
+    left = shm_names(proc.pid)
     return f"left in {SHM_FOLDER}: {sorted(left)}" if left else None
 
 
@@ -153,7 +154,7 @@ def kill(rng: random.Random, root: Path, nice: int) -> str | None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     group_gone(proc.pid)
-    dead = {n for n in shm_names() if n.startswith(f"{RING_PREFIX}{proc.pid}-")}
+    dead = shm_names(proc.pid)
     after = start(root, "short.prototxt", nice=nice)
     code, err = finish(after)
     if code != 0:
@@ -163,7 +164,6 @@ def kill(rng: random.Random, root: Path, nice: int) -> str | None:
 
 
 def ulimit(rng: random.Random, root: Path, nice: int) -> str | None:
-    before = shm_names()
     shutil.rmtree(root / "out", ignore_errors=True)
     limit = int(2 ** rng.uniform(10, 22))
     proc = start(root, "short.prototxt" if rng.random() < 0.5 else "long.prototxt", limit=limit, nice=nice)
@@ -177,7 +177,7 @@ def ulimit(rng: random.Random, root: Path, nice: int) -> str | None:
     problem = clean_stderr(err)
     if problem:
         return f"ulimit -f {limit // 1024}: {problem}"
-    left = shm_names() - before
+    left = shm_names(proc.pid)
     return f"left in {SHM_FOLDER}: {sorted(left)}" if left else None
 
 
