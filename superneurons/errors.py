@@ -9,8 +9,6 @@ import re
 
 LONG_TOKEN = 240  # characters without a space a message quotes whole; a longer one (a mangled file's line) is cut
 _LONG = re.compile(r"\S{%d,}" % (LONG_TOKEN + 1))
-
-
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")  # a Python object's repr: "<_io.BytesIO object at 0x...>"
 
 
