@@ -348,14 +348,16 @@ def test_a_file_size_limit_below_the_slots_falls_back_to_the_thread(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
-    before = set(os.listdir("/dev/shm"))
+    from superneurons.data.workers import RING_PREFIX
+
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # noqa: E731
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
-                          preexec_fn=limit, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "Prefetcher"
-    assert "Traceback" not in done.stderr and "file-size limit (ulimit -f) is 16384 bytes" in done.stderr
-    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("psm_")}
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=root, env=env, preexec_fn=limit)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert out.strip() == "Prefetcher"
+    assert "Traceback" not in err and "file-size limit (ulimit -f) is 16384 bytes" in err
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{RING_PREFIX}{run.pid}-")]
 
 
 def test_a_segment_the_system_refuses_falls_back_to_the_thread(monkeypatch):
