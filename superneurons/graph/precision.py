@@ -27,6 +27,7 @@ import numpy as np
 
 from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32, PRECISIONS, dtype_name
 from superneurons.errors import UserError
+from superneurons.io.prototxt_lines import layer_line
 from superneurons.proto import superneurons_pb2 as pb
 
 STORAGE_TYPES = {pb.FLOAT: FLOAT32, pb.FLOAT16: FLOAT16, pb.BFLOAT16: BFLOAT16}
@@ -86,8 +87,6 @@ def override_defaults(net: pb.NetParameter, precision: str | None) -> pb.NetPara
 
 
 def _where(source: str, layer: str) -> str:
-    from superneurons.io.prototxt_lines import layer_line
-
     line = layer_line(source, layer) if source else None
     return f"{source or '<net>'}{f':{line}' if line else ''}: layer {layer!r}"
 

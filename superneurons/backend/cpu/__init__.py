@@ -14,7 +14,7 @@ from superneurons import settings
 from superneurons.backend.base import collect_ops
 from superneurons.backend.cpu.arena import host_arena, host_view
 from superneurons.backend.cpu.half_storage import with_float32_math
-from superneurons.backend.cpu.transfer import CpuTransfer
+from superneurons.backend.cpu.transfer import ClockEvent, CpuTransfer, DoneStream
 from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32
 
 
@@ -61,14 +61,10 @@ class CpuBackend:
 
     def make_stream(self) -> Any:
         """Work "on" a CPU stream has finished when it returns, as every op here has."""
-        from superneurons.backend.cpu.transfer import DoneStream
-
         return DoneStream()
 
     def compute_waits(self, event: Any) -> None:
         pass  # compute runs in program order already
 
     def compute_event(self) -> Any:
-        from superneurons.backend.cpu.transfer import ClockEvent
-
         return ClockEvent()
