@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from superneurons.errors import UserError
-from superneurons.memory.cost import choose
 from superneurons.memory.interface import MemoryManager, NetServices, StepHooks  # noqa: F401  (the seam, re-exported)
-from superneurons.memory.managers import MANAGERS
-from superneurons.memory.offload import DEFAULT_CHECKPOINTS
-from superneurons.memory.plan import make_plan
+
+# The functions below import the planner and the managers when called: every `import superneurons.memory.<x>`
+# runs this file first, and the planner imports the graph and with it every layer, which the command line's
+# `--help` (through memory.pool's parse_size) must not pay for.
 
 MODES = ("baseline", "liveness", "offload", "recompute", "auto")
 
@@ -28,6 +28,8 @@ BLOCK_CHECKPOINTS: tuple[str, ...] = ("Eltwise", "Concat", "Pooling")
 def checkpoint_sets(graph: Any, given: Iterable[str] | None = None) -> list[tuple[str, ...]]:
     """The checkpoint sets `auto` considers: the user's only, when given; else the default and the block
     boundaries, each if it names a layer of the net (data layers are checkpoints in every set)."""
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+
     if given:
         return [tuple(given)]
     present = {n.layer.type_name for n in graph.nodes}
@@ -39,6 +41,8 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     """`auto` for a Net: a `cost.Choice` whose `mode` and `checkpoint_types` fit the Net's pool beside the
     resident parameters (or with them streamed) and are predicted fastest. `checkpoint_types` given: only
     those are weighed; None: the sets of `checkpoint_sets`."""
+    from superneurons.memory.cost import choose
+    from superneurons.memory.plan import make_plan
 
     def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> Any:
         # On the Net's layout: its parameter tensors and solver history are the plan's (plan.layout_param_bytes).
@@ -57,6 +61,8 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
     `unset_types`: None instead of the default types when none were given, so that `auto` may weigh
     several sets (`checkpoint_sets`).
     """
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+
     mode, types, pool = memory, checkpoint_types, None
     if memory_param is not None:
         if mode is None and memory_param.HasField("mode"):
@@ -75,6 +81,9 @@ def make_manager(mode: str | type[MemoryManager], net: NetServices,
     """The manager for `mode` (or an instance of the MemoryManager class given); `checkpoint_types` are the
     layers whose outputs offload may move and recomputation keeps (None: Convolution, except that `auto`
     then weighs other sets too). Under `auto` the manager's `auto` attribute is the `cost.Choice` made."""
+    from superneurons.memory.managers import MANAGERS
+    from superneurons.memory.offload import DEFAULT_CHECKPOINTS
+
     choice = None
     net.graph.use_concat_slices(False)  # as built: what auto weighs, and every mode but baseline runs
     if mode == "auto":
