@@ -13,7 +13,7 @@ from PIL import Image
 from superneurons.backend.cuda.probe import gpu_available
 from superneurons.data.datum import array_to_datum, encoded_datum
 from superneurons.data.lmdb_source import write_lmdb
-from superneurons.data.workers import WorkerPool, request_workers
+from superneurons.data.workers import WorkerPool
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 from tests.harness import make_layer
@@ -220,16 +220,28 @@ def test_data_workers_flag_overrides_the_prototxt(tmp_path):
     src = jpeg_db(tmp_path / "jpeg", n=4)
     parser = argparse.ArgumentParser()
     add_device_options(parser)
-    try:
-        parser.parse_args(["--data-workers", "0"])
-        layer, _ = data_layer(src, 2, 5)
-        assert layer.workers == 0
-        layer.close()
-    finally:
-        request_workers(None)
+    args = parser.parse_args(["--data-workers", "0"])
+    layer, _ = data_layer(src, 2, 5)
+    layer.ctx.data_workers = args.data_workers  # what the nets the commands build carry
+    assert layer.workers == 0
+    layer.close()
     layer, _ = data_layer(src, 2, 5)
     assert layer.workers == 5
     layer.close()
+    # A Net hands the count to its data layers through its run context.
+    from google.protobuf import text_format
+
+    from superneurons.backend.cpu import CpuBackend
+    from superneurons.graph.build import build_graph
+    from superneurons.runtime.net import Net
+
+    text = (f'layer {{ name: "src" type: "Data" top: "data" top: "label" data_param {{ source: "{src}" '
+            f'batch_size: 2 backend: LMDB decode_workers: 5 }} }}')
+    for given, want in ((args.data_workers, 0), (None, 5)):
+        net = Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TEST), CpuBackend(), train=False,
+                  data_workers=given)
+        assert net.layer("src").workers == want
+        net.layer("src").close()
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])

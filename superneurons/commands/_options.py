@@ -24,12 +24,9 @@ def add_device_options(p: argparse.ArgumentParser, gpu: bool = True, memory_defa
 
 
 def _data_workers(text: str) -> int:
-    """--data-workers N: applies to every data layer built afterwards in this process."""
-    from superneurons.data.workers import request_workers
-
+    """--data-workers N: the commands hand it to the nets they build (RunContext.data_workers)."""
     if not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"takes a number of workers (0 or more), got {text!r}")
-    request_workers(int(text))
     return int(text)
 
 

@@ -46,7 +46,8 @@ def run(args) -> int:
     backend = pick_backend(args.gpu)
     graph = build_graph(override_defaults(read_net(args.model), args.precision), pb.TEST, args.level, tuple(split_stages(args.stage)),
                         source=args.model)
-    net = Net(graph, backend, train=False, seed=0, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
+    net = Net(graph, backend, train=False, seed=0, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
+              data_workers=args.data_workers)
     if args.weights:
         for line in load_weights_files(net, args.weights):
             log.info(line)

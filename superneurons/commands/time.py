@@ -69,7 +69,8 @@ def run(args) -> int:
             "(caffe time runs every layer's backward)")
         graph = build()
     backend = pick_backend(args.gpu)
-    net = Net(graph, backend, train=True, seed=1, memory=args.memory, pool_bytes=parse_size(args.gpu_memory))
+    net = Net(graph, backend, train=True, seed=1, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
+              data_workers=args.data_workers)
     if args.weights:
         from superneurons.io.caffemodel import load_weights
 

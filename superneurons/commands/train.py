@@ -97,7 +97,7 @@ def _solver(args, param, log):
     mode = param.solver_mode if param.HasField("solver_mode") else None
     backend = pick_backend(args.gpu, mode, param.device_id, warn=log.warning, where=args.solver)
     return Solver(param, args.solver, backend=backend, memory=args.memory, pool_bytes=parse_size(args.gpu_memory),
-                  log=log, precision=args.precision)
+                  log=log, precision=args.precision, data_workers=args.data_workers)
 
 
 def train(args, param, make_solver, root: bool = True) -> int:

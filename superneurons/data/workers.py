@@ -71,21 +71,12 @@ _WORKER_NICENESS = 5
 _context: Any = None
 
 
-_requested: int | None = None  # --data-workers, for every data layer of the run
-
-
-def request_workers(n: int | None) -> None:
-    """Set (or with None clear) the number of workers every data layer uses, over its decode_workers."""
-    global _requested
-    _requested = n
-
-
-def choose_workers(param: Any, ranks: int = 1) -> int:
-    """Workers for a layer whose data_param/image_data_param is `param`: --data-workers, else its
-    decode_workers, else the CPU cores this process may run on shared among the `ranks` data-parallel
-    processes of the machine."""
-    if _requested is not None:
-        return _requested
+def choose_workers(param: Any, ranks: int = 1, requested: int | None = None) -> int:
+    """Workers for a layer whose data_param/image_data_param is `param`: `requested` (the run's --data-workers,
+    which its RunContext carries), else its decode_workers, else the CPU cores this process may run on shared
+    among the `ranks` data-parallel processes of the machine."""
+    if requested is not None:
+        return requested
     if param.HasField("decode_workers"):
         return int(param.decode_workers)
     try:

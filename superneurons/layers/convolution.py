@@ -120,7 +120,8 @@ class Convolution(Layer):
 
     def forward(self, bottom, top):
         b = self.bias.data if self.bias is not None else None
-        self.ops.conv_forward(self.as_4d(bottom[0]), self.weight.data, b, self.top_as_4d(top[0]), self.geom)
+        self.ops.conv_forward(self.as_4d(bottom[0]), self.weight.data, b, self.top_as_4d(top[0]), self.geom,
+                              workspace=self.ctx.workspace)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff, accumulate=frozenset()):
         """`accumulate`: {0} when dx is to be added into what its memory holds (`can_accumulate_bottom_diff`)."""
@@ -128,4 +129,5 @@ class Convolution(Layer):
                                self.as_4d(bottom_diff[0]) if propagate_down[0] else None,
                                self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
                                accumulate_dx=0 in accumulate,
-                               overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))
+                               overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight),
+                               workspace=self.ctx.workspace)

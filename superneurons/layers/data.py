@@ -75,7 +75,9 @@ class PrefetchingDataLayer(BatchPosition, Layer):
         """Decode worker processes the layer uses (see `data.workers.choose_workers`); 0 or 1: a thread."""
         if self.workers_param is None or self.shared_memory_short or not self._pipe.source.multiprocess:
             return 0
-        return choose_workers(self.workers_param, self.ctx.ranks if self.ctx is not None else 1)
+        ctx = self.ctx
+        return choose_workers(self.workers_param, ctx.ranks if ctx is not None else 1,
+                              ctx.data_workers if ctx is not None else None)
 
     @property
     def where(self) -> str:

@@ -45,7 +45,8 @@ class Deconvolution(Layer):
         x_shape, y_shape = self._shapes()
         y = ops.reshape(top[0], y_shape)
         # The convolution's backward-data: its "input" is our top (only its shape is read, as dw is None).
-        ops.conv_backward(y, self.weight.data, ops.reshape(bottom[0], x_shape), y, None, None, self.geom)
+        ops.conv_backward(y, self.weight.data, ops.reshape(bottom[0], x_shape), y, None, None, self.geom,
+                          workspace=self.ctx.workspace)
         if self.bias is not None:
             ops.add_bias(y, self.bias.data, self.n, self.m, self.oh * self.ow)
 
@@ -58,6 +59,8 @@ class Deconvolution(Layer):
             ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow)
         # Weight gradient: the convolution's, with dy as its input and x as its output gradient.
         ops.conv_backward(dy, self.weight.data, x, None, self.weight.diff, None, self.geom,
-                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight))
+                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight),
+                          workspace=self.ctx.workspace)
         if propagate_down[0]:
-            ops.conv_forward(dy, self.weight.data, None, ops.reshape(bottom_diff[0], x_shape), self.geom)
+            ops.conv_forward(dy, self.weight.data, None, ops.reshape(bottom_diff[0], x_shape), self.geom,
+                             workspace=self.ctx.workspace)

@@ -24,6 +24,12 @@ class RunContext:
     recomputing: bool = False  # True while the recompute manager replays a forward step
     rank: int = 0  # data parallelism: this process is rank `rank` of `ranks` (data layers shard by it)
     ranks: int = 1
+    # Decode worker processes of every data layer of the run (--data-workers), over their decode_workers;
+    # None: each layer's own (data/workers.py, choose_workers).
+    data_workers: int | None = None
+    # Where convolutions borrow their workspace (memory/workspace.py: the Net's pool, so the plan holds it);
+    # None: the backend's own buffer.
+    workspace: Any = None
     # Checks of the input a layer queued without waiting for the device (SoftmaxWithLoss' labels on the GPU):
     # the Net runs them once it has read the loss, each raising the UserError its layer would have raised.
     deferred_checks: list[Callable[[], None]] = field(default_factory=list)

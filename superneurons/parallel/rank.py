@@ -69,7 +69,7 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
     def make_solver(log):
         solver = RankSolver(param, args.solver, world=world, collective=collective, backend=backend,
                             memory=args.memory, pool_bytes=pool_bytes, log=log,
-                            precision=getattr(args, "precision", None))
+                            precision=getattr(args, "precision", None), data_workers=args.data_workers)
         where = "CPU" if device is None else f"GPU {device}"
         reducer = solver.reducer
         log.info(f"Data parallel: {world.size} rank(s), batch_size per rank; rank 0 on {where}, "

@@ -42,20 +42,22 @@ class Net:
     def __init__(self, graph: Graph, backend: Any, *, train: bool = True, seed: int = 0,
                  pool_bytes: int | None = None, share_params_with: "Net | None" = None,
                  memory: str | type[MemoryManager] | None = "baseline",
-                 checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0):
+                 checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0,
+                 data_workers: int | None = None):
         """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default),
         or a MemoryManager class to run instead of the modes' (memory/interface.py).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
         borrowing another's parameters, else the default, runtime/pool_size.py).
         `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution, or under auto the set it
         picks; `self.checkpoint_types` says which, `self.memory.auto` why). `solver_history`: history
-        sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest."""
+        sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest.
+        `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own)."""
         self.graph = graph
         self.name = graph.name
         self.backend = HostAwareBackend(backend, self)
         self.ops = backend.ops
         self.train = train
-        self.ctx = RunContext(seed=seed)
+        self.ctx = RunContext(seed=seed, data_workers=data_workers)
         self.loss_scale = 1.0  # the solver's loss scale (solver/loss_scale.py): backward seeds weight x scale
         # The parameter stores, once the memory manager has decided (below): this net's, and for a test net the
         # train net's, through which it streams the train net's weights.
@@ -90,13 +92,11 @@ class Net:
             share_params_with._sharers.append(weakref.ref(self))
         from superneurons.memory.workspace import PoolWorkspace
 
-        self.workspace = PoolWorkspace(self.pool, self.memory.reclaim)  # convolutions borrow from the pool
+        # Convolutions borrow their workspace from this net's pool, through the layers' run context (one
+        # backend serves the train net and its test nets: each borrows from its own pool).
+        self.ctx.workspace = PoolWorkspace(self.pool, self.memory.reclaim)
         self._fill_params(seed)
         self._build_steps()
-
-    def _use_workspace(self) -> None:
-        # One backend serves the train net and its test nets: each pass borrows from its own Net's pool.
-        self.backend.set_workspace_source(self.workspace)
 
     # -- construction -------------------------------------------------------------------------
     def _declare_tensors(self, share: "Net | None", solver_history: int) -> None:
@@ -231,7 +231,6 @@ class Net:
 
     def _queue_forward(self, first: int = 0, last: int | None = None) -> None:
         partial = check_range(self, first, last, "forward over part of the net")
-        self._use_workspace()
         for i, step in enumerate(self.forward_steps):
             if partial and not first <= step.node.layer.layer_index <= last:
                 continue
@@ -272,7 +271,6 @@ class Net:
         setting each loss blob's gradient to its weight (`seed_loss_diffs`), so a caller may set any top's."""
         partial = check_range(self, first, last, "backward over part of the net", backward=True)
         hooks, streaming, ready = self.hooks, self.streaming, self._gradients_ready
-        self._use_workspace()
         if seed_losses:
             self.seed_loss_diffs()
         for i, step in enumerate(self.backward_steps):

@@ -49,13 +49,16 @@ def clock_seed() -> int:
 class Solver:
     def __init__(self, param: pb.SolverParameter, solver_path: str = "", *, backend: Any = None,
                  memory: str | None = None, pool_bytes: int | None = None, log: TrainLog | None = None,
-                 signals: SignalEffects | None = None, precision: str | None = None):
+                 signals: SignalEffects | None = None, precision: str | None = None,
+                 data_workers: int | None = None):
         """`memory`: the mode (None: the solver's `memory_param.mode`, whose default is auto).
         `pool_bytes`: the training net's pool size in bytes, what `--gpu-memory` gives (None:
         `memory_param.pool_bytes` when set, else the Net's default). Test nets size their own pools.
         `signals`: what SIGINT/SIGHUP do during `solve` (default Caffe's: SIGINT stops, SIGHUP snapshots).
-        `precision`: "fp32", "fp16" or "bf16" overrides the nets' default storage types (graph/precision.py)."""
+        `precision`: "fp32", "fp16" or "bf16" overrides the nets' default storage types (graph/precision.py).
+        `data_workers`: decode worker processes of every data layer of its nets (--data-workers)."""
         self.precision = precision
+        self.data_workers = data_workers
         self.param = param
         self.pool_bytes = pool_bytes
         self.where = solver_path or "<solver>"
@@ -105,7 +108,7 @@ class Solver:
         pool = self.pool_bytes if share is None else None
         return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
                    memory=memory, memory_param=memory_param, pool_bytes=pool,
-                   solver_history=self.rule.n_history if phase == pb.TRAIN else 0)
+                   solver_history=self.rule.n_history if phase == pb.TRAIN else 0, data_workers=self.data_workers)
 
     def all_nets(self) -> list[tuple[str, Net]]:
         return [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]

@@ -21,8 +21,15 @@ import sys
 import traceback
 
 
-def run_case(argv: list[str], cwd: str) -> dict:
+# The commands that build nets with data layers take --data-workers; the worker adds the one it was given.
+DATA_WORKER_COMMANDS = ("train", "test", "time")
+
+
+def run_case(argv: list[str], cwd: str, data_workers: int | None = None) -> dict:
     from superneurons.cli import main
+
+    if data_workers is not None and argv and argv[0] in DATA_WORKER_COMMANDS:
+        argv = [argv[0], "--data-workers", str(data_workers)] + argv[1:]
 
     out, err = io.StringIO(), io.StringIO()
     exc = None
@@ -55,15 +62,10 @@ def main() -> None:
     os.dup2(devnull, 2)
     import superneurons.cli  # noqa: F401 - import before the first case so its time is not the case's
 
-    if args.data_workers is not None:
-        from superneurons.data.workers import request_workers
-
-        request_workers(args.data_workers)
-
     channel.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
-        channel.write(json.dumps(run_case(request["argv"], request["cwd"])) + "\n")
+        channel.write(json.dumps(run_case(request["argv"], request["cwd"], args.data_workers)) + "\n")
 
 
 if __name__ == "__main__":

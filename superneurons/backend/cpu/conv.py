@@ -15,6 +15,8 @@ unfused one; the CUDA twin saves a pass. The ReLU's gradient stays in the ReLU's
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -26,8 +28,10 @@ __all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward
 _COL_ELEMENTS = 1 << 23  # 32 MiB of float32 columns per chunk
 
 
-def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray, geom: ConvGeometry) -> None:
-    """y = conv(x, w) + b; x (N, C, H, W), w (M, C/group, kh, kw), b (M,) or None, y (N, M, OH, OW)."""
+def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray, geom: ConvGeometry,
+                 workspace: Any = None) -> None:
+    """y = conv(x, w) + b; x (N, C, H, W), w (M, C/group, kh, kw), b (M,) or None, y (N, M, OH, OW).
+    `workspace`: where the GPU's convolutions borrow workspace (the run's); NumPy's need none."""
     G = geom.group
     M = w.shape[0]
     wg = w.reshape(G, M // G, -1)
@@ -42,7 +46,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarr
 
 def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
                   db: np.ndarray | None, geom: ConvGeometry, accumulate_dx: bool = False,
-                  overwrite_dw: bool = False) -> None:
+                  overwrite_dw: bool = False, workspace: Any = None) -> None:
     """dx = conv^T(dy, w) (overwritten, or added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
     `overwrite_dw`); db += sum of dy per output channel. None skips one."""
     if overwrite_dw and dw is not None:
@@ -71,7 +75,7 @@ def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray |
 
 
 def conv_relu_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray, geom: ConvGeometry,
-                      slope: float) -> None:
+                      slope: float, workspace: Any = None) -> None:
     """y = relu(conv(x, w) + b) with Caffe's leaky ReLU (slope >= 0)."""
     conv_forward(x, w, b, y, geom)
     relu_forward(y, y, slope)

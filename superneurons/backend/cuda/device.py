@@ -6,6 +6,8 @@ is a new header over the same `gpu_data` and a raw pointer is `device_ctypes_poi
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 from numba import cuda
@@ -67,6 +69,20 @@ class Device:
     def workspace_source(self, source: WorkspaceSource | None) -> None:
         """Install `source` for every convolution from now on; None restores the default FixedWorkspace."""
         self.cudnn.workspace_source = source if source is not None else self.default_workspace
+
+    @contextmanager
+    def workspace_from(self, source: WorkspaceSource | None) -> Iterator[None]:
+        """Convolutions in this block borrow their workspace from `source` (a run's pool: the layers pass their
+        RunContext's); None: from whatever is installed (the default FixedWorkspace)."""
+        if source is None:
+            yield
+            return
+        before = self.cudnn.workspace_source
+        self.cudnn.workspace_source = source
+        try:
+            yield
+        finally:
+            self.cudnn.workspace_source = before
 
     def scratch(self, n: int) -> DeviceNDArray:
         """A float64 device array of `n` entries, reused across calls (allocated once per size)."""

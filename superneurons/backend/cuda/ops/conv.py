@@ -20,16 +20,18 @@ def _plan(x, w, y, geom: ConvGeometry):
     return current().cudnn.conv_plan(x.shape, w.shape, y.shape, geom, x.dtype)
 
 
-def conv_forward(x, w, b, y, geom: ConvGeometry) -> None:
-    """y = conv(x, w) + b."""
+def conv_forward(x, w, b, y, geom: ConvGeometry, workspace=None) -> None:
+    """y = conv(x, w) + b. `workspace`: the WorkspaceSource cuDNN borrows from (the run's: RunContext.workspace;
+    None: the device's own)."""
     plan = _plan(x, w, y, geom)
-    plan.forward(x, w, y)
+    with current().workspace_from(workspace):
+        plan.forward(x, w, y)
     if b is not None:
         plan.add_bias(b, y)
 
 
 def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool = False,
-                  overwrite_dw: bool = False) -> None:
+                  overwrite_dw: bool = False, workspace=None) -> None:
     """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
     `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy. None skips one."""
     plan = _plan(x, w, dy, geom)
@@ -39,15 +41,17 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
             basic.bias_backward(dy, db, n, m, oh * ow)
         else:
             plan.backward_bias(dy, db)
-    if dw is not None:
-        plan.backward_filter(x, dy, dw, accumulate=not overwrite_dw)
-    if dx is not None:
-        plan.backward_data(w, dy, dx, accumulate_dx)
+    with current().workspace_from(workspace):
+        if dw is not None:
+            plan.backward_filter(x, dy, dw, accumulate=not overwrite_dw)
+        if dx is not None:
+            plan.backward_data(w, dy, dx, accumulate_dx)
 
 
-def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float) -> None:
+def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float, workspace=None) -> None:
     """y = relu(conv(x, w) + b) (Caffe's leaky ReLU, slope >= 0)."""
-    _plan(x, w, y, geom).forward(x, w, y)
+    with current().workspace_from(workspace):
+        _plan(x, w, y, geom).forward(x, w, y)
     if b is not None:
         n, m, oh, ow = y.shape
         bias_relu(y, b, n, m, oh * ow, slope)
