@@ -481,3 +481,27 @@ def test_pycaffe_shows_the_prototxts_blobs_and_refuses_a_range_inside_the_split(
     net.forward(data=x, target=t)
     net.backward()
     assert net.blobs["conv1"].diff.any()  # the gradient at the convolution's output (shared memory)
+
+
+def test_fusion_leaves_the_prototxt_layers_as_they_were(monkeypatch):
+    """The passes record their decisions in the graph's table (`Graph.fusions`) and give the steps fused layers
+    to run; the prototxt's layers (what pycaffe, caffemodels and the solver see) keep exactly the state they
+    have in the unfused graph: no layer learns of its neighbours."""
+    pool = "pooling_param { pool: MAX kernel_size: 2 stride: 2 }"
+    vgg = (_input((2, 3, 6, 6), 2) + conv("c1", "data", "c1", 4) + _layer("r1", "ReLU", ["c1"], ["c1"])
+           + _layer("p1", "Pooling", ["c1"], ["p1"], pool)
+           + _layer("ip", "InnerProduct", ["p1"], ["ip"], "inner_product_param { num_output: 3 }")
+           + _layer("loss", "SoftmaxWithLoss", ["ip", "label"], ["loss"]))
+
+    def state(text, fuse):
+        monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
+        graph = _graph(text)
+        graph.use_concat_slices(True)
+        return graph, {n.name: dict(vars(n.layer)) for n in graph.nodes}
+
+    for text in (_resnet_block(), vgg):
+        fused, fused_state = state(text, "1")
+        plain, plain_state = state(text, "0")
+        assert fused.fusions.matches and not plain.fusions.matches
+        assert fused_state == plain_state
+        assert any(fused.step_layer(n) is not n.layer for n in fused.nodes)
