@@ -562,9 +562,11 @@ def sweep_budgets(needs: dict[str, int], count: int = 8) -> list[int]:
 def sweep_needs(net: RandomNet, precision: str = "FLOAT") -> dict[str, int]:
     """The pool each mode of SWEEP_MODES needs under the solver (`MemoryPlan.need`); auto's is the least of the
     plans it weighs."""
+    from superneurons.memory import checkpoint_sets
+
     graph = build_graph(text_format.Parse(with_dummy_data(net, precision), pb.NetParameter()), pb.TRAIN)
     needs: dict[str, int] = {}
-    for types in (DEFAULT_CHECKPOINTS, BLOCK_CHECKPOINTS):
+    for types in checkpoint_sets(graph):  # the default first
         plan = make_plan(graph, plan_backward=False, solver_history=SOLVER_HISTORY, checkpoint_types=types)
         for mode in SWEEP_MODES[:-1]:
             need = plan.need(mode)[0]

@@ -372,6 +372,28 @@ def test_a_file_size_limit_below_the_slots_falls_back_to_the_thread(tmp_path):
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{RING_PREFIX}{run.pid}-")]
 
 
+def test_workers_that_cannot_start_fall_back_to_the_thread(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C that reaches the fork server before it ignores the signal kills it: starting a worker then
+    fails with EOFError. The layer makes its batches in its own thread instead (the run stops as the Ctrl-C
+    asked, after the batch), with one warning, and nothing of the half-started pool stays."""
+    from superneurons.data.prefetch import Prefetcher
+
+    src = jpeg_db(tmp_path / "jpeg", n=9)
+    want = run(lambda: data_layer(src, 3, 1), 3)
+
+    def server_died(self, *args):
+        raise EOFError("unexpected EOF")
+
+    monkeypatch.setattr(WorkerPool, "_start_workers", server_died)
+    layer, shapes = data_layer(src, 3, 3)
+    try:
+        assert_same(take(layer, shapes, 3), want)
+        assert isinstance(layer.batch_maker, Prefetcher)
+    finally:
+        layer.close()
+    assert "the decode worker processes could not be started" in capsys.readouterr().err
+
+
 def test_a_segment_the_system_refuses_falls_back_to_the_thread(monkeypatch):
     import errno
     from multiprocessing import shared_memory

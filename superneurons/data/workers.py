@@ -99,7 +99,11 @@ def _mp_context():
     return _context
 
 
-class SharedMemoryShort(Exception):
+class WorkersUnavailable(Exception):
+    """The decode worker processes cannot run here; the layer makes its batches in its own thread instead."""
+
+
+class SharedMemoryShort(WorkersUnavailable):
     """/dev/shm cannot hold the slot ring (a container's default is often 64 MiB), or the file-size limit
     (`ulimit -f`) is below it; the layer falls back to its in-process thread rather than let a worker die of
     SIGBUS when it writes past the limit, or the segment's creation fail."""
@@ -343,21 +347,31 @@ class WorkerPool:
                     self._pin = pin(self._ring.memory())
                 except MemoryError as e:
                     self.pin_failure = str(e)
-            for w in range(workers):
-                ours, theirs = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=worker_start.run, name=f"decode-{w}", daemon=True,
-                                   args=(worker_main, theirs, self._ring.name, self.slots, source, transformer, plan,
-                                         where))
-                with _main_script_hidden():
-                    proc.start()
-                theirs.close()
-                self._conns.append(ours)
-                self._procs.append(proc)
+            try:
+                self._start_workers(ctx, source, transformer, plan)
+            except (EOFError, ConnectionError) as e:
+                # The fork server died while starting: a Ctrl-C reached it before it could ignore the signal
+                # (the run then stops as asked, after this batch), or the system refused it a process.
+                raise WorkersUnavailable(f"{where}: the decode worker processes could not be started ({e!r}); "
+                                         "making batches in one thread instead") from None
             for k in range(start, start + self.slots):
                 self._issue(k)
         except BaseException:
             self.close()
             raise
+
+    def _start_workers(self, ctx: Any, source: RecordSource, transformer: DataTransformer, plan: BatchPlan) -> None:
+        assert self._ring is not None
+        for w in range(self.workers):
+            ours, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=worker_start.run, name=f"decode-{w}", daemon=True,
+                               args=(worker_main, theirs, self._ring.name, self.slots, source, transformer, plan,
+                                     self.where))
+            with _main_script_hidden():
+                proc.start()
+            theirs.close()
+            self._conns.append(ours)
+            self._procs.append(proc)
 
     @property
     def pids(self) -> list[int]:

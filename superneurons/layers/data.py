@@ -24,7 +24,7 @@ from superneurons.data.prefetch import Prefetcher
 from superneurons.data.record_db import LEVELDB, LMDB
 from superneurons.data.records import DatumRecords
 from superneurons.data.transformer import DataTransformer, effective_transform_param
-from superneurons.data.workers import SharedMemoryShort, WorkerPool, choose_workers
+from superneurons.data.workers import WorkerPool, WorkersUnavailable, choose_workers
 from superneurons.layers.base import Layer, register
 from superneurons.layers.batch_position import BatchPosition
 from superneurons.proto import superneurons_pb2 as pb
@@ -67,7 +67,7 @@ class PrefetchingDataLayer(BatchPosition, Layer):
     rand_skip: int = 0
     prefetch_depth: int = DEFAULT_PREFETCH
     workers_param: Any = None  # the data_param/image_data_param whose decode_workers applies
-    shared_memory_short = False  # /dev/shm could not hold the workers' slots: batches come from the thread
+    shared_memory_short = False  # the workers' slots did not fit /dev/shm, or the workers could not start: the thread
 
     # ---- the machinery ---------------------------------------------------------------------
     @property
@@ -149,7 +149,7 @@ class PrefetchingDataLayer(BatchPosition, Layer):
                 try:
                     pool = WorkerPool(pipe.source, self.transformer, plan, self.next_batch, workers,
                                       self.prefetch_depth, self.where, pin=self.ops.pin_host)
-                except SharedMemoryShort as e:
+                except WorkersUnavailable as e:
                     print(f"warning: {e}", file=sys.stderr, flush=True)
                     self.shared_memory_short = True
                 else:

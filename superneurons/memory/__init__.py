@@ -26,15 +26,16 @@ BLOCK_CHECKPOINTS: tuple[str, ...] = ("Eltwise", "Concat", "Pooling")
 
 
 def checkpoint_sets(graph: Any, given: Iterable[str] | None = None) -> list[tuple[str, ...]]:
-    """The checkpoint sets `auto` considers: the user's only, when given; else the default and the block
-    boundaries, each if it names a layer of the net (data layers are checkpoints in every set)."""
+    """The checkpoint sets `auto` considers: the user's only, when given; else the default, always (what
+    `--memory offload`/`recompute` run, so auto never refuses a budget they train in; in a net without
+    convolutions only the data layers are checkpoints), and the block boundaries if one is a layer of the net
+    (data layers are checkpoints in every set)."""
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
     if given:
         return [tuple(given)]
     present = {n.layer.type_name for n in graph.nodes}
-    sets = [s for s in (DEFAULT_CHECKPOINTS, BLOCK_CHECKPOINTS) if present.intersection(s)]
-    return sets or [DEFAULT_CHECKPOINTS]
+    return [DEFAULT_CHECKPOINTS] + ([BLOCK_CHECKPOINTS] if present.intersection(BLOCK_CHECKPOINTS) else [])
 
 
 def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
