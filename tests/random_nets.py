@@ -655,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {p}")
             if args.show:
                 print(net.text)
+        if (seed - args.start + 1) % 10 == 0:  # a long run says how far it got
+            counts = {o: sum(n for (_, out), n in tally.items() if out == o) for o in ("trained", "failed midway")}
+            print(f"... {seed - args.start + 1} nets, {failed} with problems, {counts}, {time.time() - t0:.0f} s")
         sys.stdout.flush()
     if args.sweep:
         outcomes, args.modes = ("trained", "refused at setup", "failed midway"), list(SWEEP_MODES)
