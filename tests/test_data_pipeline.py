@@ -456,6 +456,28 @@ def test_a_decode_worker_ignores_ctrl_c_before_it_imports_anything_heavy():
     assert callable(worker_start.run)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc")
+def test_the_fork_server_and_the_workers_never_see_ctrl_c(tmp_path):
+    """The fork server is started with SIGINT blocked: a Ctrl-C while it imports killed it with a traceback
+    (and the workers it had not started yet). The mask reaches the workers it forks."""
+    import multiprocessing.forkserver as forkserver
+
+    def blocked(pid: int) -> bool:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigBlk:")).split()[1]
+        return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
+
+    src = jpeg_db(tmp_path / "jpeg")
+    layer, shapes = data_layer(src, 2, 3)
+    try:
+        take(layer, shapes, 1)
+        assert all(blocked(pid) for pid in layer.batch_maker.pids)
+        assert blocked(forkserver._forkserver._forkserver_pid)
+        assert not blocked(os.getpid())
+    finally:
+        layer.close()
+
+
 def test_the_next_pool_removes_the_shared_memory_a_killed_run_left(tmp_path, capsys):
     import subprocess
     import sys

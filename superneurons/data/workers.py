@@ -312,6 +312,22 @@ def _ctrl_c_after():
             previous(signal.SIGINT, frames[-1])
 
 
+def _start_fork_server(ctx: Any) -> None:
+    """Start the fork server (if it is not running) with SIGINT blocked, as CPython starts its resource
+    tracker: the blocked mask survives its exec and reaches every worker it forks, so the terminal's Ctrl-C,
+    which goes to the whole process group, reaches neither the server while it imports (it died of it, with a
+    traceback) nor a worker; this process acts on it once unblocked (the run stops, then closes the workers)."""
+    if ctx.get_start_method() != "forkserver" or not hasattr(signal, "pthread_sigmask"):
+        return
+    from multiprocessing import forkserver
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class WorkerPool:
     """Batches start, start+1, ... of `plan`, made by `workers` processes; `next()` serves them in order.
 
@@ -362,6 +378,7 @@ class WorkerPool:
 
     def _start_workers(self, ctx: Any, source: RecordSource, transformer: DataTransformer, plan: BatchPlan) -> None:
         assert self._ring is not None
+        _start_fork_server(ctx)
         for w in range(self.workers):
             ours, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_start.run, name=f"decode-{w}", daemon=True,
