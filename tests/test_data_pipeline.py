@@ -329,19 +329,25 @@ def test_too_little_shared_memory_falls_back_to_the_thread(tmp_path, monkeypatch
     import shutil
     from collections import namedtuple
 
+    usage = namedtuple("usage", "total used free")(64 << 20, 64 << 20, 1000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
+    _makes_the_same_batches_in_a_thread(tmp_path, capsys, "/dev/shm has 0 MiB free, the decode workers")
+
+
+def _makes_the_same_batches_in_a_thread(tmp_path, capsys, said: str) -> None:
+    """A layer asking for 3 decode workers that cannot have them makes the batches one thread makes, in its
+    own thread, and `said` is in its warning."""
     from superneurons.data.prefetch import Prefetcher
 
     src = jpeg_db(tmp_path / "jpeg", n=9)
     want = run(lambda: data_layer(src, 3, 1), 4)
-    usage = namedtuple("usage", "total used free")(64 << 20, 64 << 20, 1000)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
     layer, shapes = data_layer(src, 3, 3)
     try:
         assert_same(take(layer, shapes, 4), want)
         assert isinstance(layer.batch_maker, Prefetcher)
     finally:
         layer.close()
-    assert "/dev/shm has 0 MiB free, the decode workers" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
 
 
 def test_a_file_size_limit_below_the_slots_falls_back_to_the_thread(tmp_path):
@@ -376,22 +382,11 @@ def test_workers_that_cannot_start_fall_back_to_the_thread(tmp_path, monkeypatch
     """A Ctrl-C that reaches the fork server before it ignores the signal kills it: starting a worker then
     fails with EOFError. The layer makes its batches in its own thread instead (the run stops as the Ctrl-C
     asked, after the batch), with one warning, and nothing of the half-started pool stays."""
-    from superneurons.data.prefetch import Prefetcher
-
-    src = jpeg_db(tmp_path / "jpeg", n=9)
-    want = run(lambda: data_layer(src, 3, 1), 3)
-
     def server_died(self, *args):
         raise EOFError("unexpected EOF")
 
     monkeypatch.setattr(WorkerPool, "_start_workers", server_died)
-    layer, shapes = data_layer(src, 3, 3)
-    try:
-        assert_same(take(layer, shapes, 3), want)
-        assert isinstance(layer.batch_maker, Prefetcher)
-    finally:
-        layer.close()
-    assert "the decode worker processes could not be started" in capsys.readouterr().err
+    _makes_the_same_batches_in_a_thread(tmp_path, capsys, "the decode worker processes could not be started")
 
 
 def test_a_segment_the_system_refuses_falls_back_to_the_thread(monkeypatch):
