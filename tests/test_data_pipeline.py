@@ -451,6 +451,35 @@ def test_a_decode_worker_ignores_ctrl_c_before_it_imports_anything_heavy():
     assert callable(worker_start.run)
 
 
+def test_ctrl_c_while_the_workers_start_leaves_none_running(tmp_path, monkeypatch):
+    """Ctrl-C (the second: stop at once) right after a worker was forked: the start completes, then the
+    interrupt comes, and closing the half-made pool stops every worker (one forked but not yet tracked
+    outlived it, and failed with a traceback opening the ring that close had unlinked)."""
+    from multiprocessing.process import BaseProcess
+
+    src = jpeg_db(tmp_path / "jpeg")
+    started: list[int] = []
+    real_start = BaseProcess.start
+
+    def start_then_ctrl_c(self):
+        real_start(self)
+        started.append(self.pid)
+        if len(started) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(BaseProcess, "start", start_then_ctrl_c)
+    layer, shapes = data_layer(src, 2, 3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            take(layer, shapes, 1)
+    finally:
+        layer.close()
+    deadline = time.monotonic() + 5
+    while [p for p in started if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(started) == 3 and not [p for p in started if _alive(p)]
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc")
 def test_the_fork_server_and_the_workers_never_see_ctrl_c(tmp_path):
     """The fork server is started with SIGINT blocked: a Ctrl-C while it imports killed it with a traceback

@@ -298,7 +298,8 @@ def close_pools() -> None:
 def _ctrl_c_after():
     """Run the block to its end however often Ctrl-C comes, then act on it as the handler in place would
     have (on the main thread, where Python runs signal handlers; elsewhere the block runs as is). A clean-up
-    cut short by a second Ctrl-C left workers running and shared memory behind."""
+    cut short by a second Ctrl-C left workers running and shared memory behind; a start cut short, a worker
+    nobody stopped."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -308,8 +309,9 @@ def _ctrl_c_after():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if frames and callable(previous):
-            previous(signal.SIGINT, frames[-1])
+        if callable(previous):
+            for frame in frames:  # each, in order: the solver's first Ctrl-C stops after the iteration, a second at once
+                previous(signal.SIGINT, frame)
 
 
 def _start_fork_server(ctx: Any) -> None:
@@ -379,6 +381,11 @@ class WorkerPool:
     def _start_workers(self, ctx: Any, source: RecordSource, transformer: DataTransformer, plan: BatchPlan) -> None:
         assert self._ring is not None
         _start_fork_server(ctx)
+        with _ctrl_c_after():  # a worker forked but not yet in _procs would outlive close() and miss its ring
+            self._start_each(ctx, source, transformer, plan)
+
+    def _start_each(self, ctx: Any, source: RecordSource, transformer: DataTransformer, plan: BatchPlan) -> None:
+        assert self._ring is not None
         for w in range(self.workers):
             ours, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_start.run, name=f"decode-{w}", daemon=True,
