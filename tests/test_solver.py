@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -324,6 +325,27 @@ def test_sigint_finishes_the_iteration_and_snapshots(tmp_path, monkeypatch):
     assert (tmp_path / "snap/x_iter_4.solverstate").exists() and (tmp_path / "snap/x_iter_4.caffemodel").exists()
     assert "Optimization stopped early. Resume with --snapshot snap/x_iter_4.solverstate" in solver.log.lines
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_sigint_swallowed_by_a_callback_still_stops_without_a_snapshot(tmp_path, monkeypatch):
+    """The second Ctrl-C's KeyboardInterrupt can land inside a ctypes callback (numba's compiler calls back
+    into Python), which prints and drops it: the run must still stop at once, not snapshot as the first asked."""
+    monkeypatch.chdir(tmp_path)
+    solver = make_solver('base_lr: 0.1 max_iter: 100 snapshot_prefix: "snap/x"')
+
+    def interrupt_twice_and_swallow(s, it, loss):
+        if it == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # stop after this iteration
+            try:
+                os.kill(os.getpid(), signal.SIGINT)  # ... no: at once
+                time.sleep(1)
+            except KeyboardInterrupt:
+                pass  # what a ctypes callback does with it
+
+    solver.callbacks.append(interrupt_twice_and_swallow)
+    with pytest.raises(KeyboardInterrupt):
+        solver.solve()
+    assert solver.iter == 2 and not (tmp_path / "snap").exists()
 
 
 # ---- weights I/O --------------------------------------------------------------------------------------------

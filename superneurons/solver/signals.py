@@ -40,9 +40,14 @@ class SignalEffects:
             self.effects[signal.SIGHUP] = check_effect("--sighup-effect", sighup)
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.pending: str | None = None
+        self.at_once = False  # a second Ctrl-C came: stop now, without a snapshot
 
     def take(self) -> str | None:
-        """The effect requested since the last call ("stop" or "snapshot"), or None."""
+        """The effect requested since the last call ("stop" or "snapshot"), or None. A second Ctrl-C whose
+        KeyboardInterrupt was swallowed (raised inside a ctypes callback, such as numba's compiler's, which
+        only prints it) stops the run here, at the end of the iteration, rather than with a snapshot."""
+        if self.at_once:
+            raise KeyboardInterrupt
         action, self.pending = self.pending, None
         return action
 
@@ -56,6 +61,7 @@ class SignalEffects:
                 pass
             # Unwinds from wherever training is (a half-written snapshot removes itself, data workers and
             # shared memory are released); the command line turns it into one line and exit code 130.
+            self.at_once = True
             raise KeyboardInterrupt
         if self.pending != "stop":  # a stop already asked for stays a stop
             self.pending = effect
