@@ -396,19 +396,19 @@ def test_a_backend_without_half_kernels_refuses_a_half_net_in_one_line():
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_lenet_trains_on_the_digits_in_half_precision(precision, tmp_path, monkeypatch):
-    """A short run (60 iterations of the LeNet example's SGD) reaches 90% on the 300 test digits; the full
+    """A short run (40 iterations of the LeNet example's SGD) reaches 90% on the 300 test digits; the full
     2000-iteration figures against float32 are in docs/PRECISION.md."""
     load_tool("data/make_digits_lmdb").main(["--out", str(tmp_path / "data" / "digits")])
     monkeypatch.chdir(tmp_path)
     lenet = os.path.join(ROOT, "models", "lenet", "lenet_train_test.prototxt")
     param = text_format.Parse(
         f'net: "{lenet}" base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 lr_policy: "inv" gamma: 0.0001 '
-        'power: 0.75 max_iter: 60 display: 0 test_iter: 3 test_interval: 1000 test_initialization: false '
+        'power: 0.75 max_iter: 40 display: 0 test_iter: 3 test_interval: 1000 test_initialization: false '
         'snapshot_after_train: false random_seed: 1701', pb.SolverParameter())
     solver = Solver(param, "solver.prototxt", log=Quiet(), precision=precision)
     assert solver.net.data["conv1"].dtype == HALVES[precision]
     assert solver.loss_scale.adaptive == (precision == "fp16")
-    solver.step(60)
+    solver.step(40)
     scores, _loss = evaluate(solver.test_nets[0], 3, 0)
     accuracy = next(s.value for s in scores if s.name == "accuracy")
     assert accuracy >= 0.9, accuracy
