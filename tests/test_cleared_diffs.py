@@ -49,9 +49,9 @@ def test_only_the_first_write_after_clearing_overwrites(monkeypatch, iter_size):
     ops = CpuBackend().ops
     real = ops.conv_backward
 
-    def spy(x, w, dy, dx, dw, db, geom, accumulate_dx=False, overwrite_dw=False):
+    def spy(x, w, dy, dx, dw, db, geom, accumulate_dx=False, overwrite_dw=False, **options):
         calls.append((w.shape, overwrite_dw))
-        real(x, w, dy, dx, dw, db, geom, accumulate_dx=accumulate_dx, overwrite_dw=overwrite_dw)
+        real(x, w, dy, dx, dw, db, geom, accumulate_dx=accumulate_dx, overwrite_dw=overwrite_dw, **options)
 
     text = f'type: "SGD" base_lr: 0.1 momentum: 0.9 max_iter: 2 iter_size: {iter_size} snapshot_after_train: false'
     solver = Solver(solver_param(text, net=SHARED_CONVS), "s.prototxt", log=Quiet())
