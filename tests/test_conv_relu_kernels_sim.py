@@ -8,6 +8,7 @@ deselects them. Skipped without numba-cuda.
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -77,7 +78,8 @@ class HostPlan:
 @pytest.fixture
 def host_plans(monkeypatch):
     device = types.SimpleNamespace(cudnn=types.SimpleNamespace(
-        conv_plan=lambda x_shape, w_shape, y_shape, geom, dtype: HostPlan(geom)))
+        conv_plan=lambda x_shape, w_shape, y_shape, geom, dtype: HostPlan(geom)),
+        workspace_from=lambda workspace: contextlib.nullcontext())  # host plans take no workspace
     monkeypatch.setattr(gconv, "current", lambda: device)
 
 
