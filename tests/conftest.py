@@ -18,9 +18,15 @@ def pytest_configure(config):
     # whose signal lands early in a child's start-up would then wait forever. Run as from a terminal.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    import gpu_harness
+
+    gpu_harness.set_storage(config.getoption("--storage"))
 
 
 def pytest_addoption(parser):
+    parser.addoption("--storage", default="fp32", choices=("fp32", "bf16", "fp16"),
+                     help="the GPU op tests (gpu_harness.run_both, dev) store their arrays in this type: every op's "
+                          "half path against the CPU backend's on the same half inputs")
     parser.addoption("--rng-seed", type=int, default=None,
                      help=f"seed every test's `rng` fixture with this value (default: a CRC of the test's node id; "
                           f"also settable with {SEED_ENV})")

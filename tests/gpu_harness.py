@@ -1,6 +1,11 @@
 """Shared pieces of the GPU op tests: `run_both` runs one op on the CPU backend and on the GPU
 from the same inputs.
 
+`pytest --storage bf16` (or fp16) stores the float32 arrays these helpers hand to both backends in that half
+type, so every op test also checks the op's half path: both backends then read the same half values, compute
+in float32 and round their results to half, and `close` allows for results that round to neighbouring half
+values (the two sum in different orders): `HALF_TOLERANCE` per type, about two units in the last place.
+
 The `gpu` and `rng` fixtures live in conftest.py."""
 from __future__ import annotations
 
@@ -9,10 +14,26 @@ import pytest
 
 from superneurons.backend.cpu import CpuBackend
 from superneurons.backend.cuda.probe import gpu_available
+from superneurons.dtypes import PRECISIONS
 
 GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")]
 CPU = CpuBackend()
 f32 = np.float32
+STORAGE = np.dtype(np.float32)  # what dev() and run_both store float32 arrays in (conftest: --storage)
+# rtol and atol_scale floors of `close` per half storage type: 2^-7 and 2^-10 (two units in the last place)
+HALF_TOLERANCE = {PRECISIONS["bf16"]: 2.0 ** -7, PRECISIONS["fp16"]: 2.0 ** -10}
+
+
+def set_storage(precision: str) -> None:
+    global STORAGE
+    STORAGE = PRECISIONS[precision]
+
+
+def stored(a):
+    """`a` as the tests store it: float32 arrays in STORAGE, others (masks, indices, float64) unchanged."""
+    if isinstance(a, np.ndarray) and a.dtype == np.float32 and STORAGE != np.float32:
+        return a.astype(STORAGE)
+    return a
 
 
 def randn(rng, *shape) -> np.ndarray:
@@ -21,7 +42,7 @@ def randn(rng, *shape) -> np.ndarray:
 
 def dev(gpu, a):
     """A device copy of host array `a` in an arena of its own."""
-    a = np.asarray(a)
+    a = stored(np.asarray(a))
     d = gpu.view(gpu.arena(max(a.nbytes, 1)), 0, a.shape, a.dtype)
     gpu.from_host(d, a)
     return d
@@ -29,7 +50,7 @@ def dev(gpu, a):
 
 def run_both(gpu, op, arrays, *scalars):
     """ops.<op> on host copies and device copies of `arrays`; (cpu arrays, gpu arrays copied to the host)."""
-    host = [None if a is None else np.array(a, copy=True) for a in arrays]
+    host = [None if a is None else np.array(stored(a), copy=True) for a in arrays]
     getattr(CPU.ops, op)(*host, *scalars)
     d = [None if a is None else dev(gpu, a) for a in arrays]
     getattr(gpu.ops, op)(*d, *scalars)
@@ -38,9 +59,13 @@ def run_both(gpu, op, arrays, *scalars):
 
 def close(got, want, rtol=1e-5, atol_scale=1e-5) -> float:
     """assert_allclose with an absolute floor relative to the output's scale; returns the max abs error."""
+    got, want = np.asarray(got), np.asarray(want)
+    floor = HALF_TOLERANCE.get(got.dtype, HALF_TOLERANCE.get(want.dtype, 0.0))
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    rtol, atol_scale = max(rtol, floor), max(atol_scale, floor)
     atol = atol_scale * max(1.0, float(np.abs(want).max(initial=0)))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    return float(np.abs(got.astype(np.float64) - want).max(initial=0))
+    return float(np.abs(got - want).max(initial=0))
 
 
 def one_iteration_on_both(gpu, prototxt: str) -> tuple[dict, dict]:

@@ -150,6 +150,8 @@ def resolve(net: pb.NetParameter, nodes, source: str) -> Precision:
             types = LayerPrecision(FLOAT32, FLOAT32, types.forward_math, types.backward_math)
         out.layers[n.name] = types
         _check_fillers(layer, types, where)
+        if types.forward != FLOAT32 and layer.data_typed_params:
+            layer.use_working_copies(types.forward)
         for j, t in enumerate(n.tops):
             if t in out.data:
                 continue  # in place: the bottom's tensor

@@ -132,6 +132,15 @@ class Layer:
     # may then make the bottom gradient one top gradient's memory and add the others into it (the runtime
     # then passes the bottom gradient's array for those tops, as an in-place layer's are one array).
     sums_top_diffs: ClassVar[bool] = False
+    # Parameters the layer's math reads as operands of its data's type (a convolution's and an inner product's
+    # weights: cuDNN and cuBLAS take operands of one type). When the layer stores its data in a half type,
+    # graph/precision.py gives it a working copy of each (`use_working_copies`), refreshed from the float32 master
+    # at each forward and kept to its backward: a buffer like any other, so the plan counts it.
+    data_typed_params: ClassVar[tuple[int, ...]] = ()
+    # Of those, the ones whose gradient the math writes in the data's type too (cuDNN's filter gradient). It goes
+    # into the working copy once backward has read the copy (the copy is not read again before the next forward),
+    # then is added into the float32 master gradient: no second buffer.
+    data_typed_grads: ClassVar[tuple[int, ...]] = ()
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
     n_tops: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -230,6 +239,51 @@ class Layer:
         decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward)
         self.buffers[name] = decl
         return decl
+
+    # ---- half-precision working copies of the parameters (data_typed_params) ------------------------
+    def use_working_copies(self, data_type) -> None:
+        """Declare the working copies of `data_typed_params` in the layer's storage type."""
+        for k in self.data_typed_params:
+            if k < len(self.params):
+                self.add_buffer(f"param{k}_copy", self.params[k].shape, data_type)
+
+    def refresh_working_copies(self) -> None:
+        """Round each master into its working copy (forward calls it; backward reads the same copy)."""
+        for k in self.data_typed_params:
+            buf = self.buffers.get(f"param{k}_copy")
+            if buf is not None:
+                self.ops.copy(self.params[k].data, buf.array)
+
+    def param_operand(self, k: int) -> Any:
+        """Parameter k as the math reads it: its working copy where it has one, else the master."""
+        buf = self.buffers.get(f"param{k}_copy")
+        return self.params[k].data if buf is None else buf.array
+
+    def gradient_in_copy(self, k: int) -> bool:
+        """Whether parameter k's gradient is written into its working copy (read everything else of it first)."""
+        return k in self.data_typed_grads and f"param{k}_copy" in self.buffers and self.params[k].diff is not None
+
+    def param_gradient(self, k: int) -> tuple[Any, bool]:
+        """(array, overwrite): where the math writes parameter k's gradient and whether it may overwrite it: the
+        master gradient (overwritten while it still holds the zeros it was cleared to), or the working copy
+        (`gradient_in_copy`; overwritten, then added into the master by `add_param_gradient`). (None, False): the
+        parameter takes no gradient."""
+        decl = self.params[k]
+        if decl.diff is None:
+            return None, False
+        if self.gradient_in_copy(k):
+            return self.buffers[f"param{k}_copy"].array, True
+        return decl.diff, claim_cleared_diff(decl)
+
+    def add_param_gradient(self, k: int) -> None:
+        """Add the half gradient left in parameter k's working copy into its float32 master gradient."""
+        if not self.gradient_in_copy(k):
+            return
+        decl, copy = self.params[k], self.buffers[f"param{k}_copy"].array
+        if claim_cleared_diff(decl):
+            self.ops.copy(copy, decl.diff)
+        else:
+            self.ops.axpy(1.0, copy, decl.diff)
 
     def fail(self, msg: str) -> UserError:
         """An error naming this layer; `raise self.fail(...)`."""

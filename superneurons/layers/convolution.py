@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from superneurons.backend.geometry import ConvGeometry, Pair
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, claim_cleared_diff, count, register
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
 
 
 def spatial_pair(layer: Layer, msg, what: str, values: Sequence[int], default: int | None, minimum: int) -> Pair:
@@ -79,6 +79,8 @@ def read_conv_param(layer: Layer, shape, what: str) -> tuple[int, int]:
 @register("Convolution")
 class Convolution(Layer):
     can_accumulate_bottom_diff = True
+    data_typed_params = (0,)  # cuDNN convolves operands of one type: half storage reads a half copy of W
+    data_typed_grads = (0,)
 
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
@@ -120,14 +122,20 @@ class Convolution(Layer):
 
     def forward(self, bottom, top):
         b = self.bias.data if self.bias is not None else None
-        self.ops.conv_forward(self.as_4d(bottom[0]), self.weight.data, b, self.top_as_4d(top[0]), self.geom,
+        self.refresh_working_copies()
+        self.ops.conv_forward(self.as_4d(bottom[0]), self.param_operand(0), b, self.top_as_4d(top[0]), self.geom,
                               workspace=self.ctx.workspace)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff, accumulate=frozenset()):
         """`accumulate`: {0} when dx is to be added into what its memory holds (`can_accumulate_bottom_diff`)."""
-        self.ops.conv_backward(self.as_4d(bottom[0]), self.weight.data, self.top_as_4d(top_diff[0]),
-                               self.as_4d(bottom_diff[0]) if propagate_down[0] else None,
-                               self.weight.diff, self.bias.diff if self.bias is not None else None, self.geom,
-                               accumulate_dx=0 in accumulate,
-                               overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight),
-                               workspace=self.ctx.workspace)
+        x, w, dy = self.as_4d(bottom[0]), self.param_operand(0), self.top_as_4d(top_diff[0])
+        dx = self.as_4d(bottom_diff[0]) if propagate_down[0] else None
+        db = self.bias.diff if self.bias is not None else None
+        dw, overwrite_dw = self.param_gradient(0)
+        if self.gradient_in_copy(0):  # dw overwrites the half copy of W: compute dx, which reads W, first
+            self.ops.conv_backward(x, w, dy, dx, None, db, self.geom, accumulate_dx=0 in accumulate,
+                                   workspace=self.ctx.workspace)
+            dx = db = None
+        self.ops.conv_backward(x, w, dy, dx, dw, db, self.geom, accumulate_dx=0 in accumulate,
+                               overwrite_dw=overwrite_dw, workspace=self.ctx.workspace)
+        self.add_param_gradient(0)

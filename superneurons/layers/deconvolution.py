@@ -8,12 +8,14 @@ Output size: OH = stride * (H - 1) + dilation * (kh - 1) + 1 - 2 * pad.
 """
 from __future__ import annotations
 
-from superneurons.layers.base import NEEDS_BOTTOM, Layer, claim_cleared_diff, count, register
+from superneurons.layers.base import NEEDS_BOTTOM, Layer, count, register
 from superneurons.layers.convolution import read_conv_param
 
 
 @register("Deconvolution")
 class Deconvolution(Layer):
+    data_typed_params = (0,)  # cuDNN's operands share one type: half storage reads a half copy of W
+    data_typed_grads = (0,)
     def setup(self, bottom_shapes):
         p = self.param.convolution_param
         shape = bottom_shapes[0]
@@ -45,7 +47,8 @@ class Deconvolution(Layer):
         x_shape, y_shape = self._shapes()
         y = ops.reshape(top[0], y_shape)
         # The convolution's backward-data: its "input" is our top (only its shape is read, as dw is None).
-        ops.conv_backward(y, self.weight.data, ops.reshape(bottom[0], x_shape), y, None, None, self.geom,
+        self.refresh_working_copies()
+        ops.conv_backward(y, self.param_operand(0), ops.reshape(bottom[0], x_shape), y, None, None, self.geom,
                           workspace=self.ctx.workspace)
         if self.bias is not None:
             ops.add_bias(y, self.bias.data, self.n, self.m, self.oh * self.ow)
@@ -57,10 +60,11 @@ class Deconvolution(Layer):
         x = ops.reshape(bottom[0], x_shape)
         if self.bias is not None:
             ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow)
-        # Weight gradient: the convolution's, with dy as its input and x as its output gradient.
-        ops.conv_backward(dy, self.weight.data, x, None, self.weight.diff, None, self.geom,
-                          overwrite_dw=self.weight.diff is not None and claim_cleared_diff(self.weight),
-                          workspace=self.ctx.workspace)
-        if propagate_down[0]:
-            ops.conv_forward(dy, self.weight.data, None, ops.reshape(bottom_diff[0], x_shape), self.geom,
+        if propagate_down[0]:  # dx first: the weight gradient may overwrite the half copy of W it reads
+            ops.conv_forward(dy, self.param_operand(0), None, ops.reshape(bottom_diff[0], x_shape), self.geom,
                              workspace=self.ctx.workspace)
+        # Weight gradient: the convolution's, with dy as its input and x as its output gradient.
+        dw, overwrite_dw = self.param_gradient(0)
+        ops.conv_backward(dy, self.param_operand(0), x, None, dw, None, self.geom, overwrite_dw=overwrite_dw,
+                          workspace=self.ctx.workspace)
+        self.add_param_gradient(0)

@@ -6,6 +6,7 @@ from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count,
 
 @register("InnerProduct")
 class InnerProduct(Layer):
+    data_typed_params = (0,)  # cuBLAS multiplies operands of one type: half storage reads a half copy of W
     def setup(self, bottom_shapes):
         p = self.param.inner_product_param
         if not p.HasField("num_output"):
@@ -31,7 +32,8 @@ class InnerProduct(Layer):
         ops = self.ops
         x = ops.reshape(bottom[0], (self.m, self.k))
         y = ops.reshape(top[0], (self.m, self.n))
-        ops.gemm(False, not self.transpose, 1.0, x, self.weight.data, 0.0, y)
+        self.refresh_working_copies()
+        ops.gemm(False, not self.transpose, 1.0, x, self.param_operand(0), 0.0, y)
         if self.bias is not None:
             ops.add_bias(y, self.bias.data, self.m, self.n, 1)
 
@@ -47,4 +49,4 @@ class InnerProduct(Layer):
             ops.bias_backward(dy, self.bias.diff, self.m, self.n, 1)
         if propagate_down[0]:
             dx = ops.reshape(bottom_diff[0], (self.m, self.k))
-            ops.gemm(False, self.transpose, 1.0, dy, self.weight.data, 0.0, dx)
+            ops.gemm(False, self.transpose, 1.0, dy, self.param_operand(0), 0.0, dx)

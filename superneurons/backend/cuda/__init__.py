@@ -4,7 +4,8 @@
 names and signatures, collected from the modules of `ops/`), `arena` is ONE device allocation, and
 `view` is a zero-copy array over arena bytes. All work runs on the default stream, in order.
 
-cuDNN may use TF32 tensor cores for float32 convolutions (its default math, as PyTorch allows);
+Tensors may be stored in float32, float16 or bfloat16 (half_math.py: what computes on half arrays directly and
+what runs on float32 copies). cuDNN may use TF32 tensor cores for float32 convolutions (its default math, as PyTorch allows);
 pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the CPU to ~1e-5.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.backend.base import collect_ops
-from superneurons.dtypes import FLOAT32, tensor_bytes
+from superneurons.dtypes import BFLOAT16, FLOAT16, FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 
 DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may ask for
@@ -23,8 +24,9 @@ DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may a
 
 def _collect_ops() -> SimpleNamespace:
     from superneurons.backend.cuda import ops as package
+    from superneurons.backend.cuda.half_math import with_half_fallback
 
-    return collect_ops(package)
+    return with_half_fallback(collect_ops(package))
 
 
 def _env_tf32() -> bool:
@@ -34,8 +36,7 @@ def _env_tf32() -> bool:
 class CudaBackend:
     name = "cuda"
     asynchronous = True  # kernels are queued on the default stream: timers synchronize
-    # The kernels, cuDNN descriptors and cuBLAS calls are float32 ones: half storage is the CPU's for now.
-    storage_types = (FLOAT32,)
+    storage_types = (FLOAT32, FLOAT16, BFLOAT16)  # half storage computes in float32 (half_math.py)
 
     def __init__(self, device: int = 0, tf32: bool | None = None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT):
         try:

@@ -19,9 +19,10 @@ from superneurons.backend.cuda import cudnn_graph, libs
 from superneurons.backend.cuda.cudnn_graph import Candidates, NoFit
 from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.geometry import ConvGeometry
+from superneurons.dtypes import BFLOAT16 as BFLOAT16_DTYPE, FLOAT16, FLOAT32
 
 _c = ctypes
-FLOAT, DOUBLE = 0, 1
+FLOAT, DOUBLE, HALF, BFLOAT16 = 0, 1, 2, 9  # cudnnDataType_t
 NCHW = 0
 CROSS_CORRELATION = 1
 DEFAULT_MATH, FMA_MATH = 0, 3
@@ -69,13 +70,21 @@ def version() -> int:
     return int(_lib().cudnnGetVersion())
 
 
+_DATA_TYPES = {FLOAT32: FLOAT, np.dtype(np.float64): DOUBLE, FLOAT16: HALF, BFLOAT16_DTYPE: BFLOAT16}
+
+
 def _dtype_code(dtype) -> int:
-    dt = np.dtype(dtype)
-    if dt == np.float32:
-        return FLOAT
-    if dt == np.float64:
-        return DOUBLE
-    raise TypeError(f"cuDNN ops support float32 and float64 arrays, not {dt}")
+    code = _DATA_TYPES.get(np.dtype(dtype))
+    if code is None:
+        raise TypeError(f"cuDNN ops support float32, float64, float16 and bfloat16 arrays, not {np.dtype(dtype)}")
+    return code
+
+
+def compute_code(dtype) -> int:
+    """The type a convolution of `dtype` operands accumulates in: float32 for half storage (cuDNN's
+    PSEUDO_HALF / bfloat16 configurations, on tensor cores), else the operands' own."""
+    code = _dtype_code(dtype)
+    return FLOAT if code in (HALF, BFLOAT16) else code
 
 
 def _scalars(dtype):
@@ -260,7 +269,7 @@ class ConvPlan:
         call("cudnnSetFilter4dDescriptor", self.w, _dtype_code(dtype), NCHW, *(int(d) for d in w_shape))
         self.conv = _c.c_void_p()
         call("cudnnCreateConvolutionDescriptor", _c.byref(self.conv))
-        compute = _dtype_code(dtype)
+        compute = compute_code(dtype)
         call("cudnnSetConvolution2dDescriptor", self.conv, *geom.pad, *geom.stride, *geom.dilation,
              CROSS_CORRELATION, compute)
         call("cudnnSetConvolutionGroupCount", self.conv, geom.group)
@@ -357,7 +366,8 @@ class ConvPlan:
             try:
                 graph = cudnn_graph.GraphDirection(self.h.value.value, _OPERATION[direction],
                                                    self.operand_shapes(direction), self.geom, _dtype_code(self.dtype),
-                                                   self.h.math != FMA_MATH, 1.0 if _ACCUMULATES[direction] else 0.0)
+                                                   self.h.math != FMA_MATH, 1.0 if _ACCUMULATES[direction] else 0.0,
+                                                   compute_code(self.dtype))
             except cudnn_graph.Unsupported:
                 pass
             else:
@@ -417,7 +427,7 @@ class ConvPlan:
         if self.tables[direction] is None and measures_algorithms():
             from numba import cuda
 
-            scratch = cuda.device_array(out.shape, np.dtype(self.dtype))
+            scratch = cuda.device_array(int(out.nbytes), np.uint8)  # bytes: numba cannot allocate bfloat16
         self._run(direction, a, b, pointer(out), measure_out=pointer(scratch) if scratch is not None else None)
 
     def add_bias(self, b, y) -> None:

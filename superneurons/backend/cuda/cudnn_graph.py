@@ -245,16 +245,17 @@ class GraphDirection:
     graph = True
 
     def __init__(self, handle: int, direction: int, shapes: tuple, geom: ConvGeometry, data_type: int,
-                 allow_tf32: bool, beta: float):
+                 allow_tf32: bool, beta: float, compute_type: int | None = None):
         if geom.group != 1:
             raise Unsupported("grouped convolutions stay on the legacy API")
         self.handle = handle
         kind, (alpha_attr, beta_attr, conv_attr, a_attr, b_attr, out_attr) = _OPERATIONS[direction]
         tensors = [_tensor(uid, tuple(int(d) for d in shape), data_type) for uid, shape in zip((1, 2, 3), shapes)]
         op = _Descriptor(kind)
-        scalar_kind, scalar_type = (_T_DOUBLE, _c.c_double) if data_type == 1 else (_T_FLOAT, _c.c_float)
+        compute = data_type if compute_type is None else compute_type  # half operands accumulate in float32
+        scalar_kind, scalar_type = (_T_DOUBLE, _c.c_double) if compute == 1 else (_T_FLOAT, _c.c_float)
         op.set(alpha_attr, scalar_kind, scalar_type, [1.0]).set(beta_attr, scalar_kind, scalar_type, [beta])
-        conv = _convolution(geom, data_type)
+        conv = _convolution(geom, compute)
         op.set_descriptors(conv_attr, conv)
         for attr, t in zip((a_attr, b_attr, out_attr), tensors):
             op.set_descriptors(attr, t)

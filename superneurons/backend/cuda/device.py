@@ -20,6 +20,7 @@ except ImportError:  # the CUDA simulator (tests without a GPU): the ops then ru
 from superneurons.backend.base import WorkspaceSource
 from superneurons.backend.cuda import cublas, cudnn
 from superneurons.backend.cuda.pointers import pointer  # also re-exported: the ops' helpers live here
+from superneurons.dtypes import HALF_TYPES
 
 _current: "Device | None" = None
 
@@ -164,5 +165,22 @@ def flat(a: DeviceNDArray) -> DeviceNDArray:
 
 
 def scalar(a, value):
-    """`value` as a scalar of a's dtype (float32 arrays get float32 arithmetic in the kernels)."""
+    """`value` as a scalar of a's dtype (float32 arrays get float32 arithmetic in the kernels); float32 for a half
+    array, so the kernels compute in float32 on half storage and round once, on the store."""
+    if a.dtype in HALF_TYPES:
+        return np.float32(value)
     return a.dtype.type(value)
+
+
+def bits(a):
+    """The uint16 view of a half array (float16 or bfloat16), for copies that move bytes: numba's host<->device
+    copies go through Python's buffer protocol, which cannot describe bfloat16."""
+    if a.dtype == np.uint16 or DeviceNDArray is None or not isinstance(a, DeviceNDArray):
+        return a  # the simulator's arrays are NumPy arrays: its copies take any dtype
+    try:
+        return a.__dict__["_sn_bits"]
+    except KeyError:
+        pass
+    view = make(a.gpu_data, a.shape, np.uint16)
+    a._sn_bits = view
+    return view

@@ -31,7 +31,8 @@ class ConvolutionReLU(FusedLayer):
         conv = self.conv
         x, y = conv.as_4d(bottom[0]), conv.top_as_4d(top[0])
         b = conv.bias.data if conv.bias is not None else None
-        self.ops.conv_relu_forward(x, conv.weight.data, b, y, conv.geom, self.slope, workspace=self.ctx.workspace)
+        conv.refresh_working_copies()
+        self.ops.conv_relu_forward(x, conv.param_operand(0), b, y, conv.geom, self.slope, workspace=self.ctx.workspace)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff, accumulate=frozenset()):
         self.conv.backward(top, top_diff, propagate_down, bottom, bottom_diff, accumulate=accumulate)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from superneurons.backend.cuda import kernels as K
-from superneurons.backend.cuda.device import current, flat, reshape, scalar
+from superneurons.backend.cuda.device import bits, current, flat, reshape, scalar
 from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
+from superneurons.backend.cuda.half_math import Unsupported
+from superneurons.dtypes import FLOAT32, HALF_TYPES
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
            "sumsq", "dot", "upload", "download"]
@@ -57,8 +59,10 @@ def gemm(trans_a: bool, trans_b: bool, alpha: float, a, b, beta: float, c) -> No
             (b.shape[1] if trans_b else b.shape[0]) != k:
         raise ValueError(f"gemm shapes do not match: a {a.shape} (T={trans_a}), b {b.shape} (T={trans_b}), "
                          f"c {c.shape}")
+    if a.dtype != b.dtype or c.dtype not in (a.dtype, FLOAT32):
+        raise Unsupported(f"gemm of {a.dtype} and {b.dtype} into {c.dtype}")  # cuBLAS: one operand type
     current().cublas.gemm(trans_a, trans_b, m, n, k, alpha, pointer(a), a.shape[1], pointer(b), b.shape[1], beta,
-                          pointer(c), c.dtype)
+                          pointer(c), c.dtype, a.dtype)
 
 
 def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
@@ -103,11 +107,14 @@ def upload(dst, host: np.ndarray) -> None:
     if src.size != dst.size:
         raise ValueError(f"upload of {np.shape(host)} into {dst.shape}: sizes differ")
     if src.size:
-        flat(dst).copy_to_device(src)
+        target = bits(flat(dst)) if dst.dtype in HALF_TYPES else flat(dst)
+        target.copy_to_device(src.view(target.dtype))
 
 
 def download(src) -> np.ndarray:
     """A host copy of a device array."""
     if not src.size:
         return np.empty(src.shape, src.dtype)
+    if src.dtype in HALF_TYPES:
+        return bits(flat(src)).copy_to_host().view(src.dtype).reshape(src.shape)
     return flat(src).copy_to_host().reshape(src.shape)

@@ -11,6 +11,7 @@ from superneurons.backend.cuda import cudnn, kernels as K
 from superneurons.backend.cuda.kernels import conv_relu as ck, im2col as ik, reduce as rk
 from superneurons.backend.cuda.ops import activation, basic
 from superneurons.backend.cuda.device import current, flat, scalar
+from superneurons.backend.cuda.half_math import require_one_type
 from superneurons.backend.geometry import ConvGeometry
 
 __all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "im2col_forward", "im2col_backward"]
@@ -23,21 +24,27 @@ def _plan(x, w, y, geom: ConvGeometry):
 def conv_forward(x, w, b, y, geom: ConvGeometry, workspace=None) -> None:
     """y = conv(x, w) + b. `workspace`: the WorkspaceSource cuDNN borrows from (the run's: RunContext.workspace;
     None: the device's own)."""
+    require_one_type(x, w, y)
     plan = _plan(x, w, y, geom)
     with current().workspace_from(workspace):
         plan.forward(x, w, y)
     if b is not None:
-        plan.add_bias(b, y)
+        if b.dtype == y.dtype:
+            plan.add_bias(b, y)
+        else:  # float32 master bias on half storage: our kernel adds in float32 and rounds once
+            n, m, oh, ow = y.shape
+            basic.add_bias(y, b, n, m, oh * ow)
 
 
 def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool = False,
                   overwrite_dw: bool = False, workspace=None) -> None:
     """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
     `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy. None skips one."""
+    require_one_type(x, w, dy, dx, dw)
     plan = _plan(x, w, dy, geom)
     if db is not None:
         n, m, oh, ow = dy.shape
-        if own_bias_sum(m, oh * ow):
+        if own_bias_sum(m, oh * ow) or db.dtype != dy.dtype:
             basic.bias_backward(dy, db, n, m, oh * ow)
         else:
             plan.backward_bias(dy, db)
@@ -50,6 +57,7 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
 
 def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float, workspace=None) -> None:
     """y = relu(conv(x, w) + b) (Caffe's leaky ReLU, slope >= 0)."""
+    require_one_type(x, w, y)
     with current().workspace_from(workspace):
         _plan(x, w, y, geom).forward(x, w, y)
     if b is not None:

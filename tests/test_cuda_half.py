@@ -1,0 +1,134 @@
+"""float16 and bfloat16 storage on the GPU: whole nets against the CPU backend, which ops compute on half arrays
+themselves, memory modes bit for bit, and training in the CLI. The op-by-op checks are the float32 op tests
+run with `pytest --storage bf16` / `--storage fp16` (tests/gpu_harness.py).
+
+Tolerances: both backends read the same half inputs and compute in float32, but sum in different orders, so a
+result may round to the neighbouring half value; through a net the differences compound, so a loss is compared
+at 2e-2 (bfloat16, 8 bits of mantissa) or 5e-3 (float16, 11 bits) of its value and parameter gradients at 5e-2
+or 1e-2 of their largest entry.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from gpu_harness import CPU, GPU_ONLY
+from superneurons.backend.cuda import half_math
+from superneurons.graph.build import build_graph
+from superneurons.graph.precision import override_defaults
+from superneurons.io.caffemodel import blob_to_array
+from superneurons.io.prototxt import read_binary
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
+
+pytestmark = GPU_ONLY
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCE = {"bf16": (2e-2, 5e-2), "fp16": (5e-3, 1e-2)}  # (loss, parameter gradient), relative
+
+# Every layer family the zoo's nets train with: convolution (+ReLU fused), BatchNorm+Scale+ReLU fused, Eltwise SUM
+# (+ReLU fused), max and average pooling, Concat, Dropout, LRN (float32), InnerProduct, SoftmaxWithLoss.
+ZOO_BLOCKS = """
+name: "zoo_blocks"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 }
+    shape { dim: 32 dim: 3 dim: 32 dim: 32 } shape { dim: 32 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "msra" } bias_term: false } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
+  convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "msra" }
+    bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
+layer { name: "sum" type: "Eltwise" bottom: "conv1" bottom: "conv2" top: "sum" }
+layer { name: "relu3" type: "ReLU" bottom: "sum" top: "sum" }
+layer { name: "pool1" type: "Pooling" bottom: "sum" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 5 } }
+layer { name: "conv3" type: "Convolution" bottom: "norm1" top: "conv3"
+  convolution_param { num_output: 16 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "cat" type: "Concat" bottom: "conv3" bottom: "pool1" top: "cat" }
+layer { name: "pool2" type: "Pooling" bottom: "cat" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "fc1" type: "InnerProduct" bottom: "pool2" top: "fc1"
+  inner_product_param { num_output: 64 weight_filler { type: "xavier" } } }
+layer { name: "relu4" type: "ReLU" bottom: "fc1" top: "fc1" }
+layer { name: "drop" type: "Dropout" bottom: "fc1" top: "fc1" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "fc2" type: "InnerProduct" bottom: "fc1" top: "fc2"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc2" bottom: "label" top: "loss" }
+"""
+
+
+def _nets(gpu, precision: str) -> dict[str, Net]:
+    net = override_defaults(text_format.Parse(ZOO_BLOCKS, pb.NetParameter()), precision)
+    return {b.name: Net(build_graph(net, pb.TRAIN), b, seed=11) for b in (CPU, gpu)}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_net_computes_what_the_cpu_computes(gpu, precision):
+    nets = _nets(gpu, precision)
+    assert str(nets["cuda"].data["conv1"].dtype) == {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    losses = {k: n.forward_backward() for k, n in nets.items()}
+    loss_tol, grad_tol = TOLERANCE[precision]
+    assert np.isfinite(losses["cuda"]) and abs(losses["cuda"] - losses["cpu"]) <= loss_tol * abs(losses["cpu"]), losses
+    worst = 0.0
+    for dc, dg in zip(nets["cpu"].learnable, nets["cuda"].learnable):
+        want = CPU.to_host(dc.diff).astype(np.float64)
+        got = gpu.to_host(dg.diff).astype(np.float64)
+        assert dg.diff.dtype == np.float32  # master gradients stay float32
+        err = float(np.abs(got - want).max()) / max(1e-3, float(np.abs(want).max()))
+        worst = max(worst, err)
+        assert err < grad_tol, (dc.name, err)
+    print(f"{precision}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; worst param-grad error {worst:.2e}")
+
+
+def test_the_hot_ops_take_half_arrays_themselves(gpu):
+    """Convolutions, GEMMs, BatchNorm, pooling, eltwise and the activations run on half arrays directly; only a
+    float32 layer reading a half bottom (the loss reads fc2) may run on float32 copies."""
+    for precision in ("bf16", "fp16"):
+        nets = _nets(gpu, precision)
+        nets["cuda"].forward_backward()
+    refused = {op for op, _types in half_math.refused()}
+    print("ops on float32 copies:", sorted(half_math.refused().items()))
+    hot = {"conv_forward", "conv_backward", "conv_relu_forward", "gemm", "pool_forward", "pool_backward", "relu_forward",
+           "relu_backward", "weighted_sum2", "copy", "axpy", "add_bias", "bias_backward", "dropout_forward",
+           "dropout_backward", "concat_forward", "concat_backward"}
+    assert not refused & hot, refused & hot
+
+
+ITERATIONS = 4
+MODES = ("baseline", "liveness", "offload", "recompute", "auto")
+
+
+def _train(where: Path, precision: str, mode: str) -> dict[str, np.ndarray]:
+    (where / "net.prototxt").write_text(ZOO_BLOCKS)
+    name = f"{precision}-{mode}"
+    (where / f"{name}.prototxt").write_text(
+        f'net: "net.prototxt"\nbase_lr: 0.05\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
+        f'display: 1\nmax_iter: {ITERATIONS}\nsnapshot: {ITERATIONS}\nsnapshot_prefix: "{name}/m"\nrandom_seed: 3\n')
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SUPERNEURONS_CUDNN_DETERMINISTIC="1")
+    r = subprocess.run([sys.executable, "-m", "superneurons", "train", "--solver", f"{name}.prototxt", "--gpu", "0",
+                        "--no-progress", "--memory", mode, "--precision", precision],
+                       capture_output=True, text=True, env=env, cwd=where, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    model = read_binary(str(where / name / f"m_iter_{ITERATIONS}.caffemodel"), pb.NetParameter())
+    return {f"{l.name}.{k}": blob_to_array(b, l.name) for l in model.layer for k, b in enumerate(l.blobs)}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_every_memory_mode_trains_to_the_baseline_weights_bit_for_bit(tmp_path, precision):
+    """With SUPERNEURONS_CUDNN_DETERMINISTIC=1 nothing sums in a varying order: offload, recomputation and auto
+    must reproduce baseline's half-precision run exactly."""
+    reference = _train(tmp_path, precision, "baseline")
+    for mode in MODES[1:]:
+        got = _train(tmp_path, precision, mode)
+        assert set(got) == set(reference)
+        differing = [k for k in reference if not np.array_equal(got[k], reference[k])]
+        assert not differing, f"{mode}: {differing}"

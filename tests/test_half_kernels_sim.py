@@ -1,0 +1,92 @@
+"""The numba kernels on float16 and bfloat16 arrays under the CUDA simulator: they load half values, compute in
+float32 (the scalars `device.scalar` passes are float32) and round once when they store, so each result is the
+float64 reference rounded to the storage type, within one unit in the last place where float32 arithmetic rounds
+on the way (two for a sum). Also the float32-copies path (`half_math.on_float32_copies`) that ops without a half
+path take. Runs in `make test`'s simulator pass (tests/cudasim.py)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+if "numba" not in sys.modules:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+cuda = pytest.importorskip("numba.cuda")
+from cudasim import simulated  # noqa: E402
+
+from superneurons.backend.cuda import kernels as K  # noqa: E402
+from superneurons.backend.cuda.device import scalar  # noqa: E402
+from superneurons.backend.cuda.kernels import elementwise as ek  # noqa: E402
+from superneurons.dtypes import BFLOAT16, FLOAT16  # noqa: E402
+
+ULP = {FLOAT16: 2.0 ** -10, BFLOAT16: 2.0 ** -7}  # relative spacing of the type's values at 1
+
+
+def _half(rng, dtype, *shape):
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def _close(got, want64, dtype, ulps=1):
+    """got (half) equals want64 rounded to `dtype`, within `ulps` units in the last place of each value."""
+    assert got.dtype == dtype
+    rounded = want64.astype(np.float32).astype(dtype).astype(np.float64)
+    err = np.abs(got.astype(np.float64) - rounded)
+    assert (err <= ulps * ULP[dtype] * np.maximum(np.abs(rounded), 2.0 ** -14) + 1e-30).all(), err.max()
+
+
+@simulated
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16], ids=["fp16", "bf16"])
+def test_elementwise_kernels_compute_in_float32_and_round_once(dtype):
+    rng = np.random.default_rng()
+    a, b = _half(rng, dtype, 500), _half(rng, dtype, 500)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    y = np.empty_like(a)
+    K.launch(ek.scale_copy, y.size)(scalar(y, 0.3), a, y)
+    _close(y, 0.3 * a64, dtype)
+    y = b.copy()
+    K.launch(ek.axpby, y.size)(scalar(y, 1.5), a, scalar(y, -0.25), y)
+    _close(y, 1.5 * a64 - 0.25 * b64, dtype, ulps=2)
+    y = np.empty_like(a)
+    K.launch_unrolled(ek.weighted_sum2_relu, y.size)(scalar(y, 1.0), a, scalar(y, 1.0), b, y, scalar(y, 0.0))
+    _close(y, np.maximum(a64 + b64, 0.0), dtype)
+    K.launch(ek.fill, y.size)(y, scalar(y, 3.3))
+    assert (y == np.float32(3.3).astype(dtype)).all()
+
+
+@simulated
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16], ids=["fp16", "bf16"])
+def test_a_cast_between_float32_and_half_rounds_to_nearest_even(dtype):
+    """ops.copy across types (the working copies of the weights) is scale_copy by 1: NumPy's own rounding."""
+    rng = np.random.default_rng()
+    master = (rng.standard_normal(1000) * 10).astype(np.float32)
+    copy = np.empty(1000, dtype)
+    K.launch(ek.scale_copy, copy.size)(scalar(copy, 1.0), master, copy)
+    np.testing.assert_array_equal(copy.view(np.uint16), master.astype(dtype).view(np.uint16))
+    back = np.empty(1000, np.float32)
+    K.launch(ek.scale_copy, back.size)(scalar(back, 1.0), copy, back)
+    np.testing.assert_array_equal(back, copy.astype(np.float32))
+
+
+@simulated
+def test_an_op_without_a_half_path_runs_on_float32_copies_rounded_back():
+    """The fallback widens each half argument once (one copy for two views of the same memory), runs the float32
+    op, and rounds every copy back: an in-place op sees one array, read-only inputs come back unchanged."""
+    from superneurons.backend.cuda import half_math
+
+    rng = np.random.default_rng()
+    x = _half(rng, BFLOAT16, 64)
+    before = x.copy()
+    y = np.zeros(64, BFLOAT16)
+    seen = {}
+
+    def float32_only(src, dst, also_dst):
+        seen["types"] = (src.dtype, dst.dtype)
+        seen["same"] = dst is also_dst
+        K.launch(ek.scale_copy, dst.size)(np.float32(1.0 / 3.0), src, dst)
+
+    half_math.on_float32_copies(float32_only, (x, y, y), {})
+    assert seen == {"types": (np.float32, np.float32), "same": True}
+    np.testing.assert_array_equal(x.view(np.uint16), before.view(np.uint16))
+    np.testing.assert_array_equal(y, (before.astype(np.float32) * np.float32(1.0 / 3.0)).astype(BFLOAT16))

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# On the GPU machine: half-precision storage on the GPU in one call. The nets and memory modes of
+# tests/test_cuda_half.py, every GPU op test in bfloat16 and in float16 storage (`--storage`, tests/gpu_harness.py),
+# and `superneurons time` on ResNet-50 at batch 64 in each precision. Logs go to $OUT.
+#   bash tools/gpu/half.sh              # all of it
+#   HALF_PARTS="nets time" bash tools/gpu/half.sh
+set -u
+source tools/gpu/env.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+PARTS=${HALF_PARTS:-nets ops time}
+for part in $PARTS; do
+    case $part in
+    nets)
+        echo "== tests/test_cuda_half.py"
+        timeout 240 python -m pytest -q -s -m gpu -rfE -p no:cacheprovider tests/test_cuda_half.py \
+            > "$OUT/half_nets.log" 2>&1
+        grep -E "^(FAILED|ERROR)|^(bf16|fp16):|float32 copies" "$OUT/half_nets.log" | head -20; tail -1 "$OUT/half_nets.log" ;;
+    ops)
+        for storage in bf16 fp16; do
+            echo "== GPU op tests, --storage $storage"
+            timeout 200 python -m pytest -q -m gpu -rfE -p no:cacheprovider --storage "$storage" \
+                tests/test_cuda_ops.py tests/test_cuda_zoo_ops.py > "$OUT/half_ops_$storage.log" 2>&1
+            grep -E "^(FAILED|ERROR)" "$OUT/half_ops_$storage.log" | head -40; tail -1 "$OUT/half_ops_$storage.log"
+        done ;;
+    time)
+        for precision in fp32 bf16 fp16; do
+            echo "== superneurons time ResNet-50 b64 --precision $precision"
+            timeout 150 python -m superneurons time --model models/resnet50/resnet50_dummy.prototxt --gpu 0 \
+                --iterations 30 --precision "$precision" > "$OUT/time_resnet50_$precision.log" 2>&1
+            grep -E "Average Forward-Backward|img/s|float32 copies|rror" "$OUT/time_resnet50_$precision.log" | head -8
+        done ;;
+    esac
+done
