@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from superneurons.errors import UserError
 from superneurons.graph.fuse import fuse
 from superneurons.graph.fusions import Fusions
+from superneurons.graph.live_batch import LiveBatches, find_live_batches
 from superneurons.graph.node import Node
 from superneurons.graph.precision import Precision, resolve as resolve_precision
 from superneurons.graph.route import build_route
@@ -39,6 +40,8 @@ class Graph:
     precision: Precision = field(default_factory=Precision)
     # What graph/fuse.py decided: the layer each node's steps run, the layers that run together.
     fusions: Fusions = field(default_factory=Fusions)
+    # Blobs whose batch is the count a Filter keeps at each forward, and the layers on them (graph/live_batch.py).
+    live: LiveBatches | None = None
 
     @property
     def internal_blobs(self) -> dict[str, str]:
@@ -116,6 +119,7 @@ def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str
     # needs need_backward; may split blobs before any Net declares tensors
     fusions = fuse(nodes, shapes) if policy.fuse_layers else Fusions()
     precision = resolve_precision(net, nodes, source)
+    live = find_live_batches(nodes, shapes, fusions, where)
     consumed = {b for n in nodes for b in n.bottoms}
     # The state an unrolled layer leaves unread (an LSTM's last c_t without expose_hidden) is no output of the net
     inner = {t for n in nodes if n.layer.part_of is not None for t in n.tops} - _unrolled_tops(nodes)
@@ -125,7 +129,7 @@ def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str
             if t not in consumed and t not in outputs and t not in inner:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
-                 fusions=fusions, precision=precision)
+                 fusions=fusions, precision=precision, live=live)
 
 
 def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, "_Part"] | None = None) -> list[Node]:

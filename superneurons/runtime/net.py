@@ -30,6 +30,7 @@ from superneurons.memory.steps import RunContext, Step, Tensor
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.hook_dispatch import HookList, final_gradient_writers
 from superneurons.runtime.limits import check_fits
+from superneurons.runtime.live_batch import LiveRun
 from superneurons.runtime.loss_read import LossReader, weighted_loss
 from superneurons.runtime.param_streaming import HostAwareBackend, ParamStreaming
 from superneurons.runtime.pool_size import baseline_bytes, default_pool_bytes
@@ -145,6 +146,8 @@ class Net:
             ))
         # What each step runs: the node's layer, or the fused layer graph/fuse.py gave it.
         self._step_layers = {id(n): graph.step_layer(n) for n in graph.nodes}
+        # The layers after a Filter run on the items it kept (runtime/live_batch.py).
+        self.live = LiveRun(graph, graph.live, self.ops) if graph.live is not None else None
         self.backward_steps = [s for s in reversed(self.forward_steps) if self.train and s.node.need_backward]
         self._gradient_sharing = [self._shared_gradients(s) for s in self.backward_steps]
         self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in graph.loss_blobs]
@@ -252,7 +255,11 @@ class Net:
         outer = ctx.recomputing
         ctx.recomputing = outer or replay
         try:
-            self._step_layers[id(step.node)].forward([t.array for t in step.bottoms], [t.array for t in step.tops])
+            layer, bottoms, tops = self._step_layers[id(step.node)], [t.array for t in step.bottoms], \
+                [t.array for t in step.tops]
+            if self.live is not None:
+                layer, bottoms, tops = self.live.forward_args(step.node, layer, bottoms, tops)
+            layer.forward(bottoms, tops)
         finally:
             ctx.recomputing = outer
             if streaming is not None:  # weights are unchanged; running statistics go home
@@ -299,8 +306,12 @@ class Net:
             if bottom_diffs[j] is not None:
                 top_diffs[k] = bottom_diffs[j]
         extra = {"accumulate": accumulate} if accumulate else {}
-        self._step_layers[id(step.node)].backward([t.array for t in step.tops], top_diffs, step.node.propagate_down,
-                                                  [t.array for t in step.bottoms], bottom_diffs, **extra)
+        layer, tops, bottoms = self._step_layers[id(step.node)], [t.array for t in step.tops], \
+            [t.array for t in step.bottoms]
+        if self.live is not None:
+            layer, tops, top_diffs, bottoms, bottom_diffs = self.live.backward_args(
+                step.node, layer, tops, top_diffs, bottoms, bottom_diffs)
+        layer.backward(tops, top_diffs, step.node.propagate_down, bottoms, bottom_diffs, **extra)
 
     def forward_backward(self) -> float:
         """One training pass; the loss is read while the device runs backward (runtime/loss_read.py)."""
@@ -332,12 +343,12 @@ class Net:
         return self._by_name[name].layer
 
     def blob(self, name: str) -> np.ndarray:
-        """A host copy of blob `name`'s data."""
+        """A host copy of blob `name`'s data (after a Filter, of the items it kept)."""
         t = self.data[name]
         if t.array is None:
             raise UserError(f"blob {name!r} is not resident under --memory {self.memory.name}: it was freed after "
                             f"its last use (net outputs and losses stay readable; use --memory baseline to keep all)")
-        return self.backend.to_host(t.array)
+        return self.backend.to_host(t.array if self.live is None else self.live.blob_rows(name, t.array))
 
     def outputs(self) -> dict[str, np.ndarray]:
         return {name: self.blob(name) for name in self.graph.outputs}

@@ -5,7 +5,7 @@ import numpy as np
 
 from superneurons.errors import UserError
 
-__all__ = ["embed_forward", "embed_backward"]
+__all__ = ["embed_forward", "embed_backward", "select_nonzero"]
 
 
 def _indices(idx: np.ndarray, input_dim: int) -> np.ndarray:
@@ -34,3 +34,11 @@ def embed_backward(idx: np.ndarray, dy: np.ndarray, dw: np.ndarray, db: np.ndarr
     np.add.at(dw, ind, dy2)
     if db is not None:
         db += dy2.sum(axis=0).reshape(db.shape)
+
+
+def select_nonzero(selector: np.ndarray, positions: np.ndarray) -> int:
+    """positions[:count] = the positions of selector's nonzero values, in order; returns count. Filter's rows
+    to gather and scatter: the count sizes its tops, so the host needs it."""
+    picked = np.flatnonzero(selector.reshape(-1))
+    positions[:picked.size] = picked
+    return int(picked.size)

@@ -2,17 +2,20 @@
 
 The forward counts bad indices on the device and reads that one number back; when it is not zero the CPU
 check runs on the downloaded indices, so the UserError names the same values as on the CPU.
+Filter's selection (`select_nonzero`) lives here too: it picks the rows those ops gather and scatter.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from superneurons.backend.cpu import embed as cpu_embed
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import embed as ek, rows as rk
 from superneurons.backend.cuda.ops._rows import row_sums, scratch, zero
-from superneurons.backend.cuda.ops.basic import download
+from superneurons.backend.cuda.ops.basic import download, upload
 
-__all__ = ["embed_forward", "embed_backward"]
+__all__ = ["embed_forward", "embed_backward", "select_nonzero"]
 
 
 def embed_forward(idx, w, b, y) -> None:
@@ -38,3 +41,12 @@ def embed_backward(idx, dy, dw, db) -> None:
         # Column sums of dy viewed as (rows, num_output): the rows of the (rows, num_output, 1) view.
         sums = row_sums(dy, None, dy.size // num_output, num_output, 1, rk.SUM, "embed")
         K.launch(rk.scaled_rows, num_output)(sums, flat(db), 1.0, True)
+
+
+def select_nonzero(selector, positions) -> int:
+    """positions[:count] = the positions of selector's nonzero values, in order; returns count. The count sizes
+    Filter's tops, so the host reads the selector (N values) and sends back the positions it picks."""
+    picked = np.flatnonzero(download(selector).reshape(-1))
+    if picked.size:
+        upload(positions[:picked.size], picked)
+    return int(picked.size)

@@ -1,0 +1,182 @@
+"""Blobs whose batch is the count a Filter layer selects at each forward (its "live" batch), and the layers that
+compute on them.
+
+Memory is planned from the shapes the net is built with: a Filter's tops at the full N items its bottoms hold.
+Caffe instead reshapes the tops to the selected count S, and every layer after them to S items (Reshape at each
+forward). The Net does the same without moving memory: it hands such a layer the first S rows of each live blob
+(a view: the items sit at the front) and runs a copy of the layer set up for S items (`batch_variant`), which
+reads the original's parameters and the front of its buffers. So a loss normalizes by S, an InnerProduct
+multiplies S rows, and an Accuracy counts S items, exactly as in Caffe.
+
+That holds for a layer whose setup, given S items instead of N along axis 0 of its live bottoms, keeps its
+parameter shapes, asks for no larger buffers, and gives each top either its shape at N (a loss, a fixed blob)
+or that shape with S along axis 0 (a live top). `find_live_batches` checks this for every layer after a Filter
+when the graph is built, by setting a copy up for other counts, and refuses, naming the layer, one that fails.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from superneurons.errors import UserError
+from superneurons.layers.base import BufferDecl, Layer, Shape, count
+
+if TYPE_CHECKING:
+    from superneurons.graph.fusions import Fusions
+    from superneurons.graph.node import Node
+
+# Layer types whose setup does more than declare shapes (a Python layer runs the user's code), so a copy set up
+# again for another count would not be the same layer.
+NOT_REPEATABLE = frozenset({"Python"})
+
+
+@dataclass
+class LiveBatches:
+    """What graph.build found: for each live blob, the Filter whose count is its batch, and the layers that
+    run on live blobs (the Filters reading another Filter's tops among them)."""
+
+    blob_filter: dict[str, str] = field(default_factory=dict)
+    node_filter: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, int] = field(default_factory=dict)  # Filter -> N, its tops' planned batch
+
+
+def find_live_batches(nodes: list["Node"], shapes: dict[str, Shape], fusions: "Fusions",
+                      where: str) -> LiveBatches | None:
+    """The live blobs and the layers on them, for `nodes` in route order (set up); None without a Filter.
+    A layer that cannot run on a live batch is a UserError naming it."""
+    if not any(getattr(n.layer, "selects_items", False) for n in nodes):
+        return None
+    live = LiveBatches()
+    for node in nodes:
+        layer = node.layer
+        filters = sorted({live.blob_filter[b] for b in node.bottoms if b in live.blob_filter})
+        if len(filters) > 1:
+            raise _refuse(where, layer, f"reads the items kept by Filter layers {filters[0]!r} and {filters[1]!r}, "
+                                        f"whose counts differ from batch to batch")
+        if getattr(layer, "selects_items", False):
+            if filters and len({live.blob_filter.get(b) for b in node.bottoms}) > 1:
+                raise _refuse(where, layer, f"reads both items kept by Filter {filters[0]!r} and blobs of the full "
+                                            f"batch; its bottoms must hold the same items")
+            if filters:
+                live.node_filter[node.name] = filters[0]
+            live.capacity[node.name] = layer.capacity
+            for t in node.tops:
+                live.blob_filter[t] = node.name
+            continue
+        if not filters:
+            continue
+        source = filters[0]
+        live.node_filter[node.name] = source
+        for t in _live_tops(node, shapes, fusions, live, source, where):
+            live.blob_filter[t] = source
+    return live
+
+
+def _live_tops(node: "Node", shapes: dict[str, Shape], fusions: "Fusions", live: LiveBatches, source: str,
+               where: str) -> list[str]:
+    """The tops of `node` whose batch follows its live bottoms, after checking it may run on them."""
+    layer = node.layer
+    what = f"reads blob(s) {', '.join(repr(b) for b in node.bottoms if b in live.blob_filter)} whose batch is the " \
+           f"count Filter {source!r} keeps"
+    if layer.type_name in NOT_REPEATABLE:
+        raise _refuse(where, layer, f"{what}; a {layer.type_name} layer cannot be set up again for each count")
+    if fusions.step_layer(node) is not layer:
+        raise _refuse(where, layer, f"{what}, and it runs fused with its neighbours; set memory_param "
+                                    f"{{ fuse_layers: false }} (or SUPERNEURONS_FUSE=0) to run it on its own")
+    full = live.capacity[source]
+    probes = sorted({1, full - 1, full + 1} - {0, full})
+    kinds: list[set[str]] = [set() for _ in node.tops]
+    for n in probes:
+        bottoms = [(n,) + tuple(shapes[b][1:]) if b in live.blob_filter else tuple(shapes[b]) for b in node.bottoms]
+        try:
+            tops = batch_variant(layer, bottoms, check_buffers=False).top_shapes
+        except UserError as e:
+            raise _refuse(where, layer, f"{what}, and it cannot be set up for {n} item(s): {_reason(e, layer)}") \
+                from None
+        for k, (planned, got) in enumerate(zip(node.top_shapes, tops)):
+            if tuple(got) == tuple(planned):
+                kinds[k].add("fixed")
+            elif planned and int(planned[0]) == full and tuple(got) == (n,) + tuple(planned[1:]):
+                kinds[k].add("live")
+            else:
+                kinds[k].add("other")
+    out = []
+    for t, planned, kind in zip(node.tops, node.top_shapes, kinds):
+        if kind != {"fixed"} and kind != {"live"}:
+            raise _refuse(where, layer, f"{what}, and its top {t!r} ({' '.join(str(d) for d in planned)}) changes "
+                                        f"shape with that count other than along axis 0")
+        if kind == {"live"}:
+            out.append(t)
+    return out
+
+
+class Variant:
+    """A copy of a layer set up for another batch: `layer`, its `top_shapes`, and for each of its buffers the
+    original's buffer it takes the front of."""
+
+    def __init__(self, layer: Layer, top_shapes: list[Shape], buffers: dict[str, BufferDecl]):
+        self.layer = layer
+        self.top_shapes = top_shapes
+        self.buffers = buffers  # name -> the original's BufferDecl
+
+    def refresh(self, ops) -> None:
+        """Point the copy's buffers at the front of the original's current arrays (they move with the memory
+        manager's decisions, as the original's do)."""
+        for name, original in self.buffers.items():
+            mine = self.layer.buffers[name]
+            if original.array is None:
+                mine.array = None
+                continue
+            flat = ops.reshape(original.array, (count(original.shape),))
+            mine.array = ops.reshape(flat[:count(mine.shape)], mine.shape)
+
+
+def batch_variant(layer: Layer, bottom_shapes: list[Shape], check_buffers: bool = True) -> Variant:
+    """A shallow copy of `layer` set up for `bottom_shapes`, sharing the original's parameters (the same
+    ParamDecl objects, so the solver, the memory manager and weight sharing see one set) and taking the front
+    of its buffers. A parameter shape that changes, or (with `check_buffers`) a buffer larger than the
+    original's, is a UserError."""
+    v = copy.copy(layer)
+    v.params = []
+    v.buffers = {}
+    originals = layer.params
+
+    def add_param(shape, filler, learnable=True):
+        k = len(v.params)
+        if k >= len(originals) or tuple(int(d) for d in shape) != originals[k].shape:
+            have = originals[k].shape if k < len(originals) else "none"
+            raise layer.fail(f"its parameter {k} would change shape with the batch ({tuple(shape)} against "
+                             f"{have})")
+        v.params.append(originals[k])
+        return originals[k]
+
+    def add_buffer(name, shape, dtype=np.float32, for_backward=True):
+        original = layer.buffers.get(name)
+        decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward)
+        if original is None or (check_buffers and count(decl.shape) > count(original.shape)):
+            raise layer.fail(f"its buffer {name!r} would need {count(decl.shape)} values for this batch, more "
+                             f"than the {count(original.shape) if original is not None else 0} planned")
+        v.buffers[name] = decl
+        return decl
+
+    v.add_param = add_param
+    v.add_buffer = add_buffer
+    try:
+        tops = v.setup([tuple(int(d) for d in s) for s in bottom_shapes])
+    finally:
+        del v.add_param, v.add_buffer
+    return Variant(v, [tuple(int(d) for d in s) for s in tops],
+                   {name: layer.buffers[name] for name in v.buffers})
+
+
+def _reason(e: UserError, layer: Layer) -> str:
+    msg = str(e)
+    prefix = f"layer {layer.name!r} ({layer.type_name}): "
+    return msg[msg.index(prefix) + len(prefix):] if prefix in msg else msg
+
+
+def _refuse(where: str, layer: Layer, msg: str) -> UserError:
+    return UserError(f"{where}: layer {layer.name!r} ({layer.type_name}) {msg}")
