@@ -51,6 +51,9 @@ NETS = {
                  "dim: 3 } shape { dim: 1 dim: 2 dim: 12 } shape { dim: 1 dim: 2 } } } "
                  "layer { name: 'l' type: 'LSTMUnit' bottom: 'c' bottom: 'g' bottom: 'cont' top: 'c1' top: 'h1' }",
                  "1 2 3; 1 2 3"),
+    # planned at the full batch: the most items a selection keeps
+    "Filter": ("layer { name: 'in' type: 'Input' top: 'x' top: 's' input_param { shape { dim: 4 dim: 3 } "
+               "shape { dim: 4 dim: 1 } } } layer { name: 'l' type: 'Filter' bottom: 'x' bottom: 's' top: 'y' }", "4 3"),
 }
 
 
@@ -70,7 +73,7 @@ def test_summary_builds_a_net_of_each_new_type(tmp_path, capsys, type_name):
     assert type_name in row and shape in out, out  # recurrent layers: the output comes from their last step
 
 
-def test_summary_builds_window_data_and_refuses_filter(tmp_path, capsys):
+def test_summary_builds_window_data_and_refuses_a_filter_of_mismatched_items(tmp_path, capsys):
     rng = np.random.default_rng(5)
     write_images(tmp_path, rng, [(12, 12)])
     write_window_file(tmp_path / "windows.txt", [(12, 12)], [[(1, 0.9, 0, 0, 7, 7), (0, 0.1, 2, 2, 9, 9)]])
@@ -80,7 +83,8 @@ def test_summary_builds_window_data_and_refuses_filter(tmp_path, capsys):
     assert code == 0 and "WindowData" in out and "4 3 8 8; 4" in out, err
     code, out, err = _summary(tmp_path, capsys, INPUT + "layer { name: 'l' type: 'Filter' bottom: 'x' bottom: 'idx' "
                                                         "top: 'y' }")
-    assert code == 1 and "layer 'l' (Filter): is not supported" in err
+    assert code == 1 and "net.prototxt:1: layer 'l' (Filter): bottom 0 'x' must have the selector's 5 items" in err
+    assert err.count("\n") == 1
 
 
 def test_v1_names_of_the_new_types_convert():

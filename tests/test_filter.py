@@ -215,3 +215,162 @@ def test_every_memory_mode_trains_like_baseline():
         assert losses == ref[0], mode
         for got, want in zip(params, ref[1]):
             np.testing.assert_array_equal(got, want, err_msg=mode)
+
+
+# ---- any net after a Filter computes what it computes on the kept items alone ---------------------------
+
+CONV_TAIL = (
+    f"layer {{ name: 'c' type: 'Convolution' bottom: 'xf' top: 'c' convolution_param {{ num_output: 3 kernel_size: 3 pad: 1 {W} }} }}\n"
+    "layer { name: 'bn' type: 'BatchNorm' bottom: 'c' top: 'c' }\n"
+    f"layer {{ name: 'sc' type: 'Scale' bottom: 'c' top: 'c' scale_param {{ bias_term: true }} }}\n"
+    "layer { name: 'r' type: 'ReLU' bottom: 'c' top: 'c' }\n"
+    "layer { name: 'p' type: 'Pooling' bottom: 'c' top: 'p' pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n"
+    f"layer {{ name: 'ip' type: 'InnerProduct' bottom: 'p' top: 'z' inner_product_param {{ num_output: 3 {W} }} }}\n"
+    "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'z' bottom: 'lf' top: 'loss' }\n"
+    "layer { name: 'acc' type: 'Accuracy' bottom: 'z' bottom: 'lf' top: 'acc' }\n")
+
+
+@pytest.mark.parametrize("sel", [[0, 1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 1, 0], [1] * N])
+def test_conv_net_after_filter_matches_the_net_on_the_kept_items(rng, sel, monkeypatch):
+    """Convolution, BatchNorm (batch statistics over the kept items), Scale, ReLU, max pooling, InnerProduct,
+    loss and accuracy after a Filter: the loss, every gradient and the running statistics equal those of the
+    same layers fed the kept items as their whole batch."""
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")  # fused layers refuse to follow a Filter (tested below)
+    shape = (N, 2, 4, 4)
+    net = _net("force_backward: true\n" + _inputs(shape, (N,), (N,))
+               + "layer { name: 'f' type: 'Filter' bottom: 'x' bottom: 'label' bottom: 'sel' top: 'xf' top: 'lf' }\n"
+               + CONV_TAIL)
+    sel = np.array(sel, np.float32)
+    keep = sel != 0
+    n = int(keep.sum())
+    ref = _net("force_backward: true\nlayer { name: 'in' type: 'Input' top: 'xf' top: 'lf' input_param { "
+               f"shape {{ dim: {n} dim: 2 dim: 4 dim: 4 }} shape {{ dim: {n} }} }} }}\n" + CONV_TAIL)
+    learning = [node.name for node in ref.graph.nodes if node.layer.params]
+    for name in learning:
+        for mine, theirs in zip(ref.layer(name).params, net.layer(name).params):
+            mine.data[...] = theirs.data
+    x, label = rng.standard_normal(shape).astype(np.float32), rng.integers(0, 3, N).astype(np.float32)
+    _feed(net, x=x, label=label, sel=sel)
+    _feed(ref, xf=x[keep], lf=label[keep])
+    for each in (net, ref):
+        each.clear_param_diffs()
+    loss, want = net.forward_backward(), ref.forward_backward()
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    np.testing.assert_allclose(net.blob("acc"), ref.blob("acc"))
+    for name in learning:
+        for mine, theirs in zip(ref.layer(name).params, net.layer(name).params):
+            np.testing.assert_allclose(theirs.diff, mine.diff, rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(theirs.data, mine.data, rtol=1e-6, err_msg=name)  # running statistics
+    dx = np.zeros(shape, np.float32)
+    dx[keep] = ref.backend.to_host(ref.diff["xf"].array)
+    np.testing.assert_allclose(net.backend.to_host(net.diff["x"].array), dx, rtol=1e-5, atol=1e-6)
+
+
+def test_filter_of_filtered_items(rng):
+    """A second Filter on the first's tops selects among the kept items (its selector filtered alongside)."""
+    text = ("force_backward: true\n" + _inputs((N, 4), (N,), (N,))
+            + "layer { name: 'in2' type: 'Input' top: 'sel2' input_param { shape { dim: 7 } } }\n"
+            + "layer { name: 'f' type: 'Filter' bottom: 'x' bottom: 'label' bottom: 'sel2' bottom: 'sel' "
+              "top: 'x1' top: 'l1' top: 's1' }\n"
+            + "layer { name: 'g' type: 'Filter' bottom: 'x1' bottom: 'l1' bottom: 's1' top: 'xf' top: 'lf' }\n"
+            + f"layer {{ name: 'ip' type: 'InnerProduct' bottom: 'xf' top: 'z' inner_product_param {{ num_output: 3 {W} }} }}\n"
+            + "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'z' bottom: 'lf' top: 'loss' }\n")
+    net = _net(text)
+    x, label = rng.standard_normal((N, 4)).astype(np.float32), rng.integers(0, 3, N).astype(np.float32)
+    sel, sel2 = np.array([1, 1, 0, 1, 0, 1, 1], np.float32), np.array([0, 1, 1, 1, 0, 0, 1], np.float32)
+    _feed(net, x=x, label=label, sel=sel, sel2=sel2)
+    net.clear_param_diffs()
+    loss = net.forward_backward()
+    both = (sel != 0) & (sel2 != 0)
+    assert net.blob("x1").shape == (5, 4) and net.blob("xf").shape == (3, 4)
+    ip = net.layer("ip")
+    want, _acc, dx, dw, _db, _z = _classifier_reference(x, label, both.astype(np.float32), ip.weight.data,
+                                                         ip.bias.data)
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    np.testing.assert_allclose(net.backend.to_host(net.diff["x"].array), dx, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ip.weight.diff, dw, rtol=1e-5, atol=1e-6)
+
+
+# ---- what cannot be right is refused, naming the layer -------------------------------------------
+
+F = "layer { name: 'f' type: 'Filter' bottom: 'x' bottom: 'label' bottom: 'sel' top: 'xf' top: 'lf' }\n"
+IP = f"layer {{ name: 'ip' type: 'InnerProduct' bottom: 'xf' top: 'z' inner_product_param {{ num_output: 3 {W} }} }}\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    (_inputs((N, 4), (N,), (N, 2)) + F, "layer 'f' (Filter): the selector (last bottom 'sel') must have shape N or N x 1"),
+    (_inputs((6, 4), (N,), (N,)) + F, "layer 'f' (Filter): bottom 0 'x' must have the selector's 7 items along axis 0"),
+    (_inputs((N, 4), (N,), (N,)) + F.replace(" top: 'lf'", ""), "layer 'f' (Filter): needs one top per filtered bottom"),
+    (_inputs((N, 4), (N,), (N,)) + F.replace("top: 'xf'", "top: 'x'"), "layer 'f' (Filter): cannot work in place on 'x'"),
+    # a loss reading the kept scores but every label: Caffe fails its label count check at the forward
+    (_inputs((N, 4), (N,), (N,)) + F + IP
+     + "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'z' bottom: 'label' top: 'loss' }\n",
+     "layer 'loss' (SoftmaxWithLoss) reads blob(s) 'z' whose batch is the count Filter 'f' keeps, and it cannot be "
+     "set up for 1 item(s): label blob"),
+    (_inputs((N, 4), (N,), (N,)) + F + "layer { name: 'c' type: 'Concat' bottom: 'xf' bottom: 'x' top: 'c' "
+                                       "concat_param { axis: 0 } }\n",
+     "layer 'c' (Concat) reads blob(s) 'xf' whose batch is the count Filter 'f' keeps, and its top 'c' (14 4) changes "
+     "shape with that count other than along axis 0"),
+    (_inputs((N, 4), (N,), (N,)) + F + "layer { name: 'r' type: 'Flatten' bottom: 'xf' top: 'r' flatten_param { axis: 0 } }\n",
+     "layer 'r' (Flatten) reads blob(s) 'xf' whose batch is the count Filter 'f' keeps, and its top 'r' (28) changes"),
+    (_inputs((N, 4), (N,), (N,)) + F + "layer { name: 'r' type: 'Reshape' bottom: 'xf' top: 'r' "
+                                       "reshape_param { shape { dim: 7 dim: -1 } } }\n",
+     "layer 'r' (Reshape) reads blob(s) 'xf' whose batch is the count Filter 'f' keeps, and it cannot be set up for "
+     "1 item(s): cannot infer the -1 dimension"),
+    (_inputs((N, 4), (N,), (N,)) + F + IP.replace("num_output: 3", "num_output: 3 axis: 0"),
+     "layer 'ip' (InnerProduct) reads blob(s) 'xf' whose batch is the count Filter 'f' keeps, and it cannot be set up "
+     "for 1 item(s): its parameter 0 would change shape with the batch ((3, 4) against (3, 28))"),
+    (_inputs((N, 4), (N,), (N,)) + F + "layer { name: 'g' type: 'Filter' bottom: 'x' bottom: 'label' top: 'xg' }\n"
+     "layer { name: 'e' type: 'Eltwise' bottom: 'xf' bottom: 'xg' top: 'e' }\n",
+     "layer 'e' (Eltwise) reads the items kept by Filter layers 'f' and 'g', whose counts differ from batch to batch"),
+    (_inputs((N, 4), (N,), (N,)) + F + "layer { name: 'g' type: 'Filter' bottom: 'xf' bottom: 'sel' top: 'xg' }\n",
+     "layer 'g' (Filter) reads both items kept by Filter 'f' and blobs of the full batch"),
+])
+def test_refusals_name_the_layer(text, message):
+    with pytest.raises(UserError) as e:
+        _net(text)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_python_layer_after_a_filter_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "copy_layer_for_filter.py").write_text(
+        "class Copy:\n"
+        "    def setup(self, bottom, top): pass\n"
+        "    def reshape(self, bottom, top): top[0].reshape(*bottom[0].data.shape)\n"
+        "    def forward(self, bottom, top): top[0].data[...] = bottom[0].data\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"layer 'py' \(Python\) reads blob\(s\) 'xf' whose batch is the count Filter "
+                                        r"'f' keeps; a Python layer cannot be set up again for each count"):
+        _net(_inputs((N, 4), (N,), (N,)) + F + "layer { name: 'py' type: 'Python' bottom: 'xf' top: 'q' "
+                                               "python_param { module: 'copy_layer_for_filter' layer: 'Copy' } }\n")
+
+
+def test_fused_layers_after_a_filter_are_refused_and_run_unfused(rng, monkeypatch):
+    text = ("force_backward: true\n" + _inputs((N, 2, 4, 4), (N,), (N,)) + F
+            + f"layer {{ name: 'c' type: 'Convolution' bottom: 'xf' top: 'c' convolution_param {{ num_output: 2 "
+              f"kernel_size: 3 {W} }} }}\n"
+            + "layer { name: 'r' type: 'ReLU' bottom: 'c' top: 'c' }\n"
+            + "layer { name: 'loss' type: 'EuclideanLoss' bottom: 'c' bottom: 'c' top: 'loss' }\n")
+    with pytest.raises(UserError, match=r"layer 'c' \(Convolution\) reads blob\(s\) 'xf' whose batch is the count "
+                                        r"Filter 'f' keeps, and it runs fused with its neighbours; set memory_param "
+                                        r"\{ fuse_layers: false \}"):
+        _net(text, fuse=True, monkeypatch=monkeypatch)
+    net = _net(text, fuse=False, monkeypatch=monkeypatch)
+    _feed(net, x=rng.standard_normal((N, 2, 4, 4)), sel=np.array([0, 1, 0, 0, 1, 1, 0]))
+    net.forward_backward()
+    assert net.blob("c").shape == (3, 2, 2, 2)
+
+
+def test_layers_that_keep_their_own_shapes_after_a_filter(rng):
+    """A Reshape that copies the batch axis (dim: 0) and a BatchReindex whose indices are the kept labels follow
+    the count: what Caffe's Reshape at each forward gives."""
+    text = (_inputs((N, 4), (N,), (N,)) + F
+            + "layer { name: 'r' type: 'Reshape' bottom: 'xf' top: 'r' reshape_param { shape { dim: 0 dim: 2 dim: 2 } } }\n"
+            + "layer { name: 'br' type: 'BatchReindex' bottom: 'x' bottom: 'lf' top: 'br' }\n")
+    net = _net(text)
+    x, label, sel = rng.standard_normal((N, 4)), rng.integers(0, N, N), np.array([1, 0, 0, 1, 1, 0, 0])
+    _feed(net, x=x, label=label, sel=sel)
+    net.forward()
+    keep = sel != 0
+    np.testing.assert_allclose(net.blob("r"), x[keep].reshape(3, 2, 2), rtol=1e-6)
+    np.testing.assert_allclose(net.blob("br"), x[label[keep]], rtol=1e-6)

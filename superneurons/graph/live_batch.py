@@ -28,11 +28,6 @@ if TYPE_CHECKING:
     from superneurons.graph.fusions import Fusions
     from superneurons.graph.node import Node
 
-# Layer types whose setup does more than declare shapes (a Python layer runs the user's code), so a copy set up
-# again for another count would not be the same layer.
-NOT_REPEATABLE = frozenset({"Python"})
-
-
 @dataclass
 class LiveBatches:
     """What graph.build found: for each live blob, the Filter whose count is its batch, and the layers that
@@ -81,7 +76,7 @@ def _live_tops(node: "Node", shapes: dict[str, Shape], fusions: "Fusions", live:
     layer = node.layer
     what = f"reads blob(s) {', '.join(repr(b) for b in node.bottoms if b in live.blob_filter)} whose batch is the " \
            f"count Filter {source!r} keeps"
-    if layer.type_name in NOT_REPEATABLE:
+    if not getattr(layer, "setup_repeatable", True):  # its setup does more than declare shapes (Python)
         raise _refuse(where, layer, f"{what}; a {layer.type_name} layer cannot be set up again for each count")
     if fusions.step_layer(node) is not layer:
         raise _refuse(where, layer, f"{what}, and it runs fused with its neighbours; set memory_param "

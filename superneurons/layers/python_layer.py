@@ -161,6 +161,9 @@ def _user_class(param: Any, where: str) -> type:
 class Python(Layer):
     n_bottoms = (0, None)
     n_tops = (0, None)
+    # Its setup runs the user's code on the user's object: a copy set up again for another batch (the layers
+    # after a Filter, graph/live_batch.py) would run it twice on one object.
+    setup_repeatable = False
 
     def __init__(self, param, phase):
         super().__init__(param, phase)
