@@ -225,6 +225,18 @@ def test_embed(rng):
         GPU["embed_forward"](*[cuda.to_device(a) for a in (idx, w, b, np.zeros((15, num_output)))])
 
 
+@simulated
+@pytest.mark.parametrize("sel", [[0, 2, 0, -1, 1e-30, 0], [0] * 6, [1] * 6])
+def test_select_nonzero(sel):
+    """Filter's rows: the positions of the nonzero selector values, in order, and their count."""
+    sel = np.array(sel, np.float32).reshape(6, 1)
+    pos_c, pos_g = np.full(6, -1.0, np.float32), cuda.to_device(np.full(6, -1.0, np.float32))
+    n = CPU.select_nonzero(sel, pos_c)
+    assert GPU["select_nonzero"](cuda.to_device(sel), pos_g) == n == int((sel != 0).sum())
+    np.testing.assert_array_equal(pos_g.copy_to_host()[:n], pos_c[:n])
+    np.testing.assert_array_equal(pos_c[:n], np.flatnonzero(sel))
+
+
 # -- losses ----------------------------------------------------------------------------------------------
 
 def _loss_pair(op_fwd, op_bwd, inputs, fwd_scalars, bwd_outputs, bwd_scalars, weight=1.7):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from gpu_harness import GPU_ONLY
 from harness import check_gradients, forward, make_layer
 
 from superneurons.backend.cpu import CpuBackend
@@ -374,3 +375,132 @@ def test_layers_that_keep_their_own_shapes_after_a_filter(rng):
     keep = sel != 0
     np.testing.assert_allclose(net.blob("r"), x[keep].reshape(3, 2, 2), rtol=1e-6)
     np.testing.assert_allclose(net.blob("br"), x[label[keep]], rtol=1e-6)
+
+
+def test_a_backend_that_cannot_run_an_empty_batch_says_so(rng, monkeypatch):
+    """cuDNN refuses descriptors of a batch of 0 (Caffe's cuDNN layers stop there too): such a failure is one
+    line naming the layer and the Filter, not a backend traceback. The CPU ops stand in for that backend."""
+    net = _net(_classifier())
+    plain = net.ops.softmax_forward
+
+    def no_empty_batch(x, y):
+        if not x.size:
+            raise RuntimeError("CUDNN_STATUS_BAD_PARAM\nmore detail")
+        plain(x, y)
+
+    monkeypatch.setattr(net.ops, "softmax_forward", no_empty_batch)
+    _feed(net, x=rng.standard_normal((N, 4)), label=np.zeros(N), sel=np.array([0, 1, 0, 0, 0, 0, 0]))
+    net.forward_backward()  # one item: runs
+    _feed(net, sel=np.zeros(N))
+    with pytest.raises(UserError) as e:
+        net.forward_backward()
+    assert str(e.value) == ("layer 'loss' (SoftmaxWithLoss): Filter 'f' kept no item in this batch and this backend "
+                            "cannot run the layer's forward on an empty batch (RuntimeError: CUDNN_STATUS_BAD_PARAM)")
+
+
+# ---- the CUDA backend: the same net, the same numbers ------------------------------------------------
+
+def _gpu_test(fn):
+    for mark in GPU_ONLY:
+        fn = mark(fn)
+    return fn
+
+
+@_gpu_test
+@pytest.mark.parametrize("tail", ["classifier", "conv"])
+def test_gpu_matches_cpu_as_the_selection_changes(gpu, monkeypatch, tail):
+    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+    if tail == "classifier":
+        text, shape = _classifier(), (N, 4)
+    else:
+        shape = (N, 2, 4, 4)
+        text = ("force_backward: true\n" + _inputs(shape, (N,), (N,)) + F + CONV_TAIL)
+    nets = [Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN), backend, seed=3)
+            for backend in (CpuBackend(), gpu)]
+    rng = np.random.default_rng(4)
+    for sel in ([1, 0, 1, 1, 0, 0, 1], [1] * N, [0, 0, 0, 0, 1, 0, 0], [0, 1, 1, 0, 1, 1, 1]):
+        values = dict(x=rng.standard_normal(shape).astype(np.float32),
+                      label=rng.integers(0, 3, N).astype(np.float32), sel=np.array(sel, np.float32))
+        losses = []
+        for net in nets:
+            for name, v in values.items():
+                net.backend.from_host(net.data[name].array, v)
+            net.clear_param_diffs()
+            losses.append(net.forward_backward())
+        np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+        n = int(np.count_nonzero(sel))
+        for blob in ("z", "acc"):
+            want, got = nets[0].blob(blob), nets[1].blob(blob)
+            assert got.shape == want.shape and (blob == "acc" or want.shape[0] == n)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(nets[1].backend.to_host(nets[1].diff["x"].array),
+                                   nets[0].backend.to_host(nets[0].diff["x"].array), rtol=1e-4, atol=1e-5)
+        for mine, theirs in zip(nets[0].learnable, nets[1].learnable):
+            np.testing.assert_allclose(gpu.to_host(theirs.diff), mine.diff, rtol=1e-4, atol=1e-5)
+
+
+@_gpu_test
+def test_gpu_on_a_selection_of_no_item(gpu):
+    """Caffe's CPU result (a loss of 0, zero gradients), or where a CUDA op refuses an empty batch, one line
+    naming the layer: never a backend traceback or another number."""
+    net = Net(build_graph(text_format.Parse(_classifier(), pb.NetParameter()), pb.TRAIN), gpu, seed=3)
+    for name, v in dict(x=np.ones((N, 4)), label=np.zeros(N), sel=np.zeros(N)).items():
+        gpu.from_host(net.data[name].array, v.astype(np.float32))
+    net.clear_param_diffs()
+    try:
+        loss = net.forward_backward()
+    except UserError as e:
+        assert "Filter 'f' kept no item in this batch and this backend cannot run" in str(e)
+        return
+    assert loss == 0.0 and net.blob("z").shape == (0, 3)
+    for decl in net.learnable:
+        np.testing.assert_array_equal(gpu.to_host(decl.diff), 0.0)
+
+
+@pytest.mark.parametrize("precision,tol", [("fp16", 2e-3), ("bf16", 1e-2)])
+def test_half_precision_net_after_filter(rng, precision, tol):
+    """Half storage: the Filter gathers half items (labels stay float32) and the loss is the float64 reference's
+    on the same rounded values, within the storage type's rounding."""
+    from superneurons.graph.precision import override_defaults
+
+    text = override_defaults(text_format.Parse(_classifier(), pb.NetParameter()), precision)
+    net = Net(build_graph(text, pb.TRAIN), CpuBackend(), seed=3)
+    assert net.data["xf"].dtype == net.data["x"].dtype != np.float32 and net.data["lf"].dtype == np.float32
+    x, label = rng.standard_normal((N, 4)), rng.integers(0, 3, N).astype(np.float32)
+    sel = np.array([1, 0, 1, 1, 0, 0, 1], np.float32)
+    _feed(net, x=x, label=label, sel=sel)
+    loss = net.forward_backward()
+    ip = net.layer("ip")
+    stored = net.data["x"].array.astype(np.float64)
+    np.testing.assert_array_equal(net.blob("xf").astype(np.float64), stored[sel != 0])
+    want = _classifier_reference(stored, label, sel, ip.weight.data.astype(np.float64),
+                                 ip.bias.data.astype(np.float64))[0]
+    np.testing.assert_allclose(loss, want, rtol=tol)
+
+
+DUMMY_NET = """name: 'filtered'
+layer { name: 'd' type: 'DummyData' top: 'x' top: 'label' top: 'raw' dummy_data_param {
+  shape { dim: 8 dim: 5 } shape { dim: 8 } shape { dim: 8 }
+  data_filler { type: 'gaussian' } data_filler { type: 'constant' value: 1 } data_filler { type: 'uniform' min: -1 max: 1 } } }
+layer { name: 'r' type: 'ReLU' bottom: 'raw' top: 'sel' }
+layer { name: 'f' type: 'Filter' bottom: 'x' bottom: 'label' bottom: 'sel' top: 'xf' top: 'lf' }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'xf' top: 'z' inner_product_param { num_output: 3 weight_filler { type: 'xavier' } } }
+layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'z' bottom: 'lf' top: 'loss' }
+"""
+
+
+@pytest.mark.parametrize("memory", ["baseline", "recompute"])
+def test_cli_time_and_train_run_a_filter_net(tmp_path, capsys, memory):
+    """`time` wraps each layer in a timer, and `train` runs the solver: both go through the layers' copies."""
+    from superneurons.cli import main
+
+    (tmp_path / "net.prototxt").write_text(DUMMY_NET)
+    assert main(["time", "--model", str(tmp_path / "net.prototxt"), "--iterations", "3", "--memory", memory]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["f"], ["ip"], ["loss"])}
+    assert rows["ip"][1] == "InnerProduct" and float(rows["ip"][3]) > 0  # timed forward and backward
+    (tmp_path / "solver.prototxt").write_text(
+        f"net: '{tmp_path / 'net.prototxt'}'\nbase_lr: 0.5\nmax_iter: 30\nlr_policy: 'fixed'\ndisplay: 0\n"
+        f"snapshot_prefix: '{tmp_path / 'snap'}'\nsolver_mode: CPU\nmemory_param {{ mode: {memory.upper()} }}\n")
+    assert main(["train", "--solver", str(tmp_path / "solver.prototxt")]) == 0
+    assert (tmp_path / "snap_iter_30.caffemodel").exists()

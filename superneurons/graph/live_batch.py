@@ -16,6 +16,7 @@ when the graph is built, by setting a copy up for other counts, and refuses, nam
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -108,29 +109,51 @@ def _live_tops(node: "Node", shapes: dict[str, Shape], fusions: "Fusions", live:
     return out
 
 
-class Variant:
-    """A copy of a layer set up for another batch: `layer`, its `top_shapes`, and for each of its buffers the
-    original's buffer it takes the front of."""
+_MISSING = object()
 
-    def __init__(self, layer: Layer, top_shapes: list[Shape], buffers: dict[str, BufferDecl]):
-        self.layer = layer
+
+class Variant:
+    """A layer set up for another batch: its `top_shapes`, and `state`, the attributes its setup gave it that
+    differ from the original's (dimensions, its buffer declarations), which `swapped_in` puts on the original
+    for one call. The original object runs, so whatever wraps its methods (the profiler's timers) still does."""
+
+    def __init__(self, top_shapes: list[Shape], state: dict, buffers: dict[str, BufferDecl]):
         self.top_shapes = top_shapes
-        self.buffers = buffers  # name -> the original's BufferDecl
+        self.state = state
+        self.buffers = buffers  # name -> the original's BufferDecl, whose front this batch's buffer is
 
     def refresh(self, ops) -> None:
-        """Point the copy's buffers at the front of the original's current arrays (they move with the memory
+        """Point this batch's buffers at the front of the original's current arrays (they move with the memory
         manager's decisions, as the original's do)."""
+        mine = self.state.get("buffers", {})
         for name, original in self.buffers.items():
-            mine = self.layer.buffers[name]
+            decl = mine[name]
             if original.array is None:
-                mine.array = None
+                decl.array = None
                 continue
             flat = ops.reshape(original.array, (count(original.shape),))
-            mine.array = ops.reshape(flat[:count(mine.shape)], mine.shape)
+            decl.array = ops.reshape(flat[:count(decl.shape)], decl.shape)
+
+    @contextmanager
+    def swapped_in(self, layer: Layer):
+        """`layer` with this batch's attributes for the duration; what the call changes in them stays with
+        this batch, and the original's come back."""
+        d = layer.__dict__
+        saved = {k: d.get(k, _MISSING) for k in self.state}
+        d.update(self.state)
+        try:
+            yield layer
+        finally:
+            for k, old in saved.items():
+                self.state[k] = d.get(k)
+                if old is _MISSING:
+                    d.pop(k, None)
+                else:
+                    d[k] = old
 
 
 def batch_variant(layer: Layer, bottom_shapes: list[Shape], check_buffers: bool = True) -> Variant:
-    """A shallow copy of `layer` set up for `bottom_shapes`, sharing the original's parameters (the same
+    """`layer` set up again, on a shallow copy, for `bottom_shapes`: sharing the original's parameters (the same
     ParamDecl objects, so the solver, the memory manager and weight sharing see one set) and taking the front
     of its buffers. A parameter shape that changes, or (with `check_buffers`) a buffer larger than the
     original's, is a UserError."""
@@ -163,7 +186,12 @@ def batch_variant(layer: Layer, bottom_shapes: list[Shape], check_buffers: bool 
         tops = v.setup([tuple(int(d) for d in s) for s in bottom_shapes])
     finally:
         del v.add_param, v.add_buffer
-    return Variant(v, [tuple(int(d) for d in s) for s in tops],
+    if v.params == originals:
+        v.params = originals
+    skip = {"forward", "backward"}  # wrappers set on the original (the profiler's) stay the original's
+    state = {k: val for k, val in v.__dict__.items()
+             if k not in skip and layer.__dict__.get(k, _MISSING) is not val}
+    return Variant([tuple(int(d) for d in s) for s in tops], state,
                    {name: layer.buffers[name] for name in v.buffers})
 
 

@@ -48,8 +48,9 @@ class LiveRun:
     def _cut(self, blobs: list[str], arrays: list) -> list:
         return [self.blob_rows(b, a) for b, a in zip(blobs, arrays)]
 
-    def step_layer(self, node: Any, layer: Layer) -> Layer:
-        """`layer` (node's), or its copy for the current count when it runs on live blobs."""
+    def step_layer(self, node: Any, layer: Layer) -> Any:
+        """What to call for node's step: `layer`, or, when it runs on live blobs, `layer` with its attributes
+        set up for the current count swapped in for the call (made once per count and kept)."""
         source = self.live.node_filter.get(node.name)
         if source is None or getattr(layer, "selects_items", False):
             return layer
@@ -65,7 +66,7 @@ class LiveRun:
                                 f"{source!r} kept: {e}") from None
             self.variants[key] = variant
         variant.refresh(self.ops)
-        return variant.layer
+        return _AtCount(layer, variant, source if n == 0 else None)
 
     def _shape(self, blob: str, n: int) -> tuple[int, ...]:
         shape = self.planned[blob]
@@ -87,3 +88,35 @@ class LiveRun:
             tops, top_diffs = self._cut(node.tops, tops), self._cut(node.tops, top_diffs)
         return (self.step_layer(node, layer), tops, top_diffs, self._cut(node.bottoms, bottoms),
                 self._cut(node.bottoms, bottom_diffs))
+
+
+class _AtCount:
+    """The step's layer with a Variant's attributes swapped in for each call. On a selection of no item
+    (`empty_of`: the Filter), Caffe's CPU layers run on empty blobs (a loss of 0, zero gradients) and so do the
+    CPU ops here; a backend op that cannot take an empty array (cuDNN's descriptors refuse a batch of 0, as
+    they do under Caffe) stops the run with one line naming the layer, not a backend traceback."""
+
+    __slots__ = ("layer", "variant", "empty_of")
+
+    def __init__(self, layer: Layer, variant: Variant, empty_of: str | None):
+        self.layer, self.variant, self.empty_of = layer, variant, empty_of
+
+    def _call(self, method: str, *args, **kwargs) -> None:
+        with self.variant.swapped_in(self.layer) as layer:
+            try:
+                getattr(layer, method)(*args, **kwargs)
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001  (any backend failure on the empty arrays)
+                if self.empty_of is None:
+                    raise
+                first = str(e).splitlines()[0] if str(e) else ""
+                raise UserError(f"layer {layer.name!r} ({layer.type_name}): Filter {self.empty_of!r} kept no item in "
+                                f"this batch and this backend cannot run the layer's {method} on an empty batch "
+                                f"({type(e).__name__}: {first})") from None
+
+    def forward(self, bottom, top) -> None:
+        self._call("forward", bottom, top)
+
+    def backward(self, *args, **kwargs) -> None:
+        self._call("backward", *args, **kwargs)
