@@ -343,3 +343,175 @@ def test_speed_zoo_refuses_fewer_than_one_repeat(capsys):
     with pytest.raises(SystemExit) as stop:
         speed_zoo.main(["--nets", "densenet121", "--repeats", "0"])
     assert stop.value.code == 2 and "--repeats must be 1 or more, not 0" in capsys.readouterr().err
+
+
+def test_each_precision_maps_to_the_pytorch_configuration_that_stores_the_same_type():
+    from superneurons.dtypes import PRECISIONS, dtype_name
+
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    assert set(common.PRECISION_TORCH_CONFIG) == set(PRECISIONS)  # every --precision of train
+    assert common.PRECISION_TORCH_CONFIG["fp32"] == "fp32"  # float32: PyTorch's default, eager NCHW
+    for precision, name in common.PRECISION_TORCH_CONFIG.items():
+        config = torch_nets.TORCH_CONFIGS[name]
+        half = precision != "fp32"
+        # autocast computes in the type our half precision stores; float32 runs without autocast
+        assert config.autocast == (dtype_name(PRECISIONS[precision]) if half else None)
+        assert config.channels_last == half and not config.compiled
+        assert speed_zoo.comparable(precision, name)  # the pairing speed_zoo's ratios use too
+    assert common.precision_tag("", "fp32") == "" and common.precision_tag("resnets", "bf16") == "resnets_bf16"
+
+
+@pytest.mark.parametrize("bench", ["wider", "deeper"])
+def test_memory_benchmarks_take_a_precision(bench, capsys):
+    mod = importlib.import_module(f"tools.bench.{bench}")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0 and "--precision {fp32,bf16,fp16}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--precision", "fp8", "--predict-only"])
+    assert e.value.code == 2 and "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_wider_predicts_about_twice_the_batch_in_bfloat16(tmp_path):
+    # Weights, gradients and momentum stay float32 (solver_data_type), activations and their gradients halve:
+    # with the host store unbounded the widest batch doubles, up to the few float32-only blobs (the loss).
+    wider = importlib.import_module("tools.bench.wider")
+    budget, ws = "4G", 256 << 20
+    for precision in ("fp32", "bf16"):
+        assert wider.main(["--predict-only", "--nets", "resnet50", "--budget", budget, "--host-limit", "1024G",
+                           "--precision", precision, "--out", str(tmp_path)]) == 0
+    fp32 = json.loads((tmp_path / "wider.json").read_text())
+    bf16 = json.loads((tmp_path / "wider_bf16.json").read_text())  # its own file: neither replaces the other
+    rows = [dict(zip(d["tables"][0]["header"], d["tables"][0]["rows"][0])) for d in (fp32, bf16)]
+    assert [(r["ours precision"], r["PyTorch config"]) for r in rows] == [("fp32", "fp32"), ("bf16", "bf16-cl")]
+    assert (fp32["precision"], bf16["precision"], bf16["torch_config"]) == ("fp32", "bf16", "bf16-cl")
+    assert "ours bf16, PyTorch bf16 autocast channels_last" in bf16["title"]
+    assert bf16["targets"][0]["name"] == "wider ResNet-50 bf16"
+    b32, b16 = rows[0]["planner batch"], rows[1]["planner batch"]
+    assert b32 > 0 and 1.8 <= b16 / b32 <= 2.2, (b32, b16)
+    need = bf16["raw"]["resnet50"]["need"]
+    assert need["peaks"][need["mode"]] + need["params"] + need["history"] + ws <= 4 << 30 or need["streams"]
+    # the bfloat16 edge is beyond float32's reach: the same batch in float32 does not fit the budget
+    assert common.plan_need("resnet50", b16, 4 << 30, ws, 1 << 40, "fp32").mode is None
+
+
+def test_half_precision_halves_the_planned_activations():
+    from superneurons.dtypes import PRECISIONS
+
+    peaks = {p: common.plan_need("resnet50", 8, precision=p).peaks["baseline"] for p in ("fp32", "bf16", "fp16")}
+    ratio = PRECISIONS["bf16"].itemsize / PRECISIONS["fp32"].itemsize
+    assert peaks["bf16"] == peaks["fp16"]
+    assert ratio * 0.98 <= peaks["bf16"] / peaks["fp32"] <= ratio * 1.05  # float32-only: the loss, the labels
+
+
+def test_wider_and_deeper_run_ours_in_the_precision_and_pytorch_in_its_configuration(tmp_path, monkeypatch):
+    wider, deeper = importlib.import_module("tools.bench.wider"), importlib.import_module("tools.bench.deeper")
+    tasks_seen: list[dict] = []
+
+    def fake_worker(tasks, timeout, env=None, log=None):
+        tasks_seen.extend(tasks)
+        return [{"ok": True, "widest": 64, "deepest_n": 8, "depth": common.deep_depth(8)} for _ in tasks]
+
+    monkeypatch.setattr(common, "run_worker", fake_worker)
+    for precision, config in (("bf16", "bf16-cl"), ("fp16", "fp16-cl"), ("fp32", "fp32")):
+        tasks_seen.clear()
+        assert wider.main(["--nets", "cifar10_quick", "--budget", "1G", "--torch-variants", "plain,checkpoint",
+                           "--precision", precision, "--out", str(tmp_path)]) == 0
+        assert deeper.main(["--start", "8", "--precision", precision, "--out", str(tmp_path)]) == 0
+        ours = [t for t in tasks_seen if t["kind"].startswith("ours")]
+        theirs = [t for t in tasks_seen if t["kind"].startswith("torch")]
+        assert [t["kind"] for t in ours] == ["ours_widest", "ours_deepest"]
+        # float32 runs pass no precision (as speed_zoo's), so they run on any build of ours
+        assert all(t.get("precision") == (None if precision == "fp32" else precision) for t in ours)
+        assert [(t["kind"], t["variant"]) for t in theirs] == [("torch_widest", "plain"), ("torch_widest", "checkpoint"),
+                                                               ("torch_deepest", "plain"),
+                                                               ("torch_deepest", "checkpoint")]
+        assert all(t["config"] == config for t in theirs)
+        scale = 1 if precision == "fp32" else wider.HALF_START
+        assert [t["start"] for t in theirs] == [100 * scale, 100 * scale, common.TORCH_DEEP_PLAIN_N * scale,
+                                                common.TORCH_DEEP_CHECKPOINT_N * scale]
+        suffix = "" if precision == "fp32" else f"_{precision}"
+        doc = json.loads((tmp_path / f"deeper{suffix}.json").read_text())
+        assert [r[1] for r in doc["tables"][0]["rows"]] == [precision, precision, config, config]
+
+
+def test_speed_zoo_takes_pytorch_checkpoints_widest_batches_from_the_float32_wider_run_only(tmp_path):
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    (tmp_path / "wider.json").write_text(json.dumps({"torch_widest": {"checkpoint": {"resnet50": 328}}}))
+    (tmp_path / "wider_bf16.json").write_text(json.dumps({"precision": "bf16",
+                                                          "torch_widest": {"checkpoint": {"resnet50": 680}}}))
+    args = common.base_parser("doc", ["resnet50"]).parse_args(["--out", str(tmp_path)])
+    args.ckpt_batches = ""
+    assert speed_zoo.ckpt_batches(args, ["resnet50"]) == {"resnet50": 328}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_checkpointed_blocks_recompute_under_the_autocast_of_the_matching_configuration(precision):
+    # What the memory benchmarks' per-block checkpoint variant does in half precision, on the CPU: ProtoNet's
+    # checkpointed segments run inside the configuration's autocast region, and the recomputed forward in
+    # backward must run under the same autocast (else non-reentrant checkpointing finds saved tensors of
+    # another type) and give the plain variant's loss and gradients.
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from superneurons.graph.build import build_graph
+    from superneurons.proto import superneurons_pb2 as pb
+    from tools.models.make_resnet import make_resnet
+
+    config = torch_nets.TORCH_CONFIGS[common.PRECISION_TORCH_CONFIG[precision]]
+    dtype = getattr(torch, config.autocast)
+    graph = build_graph(make_resnet([1, 1, 1, 1], batch=2, side=64), pb.TRAIN)
+    net_cls = torch_nets._proto_net_class()
+    torch.manual_seed(0)
+    plain = net_cls(graph, checkpoint=False).train()
+    ck = net_cls(graph, checkpoint=True).train()
+    ck.load_state_dict(plain.state_dict())
+    assert sum(s.block for s in ck.segments) == 4  # the residual blocks are checkpointed
+    x = torch.randn(2, 3, 64, 64).to(memory_format=torch.channels_last)
+    y = torch.tensor([1, 3])
+    runs = {}
+    for name, model in (("plain", plain), ("checkpoint", ck)):
+        model.to(memory_format=torch.channels_last)
+        seen = []
+        hooks = [m.register_forward_hook(lambda m, i, o: seen.append(o.dtype)) for m in model.modules()
+                 if isinstance(m, torch.nn.Conv2d)]
+        with torch.autocast("cpu", dtype=dtype):
+            loss = model(x, y)
+        forwards = len(seen)
+        loss.backward()
+        for h in hooks:
+            h.remove()
+        assert set(seen) == {dtype}, (name, set(seen))
+        assert (len(seen) > forwards) == (name == "checkpoint")  # the checkpointed blocks ran again
+        runs[name] = (float(loss.detach()), [p.grad.clone() for p in model.parameters()])
+    assert runs["checkpoint"][0] == pytest.approx(runs["plain"][0], rel=1e-3)
+    for a, b in zip(runs["plain"][1], runs["checkpoint"][1]):
+        assert torch.allclose(a, b, rtol=2e-2, atol=2e-2 * float(a.abs().max()) + 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["bf16-cl", "fp16-cl"])
+def test_checkpointed_blocks_recompute_under_autocast(config):
+    # The per-block checkpoint variant of the memory benchmarks in half precision: the recomputed forward
+    # must run under the same autocast (else non-reentrant checkpointing finds saved tensors of another type)
+    # and give the plain variant's loss and gradients.
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    torch.backends.cudnn.deterministic = True
+    dtype = getattr(torch, torch_nets.TORCH_CONFIGS[config].autocast)
+    runs = {}
+    for variant in ("plain", "checkpoint"):
+        tr = torch_nets.Trainer("deep:1", variant, 2, "prototxt", config)  # seeded: the same weights and batch
+        tr.set_batch(2)
+        seen = []
+        for mod in tr.model.modules():
+            if isinstance(mod, torch.nn.Conv2d):
+                mod.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        loss = tr._loss()
+        forwards = len(seen)
+        loss.backward()
+        assert set(seen) == {dtype}, (variant, set(seen))
+        assert (len(seen) > forwards) == (variant == "checkpoint")  # the checkpointed blocks ran again
+        runs[variant] = (float(loss.detach()), [p.grad.float().clone() for p in tr.model.parameters()])
+    assert runs["checkpoint"][0] == pytest.approx(runs["plain"][0], rel=1e-3)
+    for a, b in zip(runs["plain"][1], runs["checkpoint"][1]):
+        assert torch.allclose(a, b, rtol=2e-2, atol=1e-3 * float(a.abs().max()) + 1e-6)

@@ -110,6 +110,28 @@ def base_parser(doc: str, nets: Sequence[str], iterations: int = 10) -> argparse
     return ap
 
 
+# The PyTorch configuration (tools/bench/torch_nets.py's TORCH_CONFIGS) set beside each of our precisions in
+# the memory benchmarks: what a PyTorch user who wants that storage runs. float32 as PyTorch runs by default;
+# bfloat16 and float16 as autocast with channels_last (float16 with its GradScaler), which keep the weights,
+# their gradients and the optimizer's state in float32 as our solver does.
+PRECISION_TORCH_CONFIG = {"fp32": "fp32", "bf16": "bf16-cl", "fp16": "fp16-cl"}
+
+
+def add_precision_argument(ap: argparse.ArgumentParser) -> None:
+    """--precision of the memory benchmarks (wider, deeper): ours and the planner in it, PyTorch in the
+    matching configuration."""
+    ap.add_argument("--precision", choices=tuple(PRECISION_TORCH_CONFIG), default="fp32",
+                    help="storage of activations and gradients: ours and the planner as --precision of train, "
+                         "PyTorch in " + ", ".join(f"{c} for {p}" for p, c in PRECISION_TORCH_CONFIG.items())
+                         + " (default %(default)s)")
+
+
+def precision_tag(tag: str, precision: str) -> str:
+    """The JSON name's suffix: a half-precision run's file names its precision, so that it neither replaces
+    the float32 run's in the same folder nor is read as it (speed_zoo.py reads wider*.json)."""
+    return "_".join(t for t in (tag, "" if precision == "fp32" else precision) if t)
+
+
 def kernel_parser(doc: str, net: str) -> argparse.ArgumentParser:
     """The flags of the scripts that time one kind of kernel over a net's shapes: --net, --batch, --repeat
     (CUDA-event timings per call, the median taken) and --out; each script adds its own."""
@@ -160,19 +182,22 @@ def parse_size(text: str | int | None) -> int | None:
 # ---------------------------------------------------------------------------------------------------
 # Nets and the planner (no device)
 # ---------------------------------------------------------------------------------------------------
-def net_param(net: str, batch: int | None = None):
-    """The NetParameter of a known net, or of a deep ResNet written as 'deep:N' (blocks 6,32,N,6)."""
+def net_param(net: str, batch: int | None = None, precision: str | None = None):
+    """The NetParameter of a known net, or of a deep ResNet written as 'deep:N' (blocks 6,32,N,6).
+    `precision` ("fp32", "bf16", "fp16"; None: the prototxt's types) sets the net's default storage types
+    as --precision of train does (graph/precision.py), so the planner sizes the activations the run stores."""
     from superneurons.graph.batch import set_batch
+    from superneurons.graph.precision import override_defaults
     from superneurons.io.prototxt import read_net
 
     if net.startswith("deep:"):
         from tools.models.make_resnet import make_resnet
 
-        return make_resnet(deep_blocks(int(net[5:])), batch=batch or 16)
+        return override_defaults(make_resnet(deep_blocks(int(net[5:])), batch=batch or 16), precision)
     p = read_net(str(ROOT / NETS[net].prototxt))
     if batch:
         set_batch(p, batch)
-    return p
+    return override_defaults(p, precision)
 
 
 def deep_blocks(n: int) -> list[int]:
@@ -183,11 +208,11 @@ def deep_depth(n: int) -> int:
     return 3 * sum(deep_blocks(n)) + 2
 
 
-def train_graph(net: str, batch: int | None = None):
+def train_graph(net: str, batch: int | None = None, precision: str | None = None):
     from superneurons.graph.build import build_graph
     from superneurons.proto import superneurons_pb2 as pb
 
-    return build_graph(net_param(net, batch), pb.TRAIN, source=net)
+    return build_graph(net_param(net, batch, precision), pb.TRAIN, source=net)
 
 
 def solver_history(net: str) -> int:
@@ -258,16 +283,17 @@ def host_bytes(plan: Any, mode: str, streams: bool) -> int:
 
 
 def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 0,
-              host_limit: int = HOST_PINNED_LIMIT) -> Need:
+              host_limit: int = HOST_PINNED_LIMIT, precision: str | None = None) -> Need:
     """The planner's figures; with a budget, the mode `--memory auto` picks in a pool of budget - workspace
     (parameters, gradients and history are pool tensors, streamed from the host when they do not fit
-    beside the activations), provided the host memory that mode pins stays within `host_limit`."""
+    beside the activations), provided the host memory that mode pins stays within `host_limit`.
+    `precision`: the storage type of activations and gradients, as our run's (`net_param`)."""
     from superneurons.errors import UserError
     from superneurons.memory import checkpoint_sets
     from superneurons.memory.cost import choose
     from superneurons.memory.plan import make_plan, offloaded_bytes
 
-    graph = train_graph(net, batch)
+    graph = train_graph(net, batch, precision)
     plans: dict[tuple[tuple[str, ...], int], Any] = {}
 
     def plan_for(types: tuple[str, ...], modes=None, recompute_limit: int = 0) -> Any:
@@ -362,12 +388,14 @@ def search_edge(fits: Callable[[int], bool], start: int, step: int = 8, max_prob
     return lo
 
 
-def predict_widest(net: str, budget: int, workspace: int, step: int = 8) -> tuple[int, Need | None]:
-    """Our widest batch (a multiple of `step`) whose cheapest fitting mode fits the budget, by the planner."""
+def predict_widest(net: str, budget: int, workspace: int, step: int = 8, precision: str | None = None,
+                   host_limit: int = HOST_PINNED_LIMIT) -> tuple[int, Need | None]:
+    """Our widest batch (a multiple of `step`) whose cheapest fitting mode fits the budget, by the planner,
+    with activations stored in `precision` and the pinned host memory within `host_limit`."""
     cache: dict[int, Need] = {}
 
     def fits(b: int) -> bool:
-        cache[b] = plan_need(net, b, budget, workspace)
+        cache[b] = plan_need(net, b, budget, workspace, host_limit, precision)
         return cache[b].mode is not None
 
     best = largest_fitting(fits, step, start=NETS[net].torch_checkpoint_widest or NETS[net].speed_batch)
@@ -375,13 +403,13 @@ def predict_widest(net: str, budget: int, workspace: int, step: int = 8) -> tupl
 
 
 def predict_deepest(budget: int, workspace: int, batch: int = 16, step: int = 8,
-                    host_limit: int = HOST_PINNED_LIMIT) -> tuple[int, Need | None]:
+                    host_limit: int = HOST_PINNED_LIMIT, precision: str | None = None) -> tuple[int, Need | None]:
     """The largest N (multiple of `step`) for which make_resnet 6,32,N,6 at `batch` fits the budget; with
     parameter streaming the device need hardly grows with N, so the host's pinned memory bounds it."""
     cache: dict[int, Need] = {}
 
     def fits(n: int) -> bool:
-        cache[n] = plan_need(f"deep:{n}", batch, budget, workspace, host_limit)
+        cache[n] = plan_need(f"deep:{n}", batch, budget, workspace, host_limit, precision)
         return cache[n].mode is not None
 
     best = largest_fitting(fits, step, start=64, limit=1 << 14)
@@ -651,37 +679,41 @@ def conv_algorithms(net: Any) -> list[dict]:
 
 
 def ours_widest_task(net: str, start: int, budget: int, workspace: int, step: int = 8, tries: int = 4,
-                     iterations: int = 2, device: str = "cuda", memory: str = "auto") -> dict:
-    """Verify the planner's widest batch by training `iterations` steps; step down on failure."""
+                     iterations: int = 2, device: str = "cuda", memory: str = "auto",
+                     precision: str | None = None) -> dict:
+    """Verify the planner's widest batch by training `iterations` steps; step down on failure. `precision`:
+    ours_task's (None: float32, the Solver's default)."""
     attempts = []
     batch = start
     for _ in range(tries):
         if batch <= 0:
             break
         r = ours_task(net, batch, memory=memory, budget=budget, workspace=workspace, iterations=iterations,
-                      warmup=1, device=device)
+                      warmup=1, device=device, precision=precision)
         attempts.append({k: r.get(k) for k in ("batch", "ok", "fits", "memory_mode", "error", "img_per_s",
                                                 "pool_high_water", "per_iteration")})
         if r.get("ok"):
-            return {"widest": batch, "memory_mode": r.get("memory_mode"), "attempts": attempts}
+            return {"widest": batch, "memory_mode": r.get("memory_mode"), "precision": r.get("precision"),
+                    "attempts": attempts}
         batch -= max(step, (batch // 32) // step * step)  # ~3 % per retry, whole steps
         _release_device()
     return {"ok": False, "widest": None, "attempts": attempts, "error": "no verified batch"}
 
 
 def ours_deepest_task(start: int, budget: int, workspace: int, batch: int = 16, step: int = 8, tries: int = 3,
-                      iterations: int = 2, device: str = "cuda") -> dict:
+                      iterations: int = 2, device: str = "cuda", precision: str | None = None) -> dict:
     attempts = []
     n = start
     for _ in range(tries):
         if n <= 0:
             break
         r = ours_task(f"deep:{n}", batch, budget=budget, workspace=workspace, iterations=iterations, warmup=1,
-                      device=device)
+                      device=device, precision=precision)
         attempts.append({"n": n, "depth": deep_depth(n), **{k: r.get(k) for k in ("ok", "memory_mode", "error",
                                                                                     "ms_per_iter")}})
         if r.get("ok"):
-            return {"deepest_n": n, "depth": deep_depth(n), "memory_mode": r.get("memory_mode"), "attempts": attempts}
+            return {"deepest_n": n, "depth": deep_depth(n), "memory_mode": r.get("memory_mode"),
+                    "precision": r.get("precision"), "attempts": attempts}
         n -= step
         _release_device()
     return {"ok": False, "deepest_n": None, "attempts": attempts, "error": "no verified depth"}

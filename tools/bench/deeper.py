@@ -2,6 +2,7 @@
 trains at batch 16 under a memory budget (default 12G). Depth = 3 * (44 + N) + 2 layers.
 
     python3 -m tools.bench.deeper [--budget 12G] [--batch 16] [--step 8] [--torch-variants plain,checkpoint] [--quick]
+                                  [--precision fp32|bf16|fp16] [--host-limit 76G] [--predict-only] [--start N]
 
 Ours: the planner predicts the largest N (a multiple of --step) whose cheapest mode fits the budget (pool,
 which holds parameters, gradients and solver history, + cuDNN workspace). When the parameters do not fit
@@ -11,17 +12,30 @@ the host store for evicted activations plus every parameter, gradient and histor
 2 iterations there and steps down by --step on failure.
 PyTorch: the same prototxt turned into a torch module (tools/bench/torch_nets.py), capped with
 set_per_process_memory_fraction, probed from the H200 figures of docs/BENCHMARKS.md (N = 176 plain,
-544 checkpointed, i.e. 662 / 1766 layers). --quick: ours and PyTorch checkpointed only.
+544 checkpointed, i.e. 662 / 1766 layers; twice those in half precision). --quick: ours and PyTorch
+checkpointed only. --predict-only prints the planner's N and needs no GPU.
 
-Writes deeper.json.
+--precision: ours (the planner and the run) stores activations and gradients in float32, bfloat16 or
+float16, as --precision of train; PyTorch runs the configuration its users would pick for that storage:
+fp32 as above, bf16 as bfloat16 autocast with channels_last (torch_nets.py's bf16-cl), fp16 as float16
+autocast with channels_last and a GradScaler (fp16-cl), checkpointed blocks recomputed under the same
+autocast. The table's rows and the JSON name the precision and the configuration.
+
+Writes deeper.json, or deeper_<precision>.json for bf16 and fp16.
 """
 from __future__ import annotations
 
 import sys
 
-from tools.bench import common
+from tools.bench import common, speed_zoo, torch_nets
+from tools.bench.wider import HALF_START
 
 TORCH_START = {"plain": common.TORCH_DEEP_PLAIN_N, "checkpoint": common.TORCH_DEEP_CHECKPOINT_N}
+
+
+def torch_start(variant: str, precision: str) -> int:
+    """The N PyTorch's probes start from: the float32 figure, scaled for half precision (a guess)."""
+    return TORCH_START.get(variant, common.TORCH_DEEP_PLAIN_N) * (1 if precision == "fp32" else HALF_START)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,48 +49,55 @@ def main(argv: list[str] | None = None) -> int:
                          "it once with --predict-only, on any machine, with this machine's --host-limit)")
     ap.add_argument("--host-limit", default=f"{common.HOST_PINNED_LIMIT >> 30}G",
                     help="pinned host memory our run may use (default %(default)s: 60%% of this machine's RAM)")
+    common.add_precision_argument(ap)
     args = ap.parse_args(argv)
     variants = ["checkpoint"] if args.quick else [v for v in args.torch_variants.split(",") if v]
     budget = common.parse_size(args.budget)
     workspace = common.parse_size(args.workspace)
     log = common.log_path(args, "deeper")
     host_limit = common.parse_size(args.host_limit)
+    precision, config = args.precision, common.PRECISION_TORCH_CONFIG[args.precision]
+    args.tag = common.precision_tag(args.tag, precision)
     if args.no_ours and not args.predict_only:
         predicted, need = 0, None  # PyTorch only: no need for the planner's minutes-long search
     elif args.start:
         predicted = args.start
-        need = common.plan_need(f"deep:{predicted}", args.batch, budget, workspace, host_limit)
+        need = common.plan_need(f"deep:{predicted}", args.batch, budget, workspace, host_limit, precision)
     else:
-        predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step, host_limit)
+        predicted, need = common.predict_deepest(budget, workspace, args.batch, args.step, host_limit, precision)
     print(f"{'given' if args.start else 'planner'}: N = {predicted} ({common.deep_depth(predicted) if predicted else 0} layers, "
           f"{need.mode if need else '-'}{', parameters streamed' if need and need.streams else ''}) under "
-          f"{args.budget} at batch {args.batch}; {_explain(need, predicted, budget, host_limit)}", flush=True)
+          f"{args.budget} at batch {args.batch} in {precision}; {_explain(need, predicted, budget, host_limit)}", flush=True)
     ours: dict = {}
     if predicted and not (args.no_ours or args.predict_only):
         ours = common.run_worker([dict(kind="ours_deepest", start=predicted, budget=budget, workspace=workspace,
-                                       batch=args.batch, step=args.step, iterations=args.iterations)],
+                                       batch=args.batch, step=args.step, iterations=args.iterations,
+                                       **speed_zoo.precision_arg(precision))],
                                  args.timeout, log=log)[0]
     pt: dict[str, dict] = {}
     if not (args.no_torch or args.predict_only):
         # one worker per variant: a deep net that ran out of memory leaves the allocator fragmented
         for v in variants:
-            pt[v] = common.run_worker([dict(kind="torch_deepest", variant=v, start=TORCH_START.get(v, 176),
-                                            budget=budget, batch=args.batch, step=args.step)],
+            pt[v] = common.run_worker([dict(kind="torch_deepest", variant=v, start=torch_start(v, precision),
+                                            budget=budget, batch=args.batch, step=args.step, config=config)],
                                       args.timeout, log=log)[0]
-    rows = [[f"SuperNeurons ({'given start' if args.start else 'planner'})", predicted, common.deep_depth(predicted) if predicted else None,
-             need.mode if need else None, None],
-            ["SuperNeurons (trained)", ours.get("deepest_n"), ours.get("depth"), ours.get("memory_mode"),
+    rows = [[f"SuperNeurons ({'given start' if args.start else 'planner'})", precision, predicted,
+             common.deep_depth(predicted) if predicted else None, need.mode if need else None, None],
+            ["SuperNeurons (trained)", precision, ours.get("deepest_n"), ours.get("depth"), ours.get("memory_mode"),
              None if ours.get("ok", True) else ours.get("error")]]
     for v, r in pt.items():
-        rows.append([f"PyTorch {v}", r.get("deepest_n"), r.get("depth"), None,
+        rows.append([f"PyTorch {v}", config, r.get("deepest_n"), r.get("depth"), None,
                      None if r.get("ok", True) else str(r.get("error"))[:80]])
     ck_depth = pt.get("checkpoint", {}).get("depth")
-    targets = [common.target("deeper", ">= 3x PyTorch-checkpoint's depth", common.ratio(ours.get("depth"), ck_depth),
-                             3.0, _explain(need, predicted, budget, host_limit))]
-    common.finish("deeper", f"Deepest ResNet 6,32,N,6 at batch {args.batch} under {args.budget} (Table 4)", args,
-                  ["system", "N", "layers", "mode", "note"], rows,
+    targets = [common.target(f"deeper {precision}", f">= 3x PyTorch-checkpoint's depth ({config})",
+                             common.ratio(ours.get("depth"), ck_depth), 3.0,
+                             _explain(need, predicted, budget, host_limit))]
+    title = (f"Deepest ResNet 6,32,N,6 at batch {args.batch} under {args.budget} (Table 4), ours {precision}, "
+             f"PyTorch {torch_nets.TORCH_CONFIGS[config].label}")
+    common.finish("deeper", title, args, ["system", "precision", "N", "layers", "mode", "note"], rows,
                   extra={"predicted_n": predicted, "need": need.__dict__ if need else None, "ours": ours,
-                         "torch": pt, "budget": budget}, targets=targets)
+                         "torch": pt, "budget": budget, "host_limit": host_limit, "precision": precision,
+                         "torch_config": config}, targets=targets)
     return 0
 
 

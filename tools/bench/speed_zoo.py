@@ -66,7 +66,10 @@ def ckpt_batches(args, nets: list[str]) -> dict[str, int]:
     """PyTorch-checkpoint's widest batch per ResNet: --ckpt-batches, wider.json in --out, or GPU.md."""
     out = {n: common.NETS[n].torch_checkpoint_widest for n in nets if common.NETS[n].torch_checkpoint_widest}
     for wider in sorted(Path(args.out).glob("wider*.json")):  # measured by wider.py in this run
-        for n, v in json.loads(wider.read_text()).get("torch_widest", {}).get("checkpoint", {}).items():
+        doc = json.loads(wider.read_text())
+        if doc.get("precision", "fp32") != "fp32":  # part 2 runs both sides in float32
+            continue
+        for n, v in doc.get("torch_widest", {}).get("checkpoint", {}).items():
             if n in out and v:
                 out[n] = int(v)
     given = common.parse_batches(args.ckpt_batches)
