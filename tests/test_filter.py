@@ -504,3 +504,34 @@ def test_cli_time_and_train_run_a_filter_net(tmp_path, capsys, memory):
         f"snapshot_prefix: '{tmp_path / 'snap'}'\nsolver_mode: CPU\nmemory_param {{ mode: {memory.upper()} }}\n")
     assert main(["train", "--solver", str(tmp_path / "solver.prototxt")]) == 0
     assert (tmp_path / "snap_iter_30.caffemodel").exists()
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_pycaffe_blobs_hold_the_kept_items(tmp_path, rng, monkeypatch, copies):
+    """pycaffe's `net.blobs` after a Filter have the count it kept along axis 0, as Caffe's reshape gives them,
+    and follow it when the next forward keeps another count; also through host copies (the GPU's way)."""
+    import superneurons as caffe
+    from superneurons.pycaffe import net as pycaffe_net
+
+    monkeypatch.setattr(pycaffe_net, "FORCE_HOST_COPIES", copies)
+
+    caffe.set_mode_cpu()
+    path = tmp_path / "net.prototxt"
+    path.write_text(_classifier())
+    net = caffe.Net(str(path), caffe.TRAIN)
+    ip = net.params["ip"]
+    for sel in ([1, 0, 1, 1, 0, 0, 1], [0, 0, 1, 0, 0, 0, 0], [1] * N):
+        sel = np.array(sel, np.float32)
+        x, label = rng.standard_normal((N, 4)).astype(np.float32), rng.integers(0, 3, N).astype(np.float32)
+        out = net.forward(x=x, label=label, sel=sel)
+        net.backward()
+        loss, _acc, dx, dw, _db, z = _classifier_reference(x, label, sel, ip[0].data, ip[1].data)
+        n = int(np.count_nonzero(sel))
+        assert net.blobs["z"].data.shape == net.blobs["z"].shape == (n, 3) and net.blobs["lf"].shape == (n,)
+        np.testing.assert_allclose(net.blobs["z"].data, z, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["loss"], loss, rtol=1e-5)
+        assert net.blobs["z"].diff.shape == (n, 3) and net.blobs["x"].data.shape == (N, 4)
+        np.testing.assert_allclose(net.blobs["x"].diff, dx, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ip[0].diff, dw, rtol=1e-5, atol=1e-6)
+        ip[0].diff[...] = 0
+        ip[1].diff[...] = 0

@@ -67,9 +67,11 @@ class HostArrays:
 
     def pull(self) -> None:
         """Refresh the host copies from the backend arrays (after the net has run)."""
-        for host, pulled, array_of in self.copies.values():
+        for key, (host, pulled, array_of) in list(self.copies.items()):
             array = array_of()
-            if array is not None:
+            if array is not None and array.size != host.size:  # a Filter kept another count: copied anew on use
+                del self.copies[key]
+            elif array is not None:
                 host[...] = np.asarray(self.backend.to_host(array)).reshape(host.shape)
                 pulled[...] = host
 
@@ -259,7 +261,7 @@ class Net:
 
     def _blob(self, name: str) -> Blob:
         reshape = (lambda dims: self._reshape_input(name, dims)) if self._standalone else None
-        return Blob(self, ("blob", name), lambda: self._net.graph.blob_shapes[name],
+        return Blob(self, ("blob", name), lambda: _blob_shape(self._net, name),
                     lambda: self._resident(name), lambda: _blob_array(self._net, name, diff=True), reshape)
 
     def _param_blob(self, layer: str, k: int) -> Blob:
@@ -622,8 +624,20 @@ def _blob_array(runtime: Any, name: str, diff: bool = False) -> Any:
         t = runtime.diff.get(name)
         if name not in runtime.data:
             raise KeyError(name)
-        return None if t is None else t.array
-    return runtime.data[name].array
+        array = None if t is None else t.array
+    else:
+        array = runtime.data[name].array
+    live = getattr(runtime, "live", None)  # after a Filter: the items it kept (runtime/live_batch.py)
+    return array if live is None else live.blob_rows(name, array)
+
+
+def _blob_shape(runtime: Any, name: str) -> tuple[int, ...]:
+    """Blob `name`'s shape now: as planned, or after a Filter, the count it kept along axis 0 (as Caffe's
+    reshape at each forward gives it)."""
+    shape = tuple(runtime.graph.blob_shapes[name])
+    live = getattr(runtime, "live", None)
+    source = live.live.blob_filter.get(name) if live is not None else None
+    return shape if source is None else (live.count(source),) + shape[1:]
 
 
 def _zero_blobs(runtime: Any) -> None:
