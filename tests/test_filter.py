@@ -231,12 +231,13 @@ CONV_TAIL = (
     "layer { name: 'acc' type: 'Accuracy' bottom: 'z' bottom: 'lf' top: 'acc' }\n")
 
 
+@pytest.mark.parametrize("fuse", ["0", "1"])
 @pytest.mark.parametrize("sel", [[0, 1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 1, 0], [1] * N])
-def test_conv_net_after_filter_matches_the_net_on_the_kept_items(rng, sel, monkeypatch):
+def test_conv_net_after_filter_matches_the_net_on_the_kept_items(rng, sel, fuse, monkeypatch):
     """Convolution, BatchNorm (batch statistics over the kept items), Scale, ReLU, max pooling, InnerProduct,
     loss and accuracy after a Filter: the loss, every gradient and the running statistics equal those of the
-    same layers fed the kept items as their whole batch."""
-    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")  # fused layers refuse to follow a Filter (tested below)
+    same layers fed the kept items as their whole batch (which fusion may join: the same numbers)."""
+    monkeypatch.setenv("SUPERNEURONS_FUSE", fuse)
     shape = (N, 2, 4, 4)
     net = _net("force_backward: true\n" + _inputs(shape, (N,), (N,))
                + "layer { name: 'f' type: 'Filter' bottom: 'x' bottom: 'label' bottom: 'sel' top: 'xf' top: 'lf' }\n"
@@ -346,17 +347,20 @@ def test_python_layer_after_a_filter_is_refused(tmp_path, monkeypatch):
                                                "python_param { module: 'copy_layer_for_filter' layer: 'Copy' } }\n")
 
 
-def test_fused_layers_after_a_filter_are_refused_and_run_unfused(rng, monkeypatch):
-    text = ("force_backward: true\n" + _inputs((N, 2, 4, 4), (N,), (N,)) + F
+def test_layers_after_a_filter_run_unfused_and_the_others_fused(rng, monkeypatch):
+    """Fusion leaves the layers after a Filter apart (each runs set up for the count) and fuses the rest."""
+    text = ("force_backward: true\n" + _inputs((N, 2, 4, 4), (N,), (N,))
+            + f"layer {{ name: 'c0' type: 'Convolution' bottom: 'x' top: 'x0' convolution_param {{ num_output: 2 "
+              f"kernel_size: 3 pad: 1 {W} }} }}\n"
+            + "layer { name: 'r0' type: 'ReLU' bottom: 'x0' top: 'x0' }\n"
+            + F.replace("bottom: 'x' ", "bottom: 'x0' ")
             + f"layer {{ name: 'c' type: 'Convolution' bottom: 'xf' top: 'c' convolution_param {{ num_output: 2 "
               f"kernel_size: 3 {W} }} }}\n"
             + "layer { name: 'r' type: 'ReLU' bottom: 'c' top: 'c' }\n"
             + "layer { name: 'loss' type: 'EuclideanLoss' bottom: 'c' bottom: 'c' top: 'loss' }\n")
-    with pytest.raises(UserError, match=r"layer 'c' \(Convolution\) reads blob\(s\) 'xf' whose batch is the count "
-                                        r"Filter 'f' keeps, and it runs fused with its neighbours; set memory_param "
-                                        r"\{ fuse_layers: false \}"):
-        _net(text, fuse=True, monkeypatch=monkeypatch)
-    net = _net(text, fuse=False, monkeypatch=monkeypatch)
+    net = _net(text, fuse=True, monkeypatch=monkeypatch)
+    fused = {n.name for n in net.graph.nodes if net.graph.step_layer(n) is not n.layer}
+    assert fused == {"c0", "r0"}
     _feed(net, x=rng.standard_normal((N, 2, 4, 4)), sel=np.array([0, 1, 0, 0, 1, 1, 0]))
     net.forward_backward()
     assert net.blob("c").shape == (3, 2, 2, 2)
@@ -408,8 +412,7 @@ def _gpu_test(fn):
 
 @_gpu_test
 @pytest.mark.parametrize("tail", ["classifier", "conv"])
-def test_gpu_matches_cpu_as_the_selection_changes(gpu, monkeypatch, tail):
-    monkeypatch.setenv("SUPERNEURONS_FUSE", "0")
+def test_gpu_matches_cpu_as_the_selection_changes(gpu, tail):
     if tail == "classifier":
         text, shape = _classifier(), (N, 4)
     else:

@@ -116,10 +116,14 @@ def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
     _mark_backward(nodes, bool(net.force_backward))
+    # The layers after a Filter run set up for each batch's count, each on its own (graph/live_batch.py).
+    live = find_live_batches(nodes, shapes, where)
+    apart = frozenset(live.node_filter) if live is not None else frozenset()
     # needs need_backward; may split blobs before any Net declares tensors
-    fusions = fuse(nodes, shapes) if policy.fuse_layers else Fusions()
+    fusions = fuse(nodes, shapes, apart) if policy.fuse_layers else Fusions()
+    if any(fusions.step_layer(n) is not n.layer for n in nodes if n.name in apart):
+        raise RuntimeError("a layer after a Filter was fused: runtime/live_batch.py runs each on its own")
     precision = resolve_precision(net, nodes, source)
-    live = find_live_batches(nodes, shapes, fusions, where)
     consumed = {b for n in nodes for b in n.bottoms}
     # The state an unrolled layer leaves unread (an LSTM's last c_t without expose_hidden) is no output of the net
     inner = {t for n in nodes if n.layer.part_of is not None for t in n.tops} - _unrolled_tops(nodes)

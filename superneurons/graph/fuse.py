@@ -10,6 +10,7 @@ A match is taken only when the fused layer computes exactly what the separate la
 Each pass below says what else its pattern needs. The passes run in this order (a later one reads what the
 earlier ones decided: a ReLU whose backward a fused BatchNorm computes has none left to give a pooling);
 graph.build runs them unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
+The layers after a Filter take part in none (graph/live_batch.py: they run set up for each batch's count).
 """
 from __future__ import annotations
 
@@ -31,16 +32,34 @@ if TYPE_CHECKING:
 FUSED = "which run fused as one step"
 
 
-def fuse(nodes: list["Node"], shapes: dict[str, tuple[int, ...]]) -> Fusions:
+def fuse(nodes: list["Node"], shapes: dict[str, tuple[int, ...]], apart: frozenset[str] = frozenset()) -> Fusions:
     """Every pass over `nodes` (route order, backward flags set); a BatchNorm taken out of place adds its
-    new input blob to `shapes`."""
+    new input blob to `shapes`. The layers named in `apart` run on their own (the layers after a Filter, which
+    run set up for each batch's count: graph/live_batch.py)."""
     fusions = Fusions()
+    if apart:
+        nodes = [_Apart(n) if n.name in apart else n for n in nodes]
     fuse_batch_norm_chains(nodes, shapes, fusions)
     fuse_eltwise_relu(nodes, fusions)
     fuse_conv_relu(nodes, fusions)
     fuse_relu_backward_into_max_pool(nodes, fusions)
     find_concat_slices(nodes, fusions)
     return fusions
+
+
+class _Apart:
+    """A node no pattern matches (its layer's type reads as none), with the wiring the passes look at, which
+    they cannot change (a BatchNorm's producer never gets its top renamed here)."""
+
+    def __init__(self, node: "Node"):
+        self.name, self.bottoms, self.tops = node.name, tuple(node.bottoms), tuple(node.tops)
+        self.layer = _NoType()
+
+
+class _NoType:
+    type_name = ""
+    in_place = False
+    views_bottom_data = False
 
 
 def fuse_batch_norm_chains(nodes: list["Node"], shapes: dict[str, tuple[int, ...]], fusions: Fusions) -> None:

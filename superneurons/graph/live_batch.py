@@ -12,6 +12,7 @@ That holds for a layer whose setup, given S items instead of N along axis 0 of i
 parameter shapes, asks for no larger buffers, and gives each top either its shape at N (a loss, a fixed blob)
 or that shape with S along axis 0 (a live top). `find_live_batches` checks this for every layer after a Filter
 when the graph is built, by setting a copy up for other counts, and refuses, naming the layer, one that fails.
+graph/fuse.py leaves these layers unfused: a fused step's layer is set up for the full batch.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from superneurons.errors import UserError
 from superneurons.layers.base import BufferDecl, Layer, Shape, count
 
 if TYPE_CHECKING:
-    from superneurons.graph.fusions import Fusions
     from superneurons.graph.node import Node
 
 @dataclass
@@ -39,8 +39,7 @@ class LiveBatches:
     capacity: dict[str, int] = field(default_factory=dict)  # Filter -> N, its tops' planned batch
 
 
-def find_live_batches(nodes: list["Node"], shapes: dict[str, Shape], fusions: "Fusions",
-                      where: str) -> LiveBatches | None:
+def find_live_batches(nodes: list["Node"], shapes: dict[str, Shape], where: str) -> LiveBatches | None:
     """The live blobs and the layers on them, for `nodes` in route order (set up); None without a Filter.
     A layer that cannot run on a live batch is a UserError naming it."""
     if not any(getattr(n.layer, "selects_items", False) for n in nodes):
@@ -66,22 +65,18 @@ def find_live_batches(nodes: list["Node"], shapes: dict[str, Shape], fusions: "F
             continue
         source = filters[0]
         live.node_filter[node.name] = source
-        for t in _live_tops(node, shapes, fusions, live, source, where):
+        for t in _live_tops(node, shapes, live, source, where):
             live.blob_filter[t] = source
     return live
 
 
-def _live_tops(node: "Node", shapes: dict[str, Shape], fusions: "Fusions", live: LiveBatches, source: str,
-               where: str) -> list[str]:
+def _live_tops(node: "Node", shapes: dict[str, Shape], live: LiveBatches, source: str, where: str) -> list[str]:
     """The tops of `node` whose batch follows its live bottoms, after checking it may run on them."""
     layer = node.layer
     what = f"reads blob(s) {', '.join(repr(b) for b in node.bottoms if b in live.blob_filter)} whose batch is the " \
            f"count Filter {source!r} keeps"
     if not getattr(layer, "setup_repeatable", True):  # its setup does more than declare shapes (Python)
         raise _refuse(where, layer, f"{what}; a {layer.type_name} layer cannot be set up again for each count")
-    if fusions.step_layer(node) is not layer:
-        raise _refuse(where, layer, f"{what}, and it runs fused with its neighbours; set memory_param "
-                                    f"{{ fuse_layers: false }} (or SUPERNEURONS_FUSE=0) to run it on its own")
     full = live.capacity[source]
     probes = sorted({1, full - 1, full + 1} - {0, full})
     kinds: list[set[str]] = [set() for _ in node.tops]
