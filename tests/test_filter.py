@@ -204,6 +204,50 @@ def test_training_follows_the_reference_as_the_selection_changes():
     np.testing.assert_allclose(params[1], b, rtol=1e-4, atol=1e-5)
 
 
+def _conv_net(hw=16):
+    return ("force_backward: true\n" + _inputs((N, 2, hw, hw), (N,), (N,)) + F
+            + CONV_TAIL.replace("layer { name: 'p' ", "layer { name: 'drop' type: 'Dropout' bottom: 'c' top: 'c' }\n"
+                                                      "layer { name: 'p' "))
+
+
+def test_every_memory_mode_trains_a_conv_net_after_filter_like_baseline():
+    """Buffers (BatchNorm's statistics, the dropout mask, the pooling argmax, the softmax) are the front of the
+    planned ones under every memory manager, which frees, offloads and replays the full tensors."""
+    def train(memory, pool_bytes=None, keep=None):
+        net = _net(_conv_net(), memory, pool_bytes)
+        if keep is not None:
+            keep.append(net)
+        rng = np.random.default_rng(9)
+        losses = []
+        for it, sel in enumerate(([1, 0, 1, 1, 0, 0, 1], [1] * N, [0, 0, 0, 1, 0, 0, 0], [1, 1, 0, 1, 1, 0, 1])):
+            net.ctx.iteration = it
+            _feed(net, x=rng.standard_normal((N, 2, 16, 16)), label=rng.integers(0, 3, N), sel=np.array(sel))
+            net.clear_param_diffs()
+            losses.append(net.forward_backward())
+            for decl in net.learnable:
+                decl.data -= np.float32(0.1) * decl.diff
+        return losses, [t.array.copy() for t in net.tensors if t.kind == "param"]
+
+    ref = train("baseline")
+    for mode in ("liveness", "offload", "recompute", "auto"):
+        losses, params = train(mode)
+        assert losses == ref[0], mode
+        for got, want in zip(params, ref[1]):
+            np.testing.assert_array_equal(got, want, err_msg=mode)
+    # The smallest pool each mode trains in (what `superneurons memory` reports): offload and recompute then
+    # move the full tensors of live blobs off the device and back.
+    from superneurons.memory.plan import make_plan
+
+    plan = make_plan(build_graph(text_format.Parse(_conv_net(), pb.NetParameter()), pb.TRAIN))
+    for mode in ("offload", "recompute"):
+        nets = []
+        losses, params = train(mode, pool_bytes=plan.need(mode)[0], keep=nets)
+        assert nets[0].memory.bytes_offloaded > 0, mode
+        assert losses == ref[0], mode
+        for got, want in zip(params, ref[1]):
+            np.testing.assert_array_equal(got, want, err_msg=f"{mode} in its smallest pool")
+
+
 def test_every_memory_mode_trains_like_baseline():
     text = _classifier(extra=(
         f"layer {{ name: 'ip2' type: 'InnerProduct' bottom: 'xf' top: 'h' inner_product_param {{ num_output: 5 {W} }} }}\n"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from superneurons.layers.base import BufferDecl, Layer, Shape, count
 
 if TYPE_CHECKING:
     from superneurons.graph.node import Node
+
 
 @dataclass
 class LiveBatches:
@@ -116,6 +117,7 @@ class Variant:
         self.top_shapes = top_shapes
         self.state = state
         self.buffers = buffers  # name -> the original's BufferDecl, whose front this batch's buffer is
+        self._fronts: dict[str, Any] = {}  # name -> the original's array this batch's view was cut from
 
     def refresh(self, ops) -> None:
         """Point this batch's buffers at the front of the original's current arrays (they move with the memory
@@ -125,9 +127,10 @@ class Variant:
             decl = mine[name]
             if original.array is None:
                 decl.array = None
-                continue
-            flat = ops.reshape(original.array, (count(original.shape),))
-            decl.array = ops.reshape(flat[:count(decl.shape)], decl.shape)
+            elif self._fronts.get(name) is not original.array or decl.array is None:
+                flat = ops.reshape(original.array, (count(original.shape),))
+                decl.array = ops.reshape(flat[:count(decl.shape)], decl.shape)
+            self._fronts[name] = original.array
 
     @contextmanager
     def swapped_in(self, layer: Layer):

@@ -2,8 +2,9 @@
 
 Each live blob's tensor is planned at the Filter's full N items; the kept ones sit at its front. Before a step
 of a layer on live blobs, the Net asks `LiveRun` for what to call: the first S rows of each live blob (S: the
-count the Filter kept this forward) and the layer's copy set up for S items, made once per count and kept.
-The Filter itself gets its own tops whole (it writes the front) and the first rows of live bottoms.
+count the Filter kept this forward) and the layer with the attributes its setup gives for S items swapped in
+for the call (graph/live_batch.py's Variant, made once per count and kept). The Filter itself gets its own
+tops whole (it writes the front) and the first rows of live bottoms.
 """
 from __future__ import annotations
 
@@ -40,13 +41,16 @@ class LiveRun:
         if kept is not None and kept[0] is array and kept[1] == n:
             return kept[2]
         view = array[:n]
-        if len(self._views) > 4096:  # arrays the memory manager has since replaced
-            self._views.clear()
         self._views[id(array)] = (array, n, view)
         return view
 
     def _cut(self, blobs: list[str], arrays: list) -> list:
+        """The arrays of one call cut alike: an array passed twice (in place) gives one view object twice."""
         return [self.blob_rows(b, a) for b, a in zip(blobs, arrays)]
+
+    def _trim_views(self) -> None:
+        if len(self._views) > 4096:  # views of arrays the memory manager has since replaced
+            self._views.clear()
 
     def step_layer(self, node: Any, layer: Layer) -> Any:
         """What to call for node's step: `layer`, or, when it runs on live blobs, `layer` with its attributes
@@ -75,6 +79,7 @@ class LiveRun:
     def forward_args(self, node: Any, layer: Layer, bottoms: list, tops: list) -> tuple[Layer, list, list]:
         if node.name not in self.live.node_filter and node.name not in self.live.capacity:
             return layer, bottoms, tops
+        self._trim_views()
         own = getattr(layer, "selects_items", False)
         return (self.step_layer(node, layer), self._cut(node.bottoms, bottoms),
                 tops if own else self._cut(node.tops, tops))
@@ -83,6 +88,7 @@ class LiveRun:
                       bottom_diffs: list) -> tuple[Layer, list, list, list, list]:
         if node.name not in self.live.node_filter and node.name not in self.live.capacity:
             return layer, tops, top_diffs, bottoms, bottom_diffs
+        self._trim_views()
         own = getattr(layer, "selects_items", False)
         if not own:
             tops, top_diffs = self._cut(node.tops, tops), self._cut(node.tops, top_diffs)
