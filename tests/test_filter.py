@@ -141,6 +141,29 @@ def test_net_matches_caffe_semantics(rng, sel):
     np.testing.assert_allclose(ip.bias.diff, db, rtol=1e-5, atol=1e-6)
 
 
+def test_net_gradient_by_central_differences(rng):
+    """d loss / d x of the whole net against central differences of its own forward: the items left out move
+    nothing (zero gradient), the kept ones agree."""
+    net = _net(_classifier())
+    x, label = rng.standard_normal((N, 4)).astype(np.float32), rng.integers(0, 3, N).astype(np.float32)
+    _feed(net, x=x, label=label, sel=np.array([0, 1, 1, 0, 1, 0, 1], np.float32))
+    net.clear_param_diffs()
+    net.forward_backward()
+    analytic = net.backend.to_host(net.diff["x"].array).astype(np.float64)
+    eps = 1e-2
+    for i in range(N):
+        for j in (0, 3):
+            values = []
+            for step in (eps, -eps):
+                moved = x.copy()
+                moved[i, j] += step
+                _feed(net, x=moved)
+                values.append(net.forward())
+            np.testing.assert_allclose(analytic[i, j], (values[0] - values[1]) / (2 * eps), rtol=2e-2, atol=2e-4,
+                                       err_msg=f"x[{i}, {j}]")
+    assert not analytic[[0, 3, 5]].any()
+
+
 @pytest.mark.parametrize("normalization", ["FULL", "VALID", "BATCH_SIZE", "NONE"])
 def test_loss_normalizes_by_the_kept_count(rng, normalization):
     net = _net(_classifier(f"loss_param {{ normalization: {normalization} }}"))
