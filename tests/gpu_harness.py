@@ -17,7 +17,6 @@ from superneurons.backend.cuda.probe import gpu_available
 from superneurons.dtypes import PRECISIONS
 
 GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")]
-CPU = CpuBackend()
 f32 = np.float32
 STORAGE = np.dtype(np.float32)  # what dev() and run_both store float32 arrays in (conftest: --storage)
 # rtol and atol_scale floors of `close` per half storage type: 2^-7 and 2^-10 (two units in the last place)
@@ -27,6 +26,40 @@ HALF_TOLERANCE = {PRECISIONS["bf16"]: 2.0 ** -7, PRECISIONS["fp16"]: 2.0 ** -10}
 def set_storage(precision: str) -> None:
     global STORAGE
     STORAGE = PRECISIONS[precision]
+
+
+def _round_in_place(a) -> None:
+    if isinstance(a, np.ndarray) and a.dtype == np.float32 and STORAGE != np.float32 and a.flags.writeable:
+        a[...] = a.astype(STORAGE).astype(np.float32)
+    elif isinstance(a, (list, tuple)):
+        for x in a:
+            _round_in_place(x)
+
+
+class _ReferenceOps:
+    """The CPU ops the op tests compare against. Under a half --storage each op first rounds its float32 array
+    arguments, in place, to values the storage type holds (what dev() hands the GPU), then computes in float32
+    and returns float32: the reference is the op on the GPU's own inputs, unrounded at the end."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._ops, name)
+        if STORAGE == np.float32 or name == "reshape":
+            return fn
+
+        def run(*args, **kwargs):
+            for a in (*args, *kwargs.values()):
+                _round_in_place(a)
+            return fn(*args, **kwargs)
+
+        return run
+
+
+CPU = CpuBackend()
+CPU.ops = _ReferenceOps(CPU.ops)
+NET_CPU = CpuBackend()  # whole nets: their own storage types, no rounding of their float32 masters
 
 
 def stored(a):
@@ -50,7 +83,7 @@ def dev(gpu, a):
 
 def run_both(gpu, op, arrays, *scalars):
     """ops.<op> on host copies and device copies of `arrays`; (cpu arrays, gpu arrays copied to the host)."""
-    host = [None if a is None else np.array(stored(a), copy=True) for a in arrays]
+    host = [None if a is None else np.array(a, copy=True) for a in arrays]
     getattr(CPU.ops, op)(*host, *scalars)
     d = [None if a is None else dev(gpu, a) for a in arrays]
     getattr(gpu.ops, op)(*d, *scalars)
@@ -78,7 +111,7 @@ def one_iteration_on_both(gpu, prototxt: str) -> tuple[dict, dict]:
     from superneurons.runtime.net import Net
 
     nets = {b.name: Net(build_graph(text_format.Parse(prototxt, pb.NetParameter()), pb.TRAIN), b, seed=11)
-            for b in (CPU, gpu)}
+            for b in (NET_CPU, gpu)}
     losses = {k: n.forward_backward() for k, n in nets.items()}
     assert np.isfinite(losses["cpu"]) and abs(losses["cuda"] - losses["cpu"]) <= 1e-4 * max(1, abs(losses["cpu"]))
     return nets, losses

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gpu_harness import CPU, GPU_ONLY
+from gpu_harness import GPU_ONLY, NET_CPU as CPU
 from superneurons.backend.cuda import half_math
 from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults

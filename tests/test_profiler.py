@@ -126,3 +126,30 @@ def test_offload_counters_per_step_add_up_to_the_managers(model):
 def test_iterations_must_be_positive(model, capsys):
     assert main(["time", "--model", model, "--iterations", "0"]) == 1
     assert "--iterations must be positive" in capsys.readouterr().err
+
+
+def test_layers_told_to_add_into_a_summed_gradient_are_timed(tmp_path):
+    """Two convolutions reading one blob write their bottom gradients into the one summed gradient (the runtime
+    passes `accumulate`); the profiler's timing wrapper must hand that on."""
+    split = SMALL_CONV.replace(
+        'layer { name: "pool2"',
+        'layer { name: "conv2b" type: "Convolution" bottom: "r1" top: "conv2b"\n'
+        '  convolution_param { num_output: 16 kernel_size: 5 weight_filler { type: "xavier" } } }\n'
+        'layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv2b" top: "conv2s" }\n'
+        'layer { name: "pool2"').replace('bottom: "conv2" top: "pool2"', 'bottom: "conv2s" top: "pool2"')
+    path = tmp_path / "split.prototxt"
+    path.write_text(split)
+    net = make_net(str(path), "baseline")
+    calls = []
+
+    def spy(backward):
+        def run(*args, **kwargs):
+            calls.append(kwargs.get("accumulate", frozenset()))
+            return backward(*args, **kwargs)
+        return run
+
+    for name in ("conv2", "conv2b"):
+        net.layer(name).backward = spy(net.layer(name).backward)
+    profile = Profiler(net).run(2)
+    assert any(0 in acc for acc in calls), calls  # the summed gradient was added into, through the wrapper
+    assert all(len(t.backward_ms) == 2 for t in profile.layers if t.name.startswith("conv2"))

@@ -120,11 +120,11 @@ class Profiler:
             self._layer_ms += ms
             timing.forward_live_bytes = max(timing.forward_live_bytes, pool.used_bytes)
 
-        def backward(top, top_diff, propagate_down, bottom, bottom_diff):
+        def backward(top, top_diff, propagate_down, bottom, bottom_diff, **kwargs):
             if sync:
                 sync()
             t0 = clock()
-            bwd(top, top_diff, propagate_down, bottom, bottom_diff)
+            bwd(top, top_diff, propagate_down, bottom, bottom_diff, **kwargs)  # e.g. `accumulate` (a split blob)
             if sync:
                 sync()
             ms = (clock() - t0) * 1e3

@@ -196,6 +196,33 @@ def _init_scalars() -> None:
 _init_scalars()
 
 
+def _unify_bfloat16_as_float32() -> None:
+    """numba-cuda's bfloat16 type (0.30) unifies with another number by asking the typing context to unify the
+    pair, which asks bfloat16 again: a kernel that merges a bfloat16 value with a float (a conditional
+    expression, a variable assigned both) recursed until Python's limit. It unifies here as float32 would, which
+    is what a bfloat16 value converts to safely; on a build that lacks the type nothing changes."""
+    try:
+        from numba.cuda import types as cuda_types
+        from numba.cuda.types import ext_types
+    except ImportError:  # numba's own CUDA target or the simulator: no bfloat16 type to fix
+        return
+    bfloat16 = getattr(ext_types, "Bfloat16", None)
+    if bfloat16 is None:
+        return
+
+    def unify(self, typingctx, other):
+        if other == self:
+            return self
+        if isinstance(other, (ext_types.Float, ext_types.Integer)):
+            return typingctx.unify_pairs(cuda_types.float32, other)
+        return None
+
+    bfloat16.unify = unify
+
+
+_unify_bfloat16_as_float32()
+
+
 def launch(kernel, n: int, blocks: int | None = None):
     """A launcher of `kernel[grid, BLOCK]` for `n` elements (grid-stride loops), or exactly `blocks` blocks."""
     grid = blocks if blocks is not None else max(1, min((n + BLOCK - 1) // BLOCK, MAX_BLOCKS))
