@@ -20,3 +20,21 @@ from numba import config
 
 IN_SIMULATOR = bool(config.ENABLE_CUDASIM)
 simulated = pytest.mark.simulator
+
+
+class _ScratchOnly:
+    """The one Device service simulated ops may use: float64 scratch (no cuDNN, cuBLAS or streams)."""
+
+    def scratch(self, n):
+        from numba import cuda
+        import numpy as np
+
+        return cuda.device_array(n, np.float64)
+
+
+def activate_scratch_device() -> None:
+    """Make backend/cuda/device.py's current() a device that only lends scratch, so ops whose kernels need no
+    library run under the simulator through their real module (flat, reshape, scalar, bits work on its arrays)."""
+    from superneurons.backend.cuda import device
+
+    device.activate(_ScratchOnly())

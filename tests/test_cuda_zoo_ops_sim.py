@@ -10,37 +10,15 @@ deselects them.
 """
 from __future__ import annotations
 
-import sys
-import types
 
 import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, simulated  # noqa: E402
-
-def _install_simulator_device() -> None:
-    """Stand-in for backend/cuda/device.py over simulator arrays (views share memory, as on the GPU)."""
-    fake = types.ModuleType("superneurons.backend.cuda.device")
-    fake.flat = lambda a: a.reshape(a.size)
-    fake.reshape = lambda a, shape: a.reshape(shape)
-    fake.scalar = lambda a, value: a.dtype.type(value)
-
-    class ScratchOnly:
-        """The one Device service the simulated ops may use: float64 scratch (no cuDNN, no streams)."""
-
-        def scratch(self, n):
-            return cuda.device_array(n, np.float64)
-
-    def current():
-        return ScratchOnly()
-
-    fake.current = current
-    sys.modules["superneurons.backend.cuda.device"] = fake
-
+from cudasim import IN_SIMULATOR, activate_scratch_device, simulated  # noqa: E402
 
 if IN_SIMULATOR:
-    _install_simulator_device()
+    activate_scratch_device()
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda.ops import (activation as g_activation, embed as g_embed,  # noqa: E402

@@ -9,7 +9,6 @@ deselects them. Skipped without numba-cuda.
 """
 from __future__ import annotations
 
-import sys
 import types
 
 import numpy as np
@@ -19,11 +18,7 @@ cuda = pytest.importorskip("numba.cuda")
 from cudasim import IN_SIMULATOR, simulated  # noqa: E402
 
 
-if IN_SIMULATOR:  # backend/cuda/device.py needs real device arrays: the ops get its helpers over host arrays
-    fake = types.ModuleType("superneurons.backend.cuda.device")
-    fake.flat = lambda a: a.reshape(a.size)
-    fake.scalar = lambda a, value: a.dtype.type(value)
-    sys.modules["superneurons.backend.cuda.device"] = fake
+if IN_SIMULATOR:
     from superneurons.backend.cuda.ops import solver_ops as gpu_solver_ops  # noqa: E402
 
 from superneurons.solver.fused_update import ENV, GroupedUpdate, work_split  # noqa: E402

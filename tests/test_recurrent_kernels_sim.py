@@ -7,20 +7,12 @@ deselects them. Skipped without numba-cuda.
 """
 from __future__ import annotations
 
-import sys
-import types
 
 import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, simulated  # noqa: E402
-
-if IN_SIMULATOR:
-    # backend/cuda/device.py needs a real device; the ops use only its `flat` here.
-    fake = types.ModuleType("superneurons.backend.cuda.device")
-    fake.flat = lambda a: a.reshape(a.size)
-    sys.modules["superneurons.backend.cuda.device"] = fake
+from cudasim import simulated  # noqa: E402
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda import kernels as K  # noqa: E402
