@@ -197,27 +197,37 @@ _init_scalars()
 
 
 def _unify_bfloat16_as_float32() -> None:
-    """numba-cuda's bfloat16 type (0.30) unifies with another number by asking the typing context to unify the
-    pair, which asks bfloat16 again: a kernel that merges a bfloat16 value with a float (a conditional
-    expression, a variable assigned both) recursed until Python's limit. It unifies here as float32 would, which
-    is what a bfloat16 value converts to safely; on a build that lacks the type nothing changes."""
+    """numba-cuda's bfloat16 type (0.30) cannot be unified with another number: its own rule asks the typing
+    context to unify the pair, which asks bfloat16 again (recursing until Python's limit), and a float's rule
+    looks the pair up in NumPy, which has no bfloat16. A kernel that merges a bfloat16 value with a float (a
+    conditional expression, a variable assigned both) then failed to compile. Here bfloat16 unifies as float32,
+    which it converts to exactly; on a build without the type nothing changes."""
     try:
         from numba.cuda import types as cuda_types
         from numba.cuda.types import ext_types
     except ImportError:  # numba's own CUDA target or the simulator: no bfloat16 type to fix
         return
     bfloat16 = getattr(ext_types, "Bfloat16", None)
-    if bfloat16 is None:
+    if bfloat16 is None or getattr(bfloat16, "_sn_unify", False):
         return
+    number_unify = ext_types.Number.unify
+
+    def as_float32(t):
+        return cuda_types.float32 if isinstance(t, bfloat16) else t
 
     def unify(self, typingctx, other):
-        if other == self:
-            return self
-        if isinstance(other, (ext_types.Float, ext_types.Integer)):
-            return typingctx.unify_pairs(cuda_types.float32, other)
-        return None
+        if isinstance(self, bfloat16) or isinstance(other, bfloat16):
+            a, b = as_float32(self), as_float32(other)
+            if a == b:
+                return self if self == other else a
+            if isinstance(a, ext_types.Number) and isinstance(b, ext_types.Number):
+                return typingctx.unify_pairs(a, b)
+            return None
+        return number_unify(self, typingctx, other)
 
+    ext_types.Number.unify = unify
     bfloat16.unify = unify
+    bfloat16._sn_unify = True
 
 
 _unify_bfloat16_as_float32()

@@ -7,7 +7,7 @@ their results are dropped, so the four loads need no branches and are issued tog
 """
 from __future__ import annotations
 
-from numba import cuda
+from numba import cuda, float32
 
 
 @cuda.jit
@@ -117,11 +117,13 @@ def select_eq(dy, argmax, index, dx):
 
 @cuda.jit(device=True, inline=True)
 def leaky(v, slope):
+    v = float32(v)  # a half value computes in float32 (a float32 one is unchanged)
     return v if v > 0 else v * slope
 
 
 @cuda.jit(device=True, inline=True)
 def leaky_grad(g, v, slope):
+    g = float32(g)
     return g if v > 0 else g * slope
 
 
