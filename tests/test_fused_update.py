@@ -117,6 +117,20 @@ def test_grouped_update_trains_bit_identical_to_per_parameter(monkeypatch, text,
     assert _state(grouped) == _state(plain)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_grouped_update_divides_the_loss_scale_out_as_the_per_parameter_update(monkeypatch, precision):
+    """float16 trains with adaptive loss scaling (bfloat16 here with a static scale of 1024): the grouped update
+    divides the scale out with 1/iter_size and must give the per-parameter update's bits, skipped steps too."""
+    net = _dummy(CONV_FAN) if precision == "fp16" else _dummy(CONV_FAN).replace('name: ', 'global_grad_scale: 1024\nname: ', 1)
+    text = list(SOLVERS.values())[0]
+    grouped = _train(text, net, precision=precision)
+    assert grouped._grouped is not None and grouped.loss_scale.scale > 1
+    monkeypatch.setenv(ENV, "0")
+    plain = _train(text, net, precision=precision)
+    assert plain._grouped is None
+    assert _state(grouped) == _state(plain)
+
+
 # -- the table follows moved tensors -------------------------------------------------------------------------
 
 def _move(net, tensor) -> None:

@@ -89,13 +89,15 @@ class GroupedUpdate:
         self._built_at: int | None = None  # the pool's watched_moves when the table was built (None: not built)
         self.rebuilds = 0  # how often the table was built (tests, diagnostics)
 
-    def update(self, rate: float, clip_scale: float, iter_size: int) -> bool:
+    def update(self, rate: float, clip_scale: float, iter_size: int, loss_scale: float = 1.0) -> bool:
         """Caffe's ApplyUpdate for every learnable parameter: the gradients scaled by `clip_scale` and
-        1/iter_size, weight decay, then the rule with local rate `rate` * lr_mult (on the device)."""
+        1/iter_size (and 1/loss_scale: the solver's loss scaling divided out), weight decay, then the rule with
+        local rate `rate` * lr_mult (on the device)."""
         if not self._current():
             return False
+        # the per-parameter update's factor, computed the same way, so both paths give the same bits
         self.ops.multi_sgd_update(self._arena, self._segments, self._factors, self._blocks, rate, self.momentum,
-                                  clip_scale, 1.0 / iter_size, self.l1)
+                                  clip_scale, 1.0 / iter_size / loss_scale, self.l1)
         return True
 
     def clear_grads(self) -> bool:

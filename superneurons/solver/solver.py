@@ -90,8 +90,9 @@ class Solver:
             self._watch = NonFiniteWatch(self.ops)
             self.net.add_hooks(self._watch)
         # One launch for the whole update and one for clearing the gradients, where it applies (else None:
-        # the per-parameter ops; solver/fused_update.py says when: float32 masters, no loss scale).
-        plain = not self.loss_scale.active and self.net.graph.precision.master == FLOAT32
+        # the per-parameter ops; solver/fused_update.py says when: float32 masters; a loss scale is divided out
+        # with 1/iter_size, as the per-parameter update divides it).
+        plain = self.net.graph.precision.master == FLOAT32
         self._grouped = grouped_update(self.net, self.rule.name, param) if plain else None
         self._losses: list[float] = []
         self.smoothed_loss = 0.0
@@ -260,7 +261,7 @@ class Solver:
             self._update_streamed(store, rate, display and p.debug_info)
             return rate
         clip_scale = self.clip_gradients()
-        if self._grouped is None or not self._grouped.update(rate, clip_scale, self.iter_size):
+        if self._grouped is None or not self._grouped.update(rate, clip_scale, self.iter_size, self.loss_scale.scale):
             for i, decl in enumerate(self.net.learnable):
                 self._update_one(i, decl, rate, clip_scale)
         if display and p.debug_info:
@@ -330,6 +331,8 @@ class Solver:
 
     def _gradients_finite(self, store: Any) -> bool:
         """Whether every weight gradient of this iteration is finite (streamed ones brought in to be summed)."""
+        if not store.offloaded:  # one check over them all: one read back from the device per iteration
+            return self.ops.all_finite([decl.diff for decl in self.net.learnable])
         for decl in self.net.learnable:
             if store.offloaded:
                 store.acquire([decl.diff_tensor])

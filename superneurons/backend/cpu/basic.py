@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
-           "sumsq", "dot", "upload", "download"]
+           "sumsq", "dot", "all_finite", "upload", "download"]
 
 
 def fill(dst: np.ndarray, value: float) -> None:
@@ -71,6 +71,11 @@ def asum(x: np.ndarray) -> float:
 
 def sumsq(x: np.ndarray) -> float:
     return float(np.dot(x.ravel().astype(np.float64), x.ravel().astype(np.float64)))
+
+
+def all_finite(arrays: list) -> bool:
+    """Whether every value of every array is finite (the loss scaler's overflow check, one call per iteration)."""
+    return all(bool(np.isfinite(a).all()) for a in arrays)
 
 
 def dot(x: np.ndarray, y: np.ndarray) -> float:

@@ -11,7 +11,7 @@ from superneurons.backend.cuda.half_math import Unsupported
 from superneurons.dtypes import FLOAT32, HALF_TYPES
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
-           "sumsq", "dot", "upload", "download"]
+           "sumsq", "dot", "all_finite", "upload", "download"]
 
 
 def fill(dst, value: float) -> None:
@@ -99,6 +99,17 @@ def sumsq(x) -> float:
 
 def dot(x, y) -> float:
     return _sum(x, y, 2)
+
+
+def all_finite(arrays) -> bool:
+    """Whether every value of every array is finite: their squares summed into one float64 on the device (Inf or
+    NaN anywhere makes it so; float32's largest value squared is still finite there), read back once."""
+    out = current().scratch(1)
+    fill(out, 0.0)
+    for x in arrays:
+        if x.size:
+            K.launch(rk.array_sum, x.size)(flat(x), flat(x), out, 1)
+    return bool(np.isfinite(out.copy_to_host()[0]))
 
 
 def upload(dst, host: np.ndarray) -> None:
