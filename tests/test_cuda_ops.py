@@ -13,7 +13,8 @@ import pytest
 
 from superneurons.backend.geometry import ConvGeometry, LRNGeometry, PoolGeometry
 from test_activations import OPS
-from gpu_harness import CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
+import gpu_harness
+from gpu_harness import FLOAT32_VALUES, CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
 
 pytestmark = GPU_ONLY
 
@@ -120,9 +121,9 @@ def test_conv(gpu, rng, shape, kernel, stride, pad, group, graph, monkeypatch):
     overwritten = dev(gpu, randn(rng, *w.shape))
     gpu.ops.conv_backward(d[0], d[1], d[2], None, overwritten, None, geom, overwrite_dw=True)
     errs.append(close(gpu.to_host(overwritten), fresh, rtol=1e-4, atol_scale=1e-4))
-    plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
+    plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, gpu_harness.STORAGE)
     assert [runner.graph for runner in plan.tables] == [graph and group == 1] * 5
-    label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
+    label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, gpu_harness.STORAGE)
     print(f"conv {shape} k{kernel} g{group} graph={graph} ({label}): max |err| fwd {err_f:.2e} dx {errs[0]:.2e} "
           f"dw {errs[1]:.2e} db {errs[2]:.2e} dx+= {errs[3]:.2e} dw= {errs[4]:.2e}")
 
@@ -190,6 +191,7 @@ def test_lrn(gpu, rng, across):
     close(dxg, dxc, rtol=1e-4)
 
 
+@FLOAT32_VALUES
 def test_softmax_and_loss(gpu, rng):
     outer, ch, inner = 64, 1000, 1
     x = randn(rng, outer, ch, inner) * 3
@@ -238,6 +240,7 @@ def test_dropout_bit_identical(gpu, rng):
         assert 0.45 < (yc != 0).mean() < 0.55
 
 
+@FLOAT32_VALUES
 def test_a_launch_with_new_scalars_reuses_its_recorded_block(gpu, rng):
     """The fast launch path keys a launch by its arrays and its scalars' types and writes the scalars' values
     at each launch: dropout on the same arrays in successive iterations (new uint64 keys each time) and with
@@ -283,6 +286,7 @@ def test_batch_norm(gpu, rng):
     close(dxg, dxc, rtol=1e-3, atol_scale=1e-4)
 
 
+@FLOAT32_VALUES
 @pytest.mark.parametrize("dims", [(32, 64, 28 * 28), (16, 256, 7 * 7), (24, 512, 14 * 14), (8, 32, 56 * 56 + 5)])
 @pytest.mark.parametrize("relu,global_stats", [(True, False), (False, False), (True, True)])
 def test_fused_batch_norm_scale_relu(gpu, rng, dims, relu, global_stats):
@@ -384,11 +388,11 @@ def test_conv_algorithms_respect_the_workspace_source(gpu, rng, budget, find, mo
         close(gpu.to_host(d[3]), host[3], rtol=1e-4, atol_scale=1e-4)
         close(gpu.to_host(d[4]), host[4], rtol=1e-4, atol_scale=1e-4)  # dw accumulated once (Find used a scratch)
         assert all(n <= budget for n in source.acquired) and not source.held
-        plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, np.dtype(f32))
+        plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, gpu_harness.STORAGE)
         ran = [cudnn.FORWARD, cudnn.BACKWARD_DATA, cudnn.BACKWARD_FILTER]  # not the adding backward data
         assert all(plan.tables[d] is not None and plan.tables[d].measured == find for d in ran)
         assert all(plan.last[d].workspace <= budget for d in ran)
-        label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, np.dtype(f32))
+        label = gpu.ops.conv_algorithm(shape, w.shape, y.shape, geom, gpu_harness.STORAGE)
         assert label.startswith("f:") and "-" not in label and ("~" in label) != find
         print(f"budget {budget >> 20} MiB, find={find}: {label}")
     finally:

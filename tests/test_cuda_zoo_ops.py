@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from superneurons.backend.geometry import ConvGeometry
-from gpu_harness import CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
+from gpu_harness import FLOAT32_VALUES, CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
 
 pytestmark = GPU_ONLY
 
@@ -68,6 +68,7 @@ def test_reduction(gpu, rng, op, outer, inner):
     close(dxg, dxc)
 
 
+@FLOAT32_VALUES
 @pytest.mark.parametrize("top_k,out_max_val", [(1, False), (5, True)])
 def test_argmax(gpu, rng, top_k, out_max_val):
     x = randn(rng, 64, 1000, 1)
@@ -96,6 +97,7 @@ def test_mvn(gpu, rng, normalize, across):
     close(dxg, dxc, rtol=1e-4, atol_scale=1e-4)
 
 
+@FLOAT32_VALUES
 def test_embed(gpu, rng):
     input_dim, num_output = 10000, 256
     idx = rng.integers(0, input_dim, (64, 35)).astype(f32)
@@ -142,6 +144,7 @@ def test_sigmoid_cross_entropy(gpu, rng, ignore, norm):
               [np.zeros_like(x)], (ignore, norm))
 
 
+@FLOAT32_VALUES
 @pytest.mark.parametrize("norm", ["L1", "L2"])
 def test_hinge_and_multinomial(gpu, rng, norm):
     x = randn(rng, 256, 1000)
@@ -166,6 +169,7 @@ def test_infogain(gpu, rng, ignore, norm):
 
 @pytest.mark.parametrize("kind,a,b,keep", [("uniform", -1.0, 2.0, 1.0), ("gaussian", 0.0, 1.0, 1.0),
                                            ("gaussian", 0.5, 2.0, 0.25)])
+@FLOAT32_VALUES
 def test_random_fill_matches_cpu(gpu, kind, a, b, keep):
     shape = (32, 3, 224, 224)  # a ResNet-50 batch
     (yc,), (yg,) = run_both(gpu, "random_fill", [np.zeros(shape, f32)], kind, a, b, keep, 1701, 9, 0, 0)

@@ -13,6 +13,7 @@ from superneurons.backend.cuda.ops import activation, basic
 from superneurons.backend.cuda.device import current, flat, scalar
 from superneurons.backend.cuda.half_math import require_one_type
 from superneurons.backend.geometry import ConvGeometry
+from superneurons.dtypes import FLOAT32
 
 __all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "im2col_forward", "im2col_backward"]
 
@@ -29,9 +30,9 @@ def conv_forward(x, w, b, y, geom: ConvGeometry, workspace=None) -> None:
     with current().workspace_from(workspace):
         plan.forward(x, w, y)
     if b is not None:
-        if b.dtype == y.dtype:
+        if b.dtype == y.dtype == FLOAT32:
             plan.add_bias(b, y)
-        else:  # float32 master bias on half storage: our kernel adds in float32 and rounds once
+        else:  # half storage: our kernel adds in float32 and rounds once (cuDNN has no bfloat16 bias ops)
             n, m, oh, ow = y.shape
             basic.add_bias(y, b, n, m, oh * ow)
 
@@ -44,7 +45,7 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
     plan = _plan(x, w, dy, geom)
     if db is not None:
         n, m, oh, ow = dy.shape
-        if own_bias_sum(m, oh * ow) or db.dtype != dy.dtype:
+        if own_bias_sum(m, oh * ow) or dy.dtype != FLOAT32 or db.dtype != FLOAT32:
             basic.bias_backward(dy, db, n, m, oh * ow)
         else:
             plan.backward_bias(dy, db)
