@@ -76,29 +76,27 @@ def decode_text(data: bytes, path: str, what: str = "a prototxt file") -> str:
     raise UserError(f"{path}:{line}:{col}: {kind} at byte offset {bad}; expected {what}")
 
 
-def read_text(path: str, msg: M) -> M:
-    """Read a prototxt file into `msg`."""
+def _read_bytes(path: str, expected: str) -> bytes:
+    """The whole file, or a one-line UserError naming it (`expected` says what a folder should have been)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a prototxt file") from None
+        raise UserError(f"{path}: is a directory, expected {expected}") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
-    return parse_text(decode_text(data, path), msg, path)
+
+
+def read_text(path: str, msg: M) -> M:
+    """Read a prototxt file into `msg`."""
+    return parse_text(decode_text(_read_bytes(path, "a prototxt file"), path), msg, path)
 
 
 def read_binary(path: str, msg: M) -> M:
     """Read a binary protobuf file (.caffemodel, .solverstate, .binaryproto) into `msg`."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, NotADirectoryError):
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a binary protobuf file") from None
+    data = _read_bytes(path, "a binary protobuf file")
     try:
         msg.ParseFromString(data)
     except message.DecodeError as e:
