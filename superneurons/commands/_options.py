@@ -1,5 +1,6 @@
-"""Flags shared by the commands that run a net: --gpu, --memory, --gpu-memory, --data-workers, --batch,
---input-shape; the backend --gpu picks; the net with stand-in inputs."""
+"""What the commands share: the parser each one starts from; the flags of the commands that run a net
+(--gpu, --memory, --gpu-memory, --data-workers, --batch, --input-shape, --level, --stage); the backend
+--gpu picks; the net with stand-in inputs."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,22 @@ from typing import Callable
 from superneurons.errors import UserError
 
 MEMORY_HELP = "memory mode: baseline, liveness, offload, recompute or auto"
+
+
+def add_command(sub, name: str, run: Callable[[argparse.Namespace], int], help: str, examples: str | None = None,
+                description: str | None = None) -> argparse.ArgumentParser:
+    """The subcommand `name` calling `run`: its one-line help, the longer description above the flags and
+    the examples below them, laid out as written."""
+    p = sub.add_parser(name, help=help, description=description, epilog=examples,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run)
+    return p
+
+
+def add_net_state_options(p: argparse.ArgumentParser) -> None:
+    """--level and --stage: the NetState that picks a net's include/exclude rules (split_stages reads --stage)."""
+    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
 
 
 def add_device_options(p: argparse.ArgumentParser, gpu: bool = True, memory_default: str | None = "auto",

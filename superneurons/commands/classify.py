@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from superneurons.commands._options import add_command
 from superneurons.errors import UserError
 from superneurons.io.caffe_io import load_image
 from superneurons.io.prototxt import decode_text
@@ -27,8 +28,9 @@ EXAMPLES = """examples:
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("classify", help="classify images with a deploy net and print the top-k labels",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "classify", run,
+                    help="classify images with a deploy net and print the top-k labels",
+                    examples=EXAMPLES)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (anything Pillow reads)")
     p.add_argument("--model", required=True, help="deploy prototxt (an Input layer, or input: fields)")
     p.add_argument("--weights", required=True, help="comma-separated .caffemodel files")
@@ -47,7 +49,6 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--output", help="output blob to read (default: the net's one output)")
     p.add_argument("--batch", type=int, default=10, help="images per forward pass (default 10)")
     p.add_argument("--gpu", help="GPU id (default: the CPU)")
-    p.set_defaults(func=run)
     return p
 
 

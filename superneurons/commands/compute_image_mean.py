@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from superneurons.commands._gflags import add_flag
+from superneurons.commands._options import add_command
 from superneurons.data.image_mean import compute_mean
 from superneurons.data.record_db import BACKENDS
 from superneurons.io.binaryproto import write_mean
@@ -20,15 +21,15 @@ from the folder when not given (Caffe's default is lmdb).
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("compute_image_mean", help="compute the mean image of an LMDB or LevelDB of Datum records",
-                       description="Caffe's compute_image_mean: the mean of every record of INPUT_DB, written as "
-                                   "a BlobProto (.binaryproto) for transform_param's mean_file.",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "compute_image_mean", run,
+                    help="compute the mean image of an LMDB or LevelDB of Datum records",
+                    description="Caffe's compute_image_mean: the mean of every record of INPUT_DB, written as "
+                                "a BlobProto (.binaryproto) for transform_param's mean_file.",
+                    examples=EXAMPLES)
     p.add_argument("input_db", metavar="INPUT_DB", help="LMDB or LevelDB folder")
     p.add_argument("output_file", metavar="OUTPUT_FILE", nargs="?", help=".binaryproto to write")
     add_flag(p, "backend", default=None, type=str.lower, choices=BACKENDS,
              help="lmdb or leveldb (default: what the folder holds)")
-    p.set_defaults(func=run)
     return p
 
 

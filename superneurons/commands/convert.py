@@ -6,6 +6,7 @@ import os
 
 from google.protobuf import message, text_format
 
+from superneurons.commands._options import add_command
 from superneurons.errors import UserError
 from superneurons.io.prototxt import parse_text, read_binary, write_binary, write_text
 from superneurons.io.upgrade import upgrade_net, upgrade_solver
@@ -27,15 +28,15 @@ protobuf's printer: comments and layout of a text input are not kept. OUT may eq
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("convert", help="upgrade an old (V0/V1) net, solver or .caffemodel to the current format",
-                       description="Upgrade a Caffe net prototxt, solver prototxt or .caffemodel written in an "
-                                   "older format to the current one, and say what changed.",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "convert", run,
+                    help="upgrade an old (V0/V1) net, solver or .caffemodel to the current format",
+                    description="Upgrade a Caffe net prototxt, solver prototxt or .caffemodel written in an "
+                                "older format to the current one, and say what changed.",
+                    examples=EXAMPLES)
     p.add_argument("input", metavar="IN", help="net or solver prototxt, or a .caffemodel")
     p.add_argument("output", metavar="OUT", help="where to write the current-format file")
     p.add_argument("--text", action="store_true",
                    help="write a .caffemodel input as a text prototxt (weights included) instead of binary")
-    p.set_defaults(func=run)
     return p
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 from superneurons.commands._gflags import add_flag, add_switch
+from superneurons.commands._options import add_command
 from superneurons.data.image_list import read_image_list
 from superneurons.data.imageset import ImagesetOptions, imageset_records, shuffled
 from superneurons.data.databases import write_database
@@ -29,10 +30,11 @@ Caffe's spellings (-flag=value, -flag value, -noflag) and --flag both work.
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("convert_imageset", help="convert a list of images to an LMDB or LevelDB of Datum records",
-                       description="Caffe's convert_imageset: the images LISTFILE names, under ROOTFOLDER, as "
-                                   "Datum records in a new database for the Data layer.",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "convert_imageset", run,
+                    help="convert a list of images to an LMDB or LevelDB of Datum records",
+                    description="Caffe's convert_imageset: the images LISTFILE names, under ROOTFOLDER, as "
+                                "Datum records in a new database for the Data layer.",
+                    examples=EXAMPLES)
     p.add_argument("root", metavar="ROOTFOLDER/", help="prefix of every path in the list ('' for none)")
     p.add_argument("listfile", metavar="LISTFILE", help="`relative/path.jpg label` per line")
     p.add_argument("db_name", metavar="DB_NAME", help="the database folder to create")
@@ -44,7 +46,6 @@ def register(sub) -> argparse.ArgumentParser:
     add_switch(p, "check_size", "require every image to have the same size")
     add_switch(p, "encoded", "store the image file (encoded) instead of pixels")
     add_flag(p, "encode_type", default="", metavar="TYPE", help="png or jpg for -encoded; default: the file's own")
-    p.set_defaults(func=run)
     return p
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 
 from superneurons.backend import device_report
+from superneurons.commands._options import add_command
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("device_query", help="show the GPUs, their memory and the cuDNN/cuBLAS in use",
-                       epilog="example:\n  superneurons device_query --gpu 0",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "device_query", run,
+                    help="show the GPUs, their memory and the cuDNN/cuBLAS in use",
+                    examples="example:\n  superneurons device_query --gpu 0")
     p.add_argument("--gpu", default="all", help="device id or 'all' (default)")
-    p.set_defaults(func=run)
     return p
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from superneurons.commands._options import add_input_options, add_precision_option, read_model
+from superneurons.commands._options import add_command, add_input_options, add_precision_option, read_model
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults
@@ -25,8 +25,9 @@ EXAMPLES = """examples:
 """
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("memory", help="plan a net's memory per step under each memory mode (no GPU needed)",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "memory", run,
+                    help="plan a net's memory per step under each memory mode (no GPU needed)",
+                    examples=EXAMPLES)
     p.add_argument("--model", required=True, help="net prototxt (a deploy net is planned as if it fed a loss)")
     add_input_options(p)
     p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN")
@@ -48,7 +49,6 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--at-peak", action="store_true",
                    help="list the tensors on the device at each shown mode's peak step, by kind and layer")
     p.add_argument("--plot", metavar="FILE.png", help="draw bytes and live tensors per step, one line per mode")
-    p.set_defaults(func=run)
     return p
 
 

@@ -10,6 +10,7 @@ import json
 import re
 from collections import defaultdict
 
+from superneurons.commands._options import add_command
 from superneurons.errors import UserError
 
 EXAMPLES = """examples:
@@ -25,11 +26,11 @@ _LR = re.compile(r"Iteration (\d+), lr = ([-+0-9.eE]+)")
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("plot", help="plot loss, test outputs and learning rate from a training log",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "plot", run,
+                    help="plot loss, test outputs and learning rate from a training log",
+                    examples=EXAMPLES)
     p.add_argument("log", help="training log (text) or JSON-lines record")
     p.add_argument("--out", required=True, help="PNG file to write")
-    p.set_defaults(func=run)
     return p
 
 

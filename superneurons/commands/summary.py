@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import add_input_options, read_model, split_stages
+from superneurons.commands._options import add_command, add_input_options, add_net_state_options, read_model, split_stages
 from superneurons.graph.build import build_graph
 from superneurons.layers.base import count
 from superneurons.memory.pool import format_bytes
@@ -21,14 +21,13 @@ new_height/new_width) or from --input-shape; the lines on stderr say which shape
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("summary", help="print a net's layers, top shapes and parameter counts",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "summary", run,
+                    help="print a net's layers, top shapes and parameter counts",
+                    examples=EXAMPLES)
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN")
     add_input_options(p)
-    p.add_argument("--level", type=int, default=0)
-    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
-    p.set_defaults(func=run)
+    add_net_state_options(p)
     return p
 
 

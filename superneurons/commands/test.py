@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from superneurons.commands._options import add_device_options, add_precision_option, pick_backend, split_stages
+from superneurons.commands._options import (add_command, add_device_options, add_net_state_options, add_precision_option,
+                                             pick_backend, split_stages)
 from superneurons.errors import UserError
 from superneurons.memory.pool import parse_size
 from superneurons.proto import superneurons_pb2 as pb
@@ -18,16 +19,15 @@ EXAMPLES = """examples:
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("test", help="score a model: run its TEST phase and average each output",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "test", run,
+                    help="score a model: run its TEST phase and average each output",
+                    examples=EXAMPLES)
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--weights", help="comma-separated .caffemodel files (without: the fillers' random weights)")
     p.add_argument("--iterations", type=int, default=50, help="number of batches to score (default 50)")
     add_device_options(p)
     add_precision_option(p)
-    p.add_argument("--level", type=int, default=0)
-    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
-    p.set_defaults(func=run)
+    add_net_state_options(p)
     return p
 
 

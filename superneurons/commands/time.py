@@ -15,8 +15,8 @@ import argparse
 import json
 import sys
 
-from superneurons.commands._options import (add_device_options, add_input_options, add_precision_option, net_state,
-                                             pick_backend, read_model, split_stages)
+from superneurons.commands._options import (add_command, add_device_options, add_input_options, add_net_state_options,
+                                             add_precision_option, net_state, pick_backend, read_model, split_stages)
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph, build_graph
 from superneurons.graph.precision import override_defaults
@@ -35,20 +35,19 @@ EXAMPLES = """examples:
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("time", help="time each layer's forward and backward pass, with memory per step",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "time", run,
+                    help="time each layer's forward and backward pass, with memory per step",
+                    examples=EXAMPLES)
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--iterations", type=int, default=50, help="timed iterations after one warm-up (default 50)")
     p.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN",
                    help="which phase's layers to time (default TRAIN, as Caffe); backward runs in both")
-    p.add_argument("--level", type=int, default=0)
-    p.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable or comma-separated)")
+    add_net_state_options(p)
     add_input_options(p)
     add_precision_option(p)
     p.add_argument("--json", action="store_true", help="print the measurements as JSON instead of a table")
     p.add_argument("--weights", help="initialise from a .caffemodel")
     add_device_options(p)
-    p.set_defaults(func=run)
     return p
 
 
