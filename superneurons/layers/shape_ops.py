@@ -91,12 +91,26 @@ class Crop(Layer):
             self.ops.crop_backward(top_diff[0], bottom_diff[0], self.offsets)
 
 
-@register("Reshape")
-class Reshape(Layer):
-    """A new shape for the same values; the top (and its diff) are views of the bottom's."""
+class ViewLayer(Layer):
+    """A layer whose top is a view of its bottom with another shape: the runtime hands the top (and its
+    diff) as views of the bottom's, so forward and backward have nothing to copy or compute."""
 
     shares_data = True
     shares_diff = True
+
+    def backward_needs(self):
+        return frozenset()
+
+    def forward(self, bottom, top):
+        pass  # top is a view of bottom
+
+    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
+        pass  # top diff is a view of bottom diff
+
+
+@register("Reshape")
+class Reshape(ViewLayer):
+    """A new shape for the same values."""
 
     def setup(self, bottom_shapes):
         p = self.param.reshape_param
@@ -138,15 +152,6 @@ class Reshape(Layer):
             raise self.fail(f"shape {dims} gives a top of {tuple(top)} ({count(top)} values) for a bottom of "
                             f"{shape} ({total} values)")
         return [tuple(int(d) for d in top)]
-
-    def backward_needs(self):
-        return frozenset()
-
-    def forward(self, bottom, top):
-        pass  # top is a view of bottom
-
-    def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
-        pass  # top diff is a view of bottom diff
 
 
 @register("Tile")
