@@ -5,7 +5,9 @@ every other exception is a bug in SuperNeurons and keeps its traceback.
 """
 from __future__ import annotations
 
+import importlib
 import re
+from types import ModuleType
 
 LONG_TOKEN = 240  # characters without a space a message quotes whole; a longer one (a mangled file's line) is cut
 _LONG = re.compile(r"\S{%d,}" % (LONG_TOKEN + 1))
@@ -56,3 +58,12 @@ class UserValueError(UserError, ValueError):
 class UserTypeError(UserError, TypeError):
     """An argument of the wrong type (a NetSpec bottom that is not a layer's output, a phase that is not
     caffe.TRAIN or caffe.TEST)."""
+
+
+def require_module(name: str, needs: str, install: str) -> ModuleType:
+    """The optional module `name` (e.g. "mpi4py.MPI"), imported; missing, a one-line error saying what
+    `needs` it, why the import failed and how to `install` it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise UserError(f"{needs} ({e}); {install}") from None

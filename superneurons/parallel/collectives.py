@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from superneurons.errors import UserError
+from superneurons.errors import require_module
 
 
 class MpiCollective:
@@ -50,12 +50,9 @@ class MpiCollective:
 
 
 def _nccl() -> Any:
-    try:
-        import nccl.core as nccl
-    except ImportError as e:
-        raise UserError(f"data parallelism on GPUs needs NCCL's Python binding ({e}); install it with "
-                        "`pip install 'superneurons[cu12]'` or `'superneurons[cu13]'` (nccl4py and NCCL of that CUDA major)") from None
-    return nccl
+    return require_module("nccl.core", "data parallelism on GPUs needs NCCL's Python binding",
+                          "install it with `pip install 'superneurons[cu12]'` or `'superneurons[cu13]'` (nccl4py "
+                          "and NCCL of that CUDA major)")
 
 
 class NcclCollective:

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from superneurons.errors import UserError
+from superneurons.errors import require_module
 
 # Set by MPI launchers in every process they start: MPICH/Intel MPI (hydra, PMI), Open MPI, PMIx, MVAPICH.
 _LAUNCHER_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
@@ -27,12 +27,8 @@ def launched_by_mpi() -> bool:
 
 
 def _mpi() -> Any:
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise UserError(f"data parallelism needs mpi4py and an MPI runtime ({e}); install them with "
-                        "`pip install mpi4py mpich`") from None
-    return MPI
+    return require_module("mpi4py.MPI", "data parallelism needs mpi4py and an MPI runtime",
+                          "install them with `pip install mpi4py mpich`")
 
 
 ABORT_GRACE_S = 0.3  # seconds between a failing rank's last words and MPI_Abort

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, require_module
 from superneurons.pycaffe import mode
 
 
@@ -53,11 +53,8 @@ class NCCL:
     @staticmethod
     def new_uid() -> bytes:
         """A fresh NCCL unique id (bytes) for one job; make it once and give it to every process."""
-        try:
-            import nccl.core as nccl
-        except ImportError as e:
-            raise UserError(f"caffe.NCCL needs NCCL's Python binding ({e}): pip install 'superneurons[cu12]' "
-                            "(or [cu13])") from None
+        nccl = require_module("nccl.core", "caffe.NCCL needs NCCL's Python binding",
+                              "pip install 'superneurons[cu12]' (or [cu13])")
         return bytes(nccl.get_unique_id())
 
     def __init__(self, solver: Any, uid: bytes):
