@@ -14,6 +14,7 @@ from superneurons.backend.cuda.probe import gpu_available
 from superneurons.data.datum import array_to_datum, encoded_datum
 from superneurons.data.lmdb_source import write_lmdb
 from superneurons.data.workers import WorkerPool
+from superneurons.dtypes import BFLOAT16, FLOAT16
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 from tests.harness import make_layer
@@ -594,3 +595,33 @@ def test_a_bug_in_a_worker_reaches_the_consumer_with_its_traceback():
             pool.next()
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("dtype", [BFLOAT16, FLOAT16], ids=["bf16", "fp16"])
+def test_a_half_data_top_gets_batches_made_in_its_type(tmp_path, dtype):
+    """A half net's data top: the workers (and the single-thread maker) round each transformed item into the
+    top's type where they make it, so the batch crosses to the device as it is stored (the slots hold half
+    values); the values are the float32 batch's rounded to nearest even."""
+    src = jpeg_db(tmp_path / "jpeg")
+
+    def take_half(workers):
+        layer, shapes = data_layer(src, 5, workers)
+        try:
+            out = []
+            for _ in range(4):
+                tops = [np.zeros(shapes[0], dtype), np.zeros(shapes[1], np.float32)]
+                layer.forward([], tops)
+                out.append(tops)
+                assert layer.batch_maker is not None
+            if workers > 1:
+                assert layer.batch_maker._ring.slot(0)[0].dtype == dtype  # the slots themselves are half
+            return out
+        finally:
+            layer.close()
+
+    full = run(lambda: data_layer(src, 5, 1), 4)
+    for workers in (1, 3):
+        half = take_half(workers)
+        for (d, label), (want, want_label) in zip(half, full):
+            np.testing.assert_array_equal(d.view(np.uint16), want.astype(dtype).view(np.uint16))
+            np.testing.assert_array_equal(label, want_label)

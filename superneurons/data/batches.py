@@ -18,6 +18,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from superneurons.data.transformer import DataTransformer
+from superneurons.dtypes import FLOAT32
 from superneurons.errors import UserError
 
 # What a random generator is for; part of its seed so the streams never overlap.
@@ -77,6 +78,9 @@ class BatchPlan:
     skip: int = 0
     rank: int = 0
     ranks: int = 1
+    # The element type the batch is delivered in: the data top's storage type (a half net's batch is rounded
+    # once, where it is made, and copied to the device as it will be stored, with no float32 staging there).
+    data_dtype: np.dtype = FLOAT32
 
     def positions(self, k: int) -> range:
         n, b = self.ranks, self.batch_size
@@ -87,14 +91,16 @@ class BatchPlan:
 @dataclass
 class Batch:
     index: int
-    data: np.ndarray  # (N, C, H, W) float32, transformed
+    data: np.ndarray  # (N, C, H, W) transformed, in the plan's data_dtype
     label: np.ndarray  # (N,) float32
 
 
 def fill_batch(reader: RecordReader, transformer: DataTransformer, plan: BatchPlan, k: int,
                data: np.ndarray, label: np.ndarray, where: str) -> None:
-    """Write batch k into `data` (B, *item_shape) float32 and `label` (B,) float32."""
+    """Write batch k into `data` (B, *item_shape) of plan.data_dtype and `label` (B,) float32. The transforms
+    compute in float32; a half batch takes each item rounded from a float32 one."""
     rng = plan.seeds.rng(BATCH, k) if transformer.uses_rng else None
+    item = np.empty(tuple(plan.item_shape), np.float32) if data.dtype != np.float32 else None
     for i, position in enumerate(plan.positions(k)):
         number, pixels, label[i] = reader.read(position)
         shape = transformer.out_shape(pixels.shape)
@@ -102,11 +108,15 @@ def fill_batch(reader: RecordReader, transformer: DataTransformer, plan: BatchPl
             raise UserError(f"{where}: record {number} gives a {_fmt(shape)} input, the first record "
                             f"a {_fmt(plan.item_shape)} one; every record of a batch needs the same shape "
                             f"(resize when converting, or set crop_size)")
-        transformer(pixels, rng, data[i])
+        if item is None:
+            transformer(pixels, rng, data[i])
+        else:
+            transformer(pixels, rng, item)
+            data[i] = item
 
 
 def new_batch(plan: BatchPlan, k: int) -> Batch:
-    return Batch(k, np.empty((plan.batch_size,) + tuple(plan.item_shape), dtype=np.float32),
+    return Batch(k, np.empty((plan.batch_size,) + tuple(plan.item_shape), dtype=plan.data_dtype),
                  np.empty((plan.batch_size,), dtype=np.float32))
 
 

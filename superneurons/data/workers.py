@@ -188,7 +188,7 @@ class SlotRing:
 
     def __init__(self, plan: BatchPlan, slots: int, name: str | None = None, where: str = ""):
         self.data_shape = (plan.batch_size,) + tuple(plan.item_shape)
-        self.data_bytes = tensor_bytes(self.data_shape, FLOAT32)
+        self.data_bytes = tensor_bytes(self.data_shape, plan.data_dtype)
         self.slot_bytes = self.data_bytes + tensor_bytes((plan.batch_size,), FLOAT32)
         self.slots = slots
         if name is None:
@@ -207,7 +207,7 @@ class SlotRing:
         self.shm.close()
         self._memory: np.ndarray | None = np.frombuffer(self._map, np.uint8, slots * self.slot_bytes)
         self._views: list[tuple[np.ndarray, np.ndarray]] | None = [
-            (self._memory[s * self.slot_bytes:s * self.slot_bytes + self.data_bytes].view(np.float32)
+            (self._memory[s * self.slot_bytes:s * self.slot_bytes + self.data_bytes].view(plan.data_dtype)
              .reshape(self.data_shape),
              self._memory[s * self.slot_bytes + self.data_bytes:(s + 1) * self.slot_bytes].view(np.float32))
             for s in range(slots)]

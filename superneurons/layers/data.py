@@ -18,6 +18,8 @@ import sys
 import weakref
 from typing import Any
 
+import numpy as np
+
 
 from superneurons.data.batches import SKIP, Batch, BatchPlan, RecordSource, Seeds, batches
 from superneurons.data.prefetch import Prefetcher
@@ -119,7 +121,7 @@ class PrefetchingDataLayer(BatchPosition, Layer):
     def forward(self, bottom, top):
         # A recomputed forward (memory manager replaying this step) must see the same batch again.
         if not (self.ctx.recomputing and self._last is not None):
-            self._last = self._take()
+            self._last = self._take(top[0].dtype)
         hosts = (self._last.data, self._last.label)[:len(top)]
         maker = self._pipe.prefetcher
         if isinstance(maker, WorkerPool) and maker.pinned:
@@ -133,12 +135,13 @@ class PrefetchingDataLayer(BatchPosition, Layer):
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         pass
 
-    def _take(self) -> Batch:
+    def _take(self, data_dtype) -> Batch:
         pipe = self._pipe
         seeds = Seeds.for_layer(self.ctx.seed, self.phase, self.layer_index)
         # Caffe skips a random number of records in [0, rand_skip) so parallel solvers see different data.
         skip = int(seeds.rng(SKIP).integers(self.rand_skip)) if self.rand_skip else 0
-        plan = BatchPlan(self.batch_size, self.item_shape, seeds, skip, self.ctx.rank, self.ctx.ranks)
+        plan = BatchPlan(self.batch_size, self.item_shape, seeds, skip, self.ctx.rank, self.ctx.ranks,
+                         np.dtype(data_dtype))
         if pipe.plan != plan:  # the run's seed was set (or changed on resume) after the makers started
             self._last = None  # it views the makers' memory
             pipe.stop()
