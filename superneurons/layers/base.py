@@ -101,6 +101,9 @@ class BufferDecl:
     array: Any = None
     # True when backward reads it: liveness keeps it alive until this layer's backward.
     for_backward: bool = True
+    # False for scratch of the backward step alone (with for_backward True): no forward step uses it, so it
+    # lives only during that step.
+    in_forward: bool = True
 
 
 class Layer:
@@ -134,12 +137,13 @@ class Layer:
     sums_top_diffs: ClassVar[bool] = False
     # Parameters the layer's math reads as operands of its data's type (a convolution's and an inner product's
     # weights: cuDNN and cuBLAS take operands of one type). When the layer stores its data in a half type,
-    # graph/precision.py gives it a working copy of each (`use_working_copies`), refreshed from the float32 master
-    # at each forward and kept to its backward: a buffer like any other, so the plan counts it.
+    # graph/precision.py gives it working copies (`use_working_copies`): one its forward rounds the float32
+    # master into, one its backward does, each a buffer of that step alone, so the plan counts them and no copy
+    # is held from forward to backward (a deep net's copies would add up to half its weights).
     data_typed_params: ClassVar[tuple[int, ...]] = ()
     # Of those, the ones whose gradient the math writes in the data's type too (cuDNN's filter gradient). It goes
-    # into the working copy once backward has read the copy (the copy is not read again before the next forward),
-    # then is added into the float32 master gradient: no second buffer.
+    # into the backward's copy once the backward has read the copy, then is added into the float32 master
+    # gradient: no third buffer.
     data_typed_grads: ClassVar[tuple[int, ...]] = ()
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -235,51 +239,58 @@ class Layer:
         self.params.append(decl)
         return decl
 
-    def add_buffer(self, name: str, shape: Shape, dtype=np.float32, for_backward: bool = True) -> BufferDecl:
-        decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward)
+    def add_buffer(self, name: str, shape: Shape, dtype=np.float32, for_backward: bool = True,
+                   in_forward: bool = True) -> BufferDecl:
+        decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward, in_forward=in_forward)
         self.buffers[name] = decl
         return decl
 
     # ---- half-precision working copies of the parameters (data_typed_params) ------------------------
     def use_working_copies(self, data_type) -> None:
-        """Declare the working copies of `data_typed_params` in the layer's storage type."""
+        """Declare the working copies of `data_typed_params` in the layer's storage type: the forward's, and the
+        backward's where the layer trains."""
         for k in self.data_typed_params:
             if k < len(self.params):
-                self.add_buffer(f"param{k}_copy", self.params[k].shape, data_type)
+                self.add_buffer(f"param{k}_copy", self.params[k].shape, data_type, for_backward=False)
+                if self.phase == pb.TRAIN:
+                    self.add_buffer(f"param{k}_copy_bw", self.params[k].shape, data_type, in_forward=False)
 
-    def refresh_working_copies(self) -> None:
-        """Round each master into its working copy (forward calls it; backward reads the same copy)."""
+    def _copy(self, k: int, backward: bool) -> BufferDecl | None:
+        return self.buffers.get(f"param{k}_copy_bw" if backward else f"param{k}_copy")
+
+    def refresh_working_copies(self, backward: bool = False) -> None:
+        """Round each master into this step's working copy (forward and backward each call it first)."""
         for k in self.data_typed_params:
-            buf = self.buffers.get(f"param{k}_copy")
+            buf = self._copy(k, backward)
             if buf is not None:
                 self.ops.copy(self.params[k].data, buf.array)
 
-    def param_operand(self, k: int) -> Any:
-        """Parameter k as the math reads it: its working copy where it has one, else the master."""
-        buf = self.buffers.get(f"param{k}_copy")
+    def param_operand(self, k: int, backward: bool = False) -> Any:
+        """Parameter k as this step's math reads it: its working copy where it has one, else the master."""
+        buf = self._copy(k, backward)
         return self.params[k].data if buf is None else buf.array
 
     def gradient_in_copy(self, k: int) -> bool:
-        """Whether parameter k's gradient is written into its working copy (read everything else of it first)."""
-        return k in self.data_typed_grads and f"param{k}_copy" in self.buffers and self.params[k].diff is not None
+        """Whether parameter k's gradient is written into the backward's copy (read everything else of it first)."""
+        return k in self.data_typed_grads and self._copy(k, True) is not None and self.params[k].diff is not None
 
     def param_gradient(self, k: int) -> tuple[Any, bool]:
         """(array, overwrite): where the math writes parameter k's gradient and whether it may overwrite it: the
-        master gradient (overwritten while it still holds the zeros it was cleared to), or the working copy
+        master gradient (overwritten while it still holds the zeros it was cleared to), or the backward's copy
         (`gradient_in_copy`; overwritten, then added into the master by `add_param_gradient`). (None, False): the
         parameter takes no gradient."""
         decl = self.params[k]
         if decl.diff is None:
             return None, False
         if self.gradient_in_copy(k):
-            return self.buffers[f"param{k}_copy"].array, True
+            return self.buffers[f"param{k}_copy_bw"].array, True
         return decl.diff, claim_cleared_diff(decl)
 
     def add_param_gradient(self, k: int) -> None:
-        """Add the half gradient left in parameter k's working copy into its float32 master gradient."""
+        """Add the half gradient left in parameter k's backward copy into its float32 master gradient."""
         if not self.gradient_in_copy(k):
             return
-        decl, copy = self.params[k], self.buffers[f"param{k}_copy"].array
+        decl, copy = self.params[k], self.buffers[f"param{k}_copy_bw"].array
         if claim_cleared_diff(decl):
             self.ops.copy(copy, decl.diff)
         else:

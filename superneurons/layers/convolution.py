@@ -128,11 +128,12 @@ class Convolution(Layer):
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff, accumulate=frozenset()):
         """`accumulate`: {0} when dx is to be added into what its memory holds (`can_accumulate_bottom_diff`)."""
-        x, w, dy = self.as_4d(bottom[0]), self.param_operand(0), self.top_as_4d(top_diff[0])
+        self.refresh_working_copies(backward=True)
+        x, w, dy = self.as_4d(bottom[0]), self.param_operand(0, backward=True), self.top_as_4d(top_diff[0])
         dx = self.as_4d(bottom_diff[0]) if propagate_down[0] else None
         db = self.bias.diff if self.bias is not None else None
         dw, overwrite_dw = self.param_gradient(0)
-        if self.gradient_in_copy(0):  # dw overwrites the half copy of W: compute dx, which reads W, first
+        if self.gradient_in_copy(0):  # dw overwrites the backward's copy of W: compute dx, which reads W, first
             self.ops.conv_backward(x, w, dy, dx, None, db, self.geom, accumulate_dx=0 in accumulate,
                                    workspace=self.ctx.workspace)
             dx = db = None

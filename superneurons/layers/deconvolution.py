@@ -60,11 +60,12 @@ class Deconvolution(Layer):
         x = ops.reshape(bottom[0], x_shape)
         if self.bias is not None:
             ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow)
+        self.refresh_working_copies(backward=True)
         if propagate_down[0]:  # dx first: the weight gradient may overwrite the half copy of W it reads
-            ops.conv_forward(dy, self.param_operand(0), None, ops.reshape(bottom_diff[0], x_shape), self.geom,
+            ops.conv_forward(dy, self.param_operand(0, backward=True), None, ops.reshape(bottom_diff[0], x_shape), self.geom,
                              workspace=self.ctx.workspace)
         # Weight gradient: the convolution's, with dy as its input and x as its output gradient.
         dw, overwrite_dw = self.param_gradient(0)
-        ops.conv_backward(dy, self.param_operand(0), x, None, dw, None, self.geom, overwrite_dw=overwrite_dw,
+        ops.conv_backward(dy, self.param_operand(0, backward=True), x, None, dw, None, self.geom, overwrite_dw=overwrite_dw,
                           workspace=self.ctx.workspace)
         self.add_param_gradient(0)

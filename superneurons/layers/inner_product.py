@@ -49,4 +49,5 @@ class InnerProduct(Layer):
             ops.bias_backward(dy, self.bias.diff, self.m, self.n, 1)
         if propagate_down[0]:
             dx = ops.reshape(bottom_diff[0], (self.m, self.k))
-            ops.gemm(False, self.transpose, 1.0, dy, self.param_operand(0), 0.0, dx)
+            self.refresh_working_copies(backward=True)
+            ops.gemm(False, self.transpose, 1.0, dy, self.param_operand(0, backward=True), 0.0, dx)

@@ -96,6 +96,7 @@ class Program:
         self.buffer_keys: dict[str, list[tuple[str, bool]]] = {  # node name -> [(key, for_backward)]
             node: [(key, for_backward) for key, _name, for_backward in bufs]
             for node, bufs in layout.buffer_keys.items()}
+        self.backward_only: set[str] = layout.backward_only  # buffers no forward step uses
         self.steps: list[StepInfo] = []
         self.seeds: list[str] = []
         self._build_steps(train, plan_backward)
@@ -133,11 +134,12 @@ class Program:
         nodes = self.graph.nodes
         for i, node in enumerate(nodes):
             uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
-            uses += [k for k, _fb in self.buffer_keys[node.name]]
+            buffers = tuple(k for k, _fb in self.buffer_keys[node.name] if k not in self.backward_only)
+            uses += buffers
             view = node.layer.views_bottom_data
             # A forward step (re)writes its tops and every buffer it keeps: a replay rebuilds them together.
             tops = () if view else tuple(r[data[t]] for t in node.tops)
-            writes = tuple(dict.fromkeys(tops + tuple(k for k, _fb in self.buffer_keys[node.name])))
+            writes = tuple(dict.fromkeys(tops + buffers))
             self.steps.append(StepInfo(i, FORWARD, node, i, tuple(dict.fromkeys(uses)), writes))
         if not train:
             return

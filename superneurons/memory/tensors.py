@@ -108,6 +108,8 @@ class TensorLayout:
     diff_key: dict[str, str] = field(default_factory=dict)  # blob -> key of its gradient (training only)
     # layer -> [(key, buffer name, whether backward reads it)]
     buffer_keys: dict[str, list[tuple[str, str, bool]]] = field(default_factory=dict)
+    # buffers only the layer's backward uses (scratch of that step: no forward writes them, nothing is kept)
+    backward_only: set[str] = field(default_factory=set)
     params: list[ParamSlot] = field(default_factory=list)  # every layer's parameters, in route order
     history: list[list[str]] = field(default_factory=list)  # per solver history set, per learnable owned parameter
     aliases: DiffAliases = field(default_factory=DiffAliases)
@@ -197,6 +199,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
         out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype, layer=node.name), name,
                                        bool(buf.for_backward))
                                       for name, buf in graph.step_layer(node).buffers.items()]
+        out.backward_only.update(key for key, name, _fb in out.buffer_keys[node.name]
+                                 if not graph.step_layer(node).buffers[name].in_forward)
         specs = layer.param.param
         for k, decl in enumerate(layer.params):
             name = specs[k].name if k < len(specs) and specs[k].name else ""
