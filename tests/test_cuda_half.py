@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = {"bf16": (2e-2, 6e-2), "fp16": (5e-3, 2e-2)}  # (loss, parameter gradient), relative
 
 # Every layer family the zoo's nets train with: convolution (+ReLU fused), BatchNorm+Scale+ReLU fused, Eltwise SUM
-# (+ReLU fused), max and average pooling, Concat, Dropout, LRN (float32), InnerProduct, SoftmaxWithLoss.
+# (+ReLU fused), max and average pooling, Concat, Dropout, LRN, InnerProduct, SoftmaxWithLoss.
 ZOO_BLOCKS = """
 name: "zoo_blocks"
 layer { name: "data" type: "DummyData" top: "data" top: "label"
@@ -90,9 +90,9 @@ def test_a_half_net_computes_what_the_cpu_computes(gpu, precision):
 
 
 def test_the_hot_ops_take_half_arrays_themselves(gpu):
-    """Convolutions, GEMMs, BatchNorm, pooling, eltwise and the activations run on half arrays directly. Only ops
-    given a mix of types cuDNN cannot take run on float32 copies: a float32 layer reading a half bottom (the loss
-    reads fc2) or a half convolution reading a float32 one (conv3 reads LRN's output)."""
+    """Convolutions, GEMMs, BatchNorm, pooling, eltwise, LRN and the activations run on half arrays directly.
+    Only ops given a mix of types cuDNN cannot take run on float32 copies: a float32 layer reading a half bottom
+    (the loss reads fc2)."""
     for precision in ("bf16", "fp16"):
         nets = _nets(gpu, precision)
         nets["cuda"].forward_backward()

@@ -7,8 +7,9 @@ or gradient; the math stays float32 (on the CPU every op computes in float32 on 
 backend/cpu/__init__.py; a math type of FLOAT16 is computed in float32 as well).
 
 Some layers keep float32 whatever the types say, as PyTorch's autocast keeps its list (`Layer.float32_only`):
-softmax, every loss, LRN, MVN, Reduction, Accuracy and ArgMax (their outputs are probabilities, losses,
-metrics and indices that half precision would round). BatchNorm's running statistics are parameters, and
+softmax, every loss, Reduction, Accuracy and ArgMax (their outputs are probabilities, losses, metrics and
+indices that half precision would round). LRN and MVN compute in float32 and store their tops in the layer's
+type, since a half convolution usually reads them next. BatchNorm's running statistics are parameters, and
 parameters (the master weights), their gradients and the solver's history are stored in the solver's
 `solver_data_type` (float32 by default). A data layer writes its first top (the batch) in the net's forward
 type and its other tops (labels) in float32: bfloat16 holds integers exactly only up to 256. For the same

@@ -13,7 +13,8 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("LRN")
 class LRN(Layer):
-    float32_only = True
+    # Computes in float32 (the CPU's ops and the GPU's kernels) but stores its top in the layer's type, as a
+    # half convolution usually reads it next (a float32 top there ran that convolution on float32 copies).
 
     def setup(self, bottom_shapes):
         p = self.param.lrn_param
