@@ -113,6 +113,15 @@ def close(got, want, rtol=1e-5, atol_scale=1e-5) -> float:
     return float(np.abs(got - want).max(initial=0))
 
 
+def dummy_images(n: int, c: int, h: int, w: int) -> str:
+    """The DummyData layer of the test nets: `data` n x c x h x w standard-normal images and `label` n class
+    ids of 10 classes (uniform in [0, 9.99], which the losses truncate to 0..9)."""
+    return f"""layer {{ name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param {{ shape {{ dim: {n} dim: {c} dim: {h} dim: {w} }} shape {{ dim: {n} }}
+    data_filler {{ type: "gaussian" std: 1 }} data_filler {{ type: "uniform" min: 0 max: 9.99 }} }} }}
+"""
+
+
 def one_iteration_on_both(gpu, prototxt: str) -> tuple[dict, dict]:
     """Build the TRAIN net of `prototxt` on the CPU and the GPU from one seed and run forward and backward
     once; the losses must agree. Returns ({"cpu": net, "cuda": net}, {"cpu": loss, "cuda": loss})."""

@@ -39,6 +39,22 @@ def make_layer(prototxt: str, bottom_shapes, phase=pb.TRAIN, rng=None, dtype=np.
     return layer, [tuple(s) for s in top_shapes]
 
 
+def assert_setup_refuses(prototxt: str, bottom_shapes, words, phase=pb.TRAIN) -> None:
+    """Setting up the layer must fail with a UserError that names the layer (its name and type, as the
+    prototxt gives them) and holds every one of `words`."""
+    import pytest
+
+    from superneurons.errors import UserError
+
+    param = text_format.Parse(prototxt, pb.LayerParameter())
+    with pytest.raises(UserError) as err:
+        make_layer(prototxt, bottom_shapes, phase=phase)
+    msg = str(err.value)
+    assert f"'{param.name}'" in msg and param.type in msg, msg
+    for word in words:
+        assert word in msg, (word, msg)
+
+
 def forward(layer, bottoms, top_shapes, dtype=np.float64):
     tops = [np.zeros(s, dtype) for s in top_shapes]
     layer.forward(bottoms, tops)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gpu_harness import GPU_ONLY, NET_CPU as CPU
+from gpu_harness import GPU_ONLY, NET_CPU as CPU, dummy_images
 from superneurons.backend.cuda import half_math
 from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults
@@ -34,12 +34,7 @@ TOLERANCE = {"bf16": (2e-2, 6e-2), "fp16": (5e-3, 2e-2)}  # (loss, parameter gra
 
 # Every layer family the zoo's nets train with: convolution (+ReLU fused), BatchNorm+Scale+ReLU fused, Eltwise SUM
 # (+ReLU fused), max and average pooling, Concat, Dropout, LRN, InnerProduct, SoftmaxWithLoss.
-ZOO_BLOCKS = """
-name: "zoo_blocks"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 }
-    shape { dim: 32 dim: 3 dim: 32 dim: 32 } shape { dim: 32 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+ZOO_BLOCKS = 'name: "zoo_blocks"\n' + dummy_images(32, 3, 32, 32) + """layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "msra" } bias_term: false } }
 layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
 layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }

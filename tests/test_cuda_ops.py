@@ -14,7 +14,8 @@ import pytest
 from superneurons.backend.geometry import ConvGeometry, LRNGeometry, PoolGeometry
 from test_activations import OPS
 import gpu_harness
-from gpu_harness import FLOAT32_VALUES, CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
+from gpu_harness import (FLOAT32_VALUES, CPU, GPU_ONLY, assert_param_grads_match, close, dev, dummy_images, f32,
+                         one_iteration_on_both, randn, run_both)
 
 pytestmark = GPU_ONLY
 
@@ -480,12 +481,7 @@ def test_solver_updates(gpu, rng, rule):
 
 
 NETS = {
-    "lenet": """
-name: "LeNet"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } shape { dim: 64 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+    "lenet": 'name: "LeNet"\n' + dummy_images(64, 1, 28, 28) + """layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } bias_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
@@ -498,12 +494,7 @@ layer { name: "drop1" type: "Dropout" bottom: "ip1" top: "ip1" dropout_param { d
 layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
 """,
-    "small_convnet": """
-name: "SmallConv"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 16 dim: 3 dim: 32 dim: 32 } shape { dim: 16 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+    "small_convnet": 'name: "SmallConv"\n' + dummy_images(16, 3, 32, 32) + """layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
 layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
 layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }

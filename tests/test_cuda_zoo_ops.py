@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from superneurons.backend.geometry import ConvGeometry
-from gpu_harness import FLOAT32_VALUES, CPU, GPU_ONLY, assert_param_grads_match, close, dev, f32, one_iteration_on_both, randn, run_both
+from gpu_harness import (FLOAT32_VALUES, CPU, GPU_ONLY, assert_param_grads_match, close, dev, dummy_images, f32,
+                         one_iteration_on_both, randn, run_both)
 
 pytestmark = GPU_ONLY
 
@@ -217,12 +218,7 @@ def test_depthwise_conv(gpu, rng, n, c, hw, stride):
 
 
 ZOO_NETS = {
-    "neurons_and_shapes": """
-name: "ZooA"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 8 dim: 16 dim: 12 dim: 12 } shape { dim: 8 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
-layer { name: "dw" type: "Convolution" bottom: "data" top: "dw"
+    "neurons_and_shapes": 'name: "ZooA"\n' + dummy_images(8, 16, 12, 12) + """layer { name: "dw" type: "Convolution" bottom: "data" top: "dw"
   convolution_param { num_output: 16 kernel_size: 3 pad: 1 group: 16 weight_filler { type: "msra" } } }
 layer { name: "prelu" type: "PReLU" bottom: "dw" top: "prelu" }
 layer { name: "deconv" type: "Deconvolution" bottom: "prelu" top: "deconv"
