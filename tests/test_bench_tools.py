@@ -3,6 +3,7 @@ the checkpoint segmenter, the report, and one worker run of our Solver on the CP
 (the PyTorch twin test is skipped without torch)."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 
@@ -43,6 +44,16 @@ def test_parse_batches_and_nets():
     with pytest.raises(SystemExit, match="unknown net"):
         common.parse_nets("resnet51")
     assert common.parse_size("12G") == 12 << 30
+
+
+def test_net_batches_pairs_each_net_with_its_batches():
+    args = argparse.Namespace(nets="resnet50,alexnet", batches="resnet50=64:128")
+    rn, ax = common.NETS["resnet50"], common.NETS["alexnet"]
+    assert common.net_batches(args) == [("resnet50", rn, 64), ("resnet50", rn, 128),
+                                        ("alexnet", ax, ax.speed_batch)]
+    assert common.net_batches(args, [200]) == [("resnet50", rn, 64), ("resnet50", rn, 128), ("alexnet", ax, 200)]
+    args.batches = "16"
+    assert common.net_batches(args) == [("resnet50", rn, 16), ("alexnet", ax, 16)]
 
 
 def test_every_benchmark_parses_its_arguments():

@@ -171,6 +171,14 @@ def batches_for(net: str, batches: dict[str, list[int]] | list[int], default: Se
     return list(batches) or list(default)
 
 
+def net_batches(args: argparse.Namespace, default: Sequence[int] | None = None) -> list[tuple[str, NetSpec, int]]:
+    """(net, its spec, batch) for every net of --nets and every batch --batches gives it; without one,
+    `default` (the net's speed_batch when None)."""
+    batches = parse_batches(args.batches)
+    return [(net, NETS[net], b) for net in parse_nets(args.nets)
+            for b in batches_for(net, batches, [NETS[net].speed_batch] if default is None else default)]
+
+
 def parse_size(text: str | int | None) -> int | None:
     if text is None or text == "":
         return None

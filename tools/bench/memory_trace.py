@@ -65,31 +65,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    batches = common.parse_batches(args.batches)
     rows, raw = [], {}
-    for net in common.parse_nets(args.nets):
-        for b in common.batches_for(net, batches, [200]):
-            picture, plan = plan_picture(net, b, out)
-            print(f"plan picture: {picture}", flush=True)
-            measured: dict = {}
-            if not args.plan_only and not args.no_ours:
-                measured = common.run_worker([dict(kind="memory_trace", net=net, batch=b, device=args.device,
-                                                   modes=[m for m in args.modes.split(",") if m])],
-                                             args.timeout, log=common.log_path(args, "memory_trace"))[0]
-                if any(m.get("measured") for m in measured.get("modes", {}).values()):
-                    trace_png = out / f"memory_trace_{net}_{b}.png"
-                    measured_picture(measured, trace_png, f"{common.NETS[net].label} batch {b}: pool bytes per step")
-                    print(f"measured picture: {trace_png}", flush=True)
-            raw[f"{net}@{b}"] = {"plan": plan, "measured": measured, "plan_png": picture.name}
-            for mode in ("baseline",) + MODES:
-                m = measured.get("modes", {}).get(mode, {})
-                peak_m = max(m["measured"]) if m.get("measured") else None
-                rows.append([common.NETS[net].label, b, mode, round(plan["peaks"][mode] / common.MiB, 1),
-                             None if peak_m is None else round(peak_m / common.MiB, 1),
-                             None if m.get("max_abs_diff") is None else round(m["max_abs_diff"] / common.MiB, 2),
-                             m.get("equal"),
-                             str(m.get("error") or ("" if m or measured.get("ok", True) or mode == "baseline"
-                                                    else measured.get("error")))[:80] or None])
+    for net, spec, b in common.net_batches(args, [200]):
+        picture, plan = plan_picture(net, b, out)
+        print(f"plan picture: {picture}", flush=True)
+        measured: dict = {}
+        if not args.plan_only and not args.no_ours:
+            measured = common.run_worker([dict(kind="memory_trace", net=net, batch=b, device=args.device,
+                                               modes=[m for m in args.modes.split(",") if m])],
+                                         args.timeout, log=common.log_path(args, "memory_trace"))[0]
+            if any(m.get("measured") for m in measured.get("modes", {}).values()):
+                trace_png = out / f"memory_trace_{net}_{b}.png"
+                measured_picture(measured, trace_png, f"{spec.label} batch {b}: pool bytes per step")
+                print(f"measured picture: {trace_png}", flush=True)
+        raw[f"{net}@{b}"] = {"plan": plan, "measured": measured, "plan_png": picture.name}
+        for mode in ("baseline",) + MODES:
+            m = measured.get("modes", {}).get(mode, {})
+            peak_m = max(m["measured"]) if m.get("measured") else None
+            rows.append([spec.label, b, mode, round(plan["peaks"][mode] / common.MiB, 1),
+                         None if peak_m is None else round(peak_m / common.MiB, 1),
+                         None if m.get("max_abs_diff") is None else round(m["max_abs_diff"] / common.MiB, 2),
+                         m.get("equal"),
+                         str(m.get("error") or ("" if m or measured.get("ok", True) or mode == "baseline"
+                                                else measured.get("error")))[:80] or None])
     header = ["net", "batch", "mode", "planned peak MiB", "measured peak MiB", "max |measured - plan| MiB",
               "equal every step", "note"]
     common.finish("memory_trace", "Memory per step, plan and measured pool trace (Fig. 10)", args, header, rows,

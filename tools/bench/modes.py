@@ -29,27 +29,24 @@ def main(argv: list[str] | None = None) -> int:
         args.iterations, args.warmup = min(args.iterations, 5), 2
     budget = common.parse_size(args.budget) if args.budget else None
     log = common.log_path(args, "modes")
-    batches = common.parse_batches(args.batches)
     rows, raw = [], {}
-    for net in common.parse_nets(args.nets):
-        spec = common.NETS[net]
-        for b in common.batches_for(net, batches, [spec.speed_batch]):
-            base = None
-            for mode in args.modes.split(","):
-                task = dict(kind="ours", net=net, batch=b, memory=mode, budget=budget, iterations=args.iterations,
-                            warmup=args.warmup, profile=args.profile, device=args.device,
-                            checkpoints=args.checkpoints)
-                r = common.run_worker([task], args.timeout, log=log)[0]
-                raw[f"{net}@{b}:{mode}"] = r
-                if mode == "baseline" and r.get("ok"):
-                    base = r.get("img_per_s")
-                per = r.get("per_iteration") or {}
-                moved = ((per.get("bytes_offloaded") or 0) + (per.get("bytes_prefetched") or 0)) / 2**20
-                rows.append([spec.label, b, mode, r.get("memory_mode"), r.get("img_per_s"),
-                             common.ratio(r.get("img_per_s"), base), moved, per.get("replays"),
-                             (r.get("pool_high_water") or 0) / 2**20, "" if r.get("ok") else str(r.get("error"))[:100]])
-                if r.get("profile"):
-                    print(f"--- profile {net} b{b} {mode}\n{r['profile']}")
+    for net, spec, b in common.net_batches(args):
+        base = None
+        for mode in args.modes.split(","):
+            task = dict(kind="ours", net=net, batch=b, memory=mode, budget=budget, iterations=args.iterations,
+                        warmup=args.warmup, profile=args.profile, device=args.device,
+                        checkpoints=args.checkpoints)
+            r = common.run_worker([task], args.timeout, log=log)[0]
+            raw[f"{net}@{b}:{mode}"] = r
+            if mode == "baseline" and r.get("ok"):
+                base = r.get("img_per_s")
+            per = r.get("per_iteration") or {}
+            moved = ((per.get("bytes_offloaded") or 0) + (per.get("bytes_prefetched") or 0)) / 2**20
+            rows.append([spec.label, b, mode, r.get("memory_mode"), r.get("img_per_s"),
+                         common.ratio(r.get("img_per_s"), base), moved, per.get("replays"),
+                         (r.get("pool_high_water") or 0) / 2**20, "" if r.get("ok") else str(r.get("error"))[:100]])
+            if r.get("profile"):
+                print(f"--- profile {net} b{b} {mode}\n{r['profile']}")
     header = ["net", "batch", "mode", "ran as", "img/s", "/ baseline", "MiB moved/iter", "replayed/iter",
               "pool high water MiB", "note"]
     common.finish("modes", "Speed per memory mode", args, header, rows, extra={"raw": raw})

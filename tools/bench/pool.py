@@ -24,23 +24,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.nets, args.iterations, args.warmup = "resnet50", min(args.iterations, 5), 2
     log = common.log_path(args, "pool")
-    batches = common.parse_batches(args.batches)
     rows, raw = [], {}
-    for net in common.parse_nets(args.nets):
-        spec = common.NETS[net]
-        for b in common.batches_for(net, batches, [spec.speed_batch]):
-            res = {}
-            for name, env in ALLOCATORS:
-                task = dict(kind="ours", net=net, batch=b, memory=args.memory, iterations=args.iterations,
-                            warmup=args.warmup, expect_allocator=None if name == "pool" else "malloc")
-                res[name] = common.run_worker([task], args.timeout, env=env, log=log)[0]
-            p, m = res["pool"], res["cudaMalloc"]
-            per = p.get("per_iteration") or {}
-            note = "; ".join(str(r.get("error"))[:90] for r in (p, m) if not r.get("ok", True))
-            rows.append([spec.label, b, args.memory, per.get("allocs"), p.get("img_per_s"), m.get("img_per_s"),
-                         common.ratio(p.get("img_per_s"), m.get("img_per_s")), p.get("ms_per_iter"),
-                         m.get("ms_per_iter"), note])
-            raw[f"{net}@{b}"] = res
+    for net, spec, b in common.net_batches(args):
+        res = {}
+        for name, env in ALLOCATORS:
+            task = dict(kind="ours", net=net, batch=b, memory=args.memory, iterations=args.iterations,
+                        warmup=args.warmup, expect_allocator=None if name == "pool" else "malloc")
+            res[name] = common.run_worker([task], args.timeout, env=env, log=log)[0]
+        p, m = res["pool"], res["cudaMalloc"]
+        per = p.get("per_iteration") or {}
+        note = "; ".join(str(r.get("error"))[:90] for r in (p, m) if not r.get("ok", True))
+        rows.append([spec.label, b, args.memory, per.get("allocs"), p.get("img_per_s"), m.get("img_per_s"),
+                     common.ratio(p.get("img_per_s"), m.get("img_per_s")), p.get("ms_per_iter"),
+                     m.get("ms_per_iter"), note])
+        raw[f"{net}@{b}"] = res
     header = ["net", "batch", "mode", "allocs/iter", "pool img/s", "cudaMalloc img/s", "speedup", "pool ms/iter",
               "cudaMalloc ms/iter", "note"]
     common.finish("pool", "Heap pool against cudaMalloc/cudaFree per tensor (Table 2)", args, header, rows,

@@ -34,26 +34,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.iterations, args.warmup = min(args.iterations, 5), 2
     log = common.log_path(args, "workspace")
-    batches = common.parse_batches(args.batches)
     rows, algo_rows, raw = [], [], {}
-    for net in common.parse_nets(args.nets):
-        spec = common.NETS[net]
-        for b in common.batches_for(net, batches, [spec.speed_batch]):
-            plan = budgets_for(net, b, args.memory, args.budgets)
-            tasks = [dict(kind="ours", net=net, batch=b, memory=args.memory, budget=budget, workspace=ws,
-                          iterations=args.iterations, warmup=args.warmup, algorithms=True)
-                     for budget, ws in plan if ws > 0]
-            results = common.run_worker(tasks, args.timeout, log=log)
-            raw[f"{net}@{b}"] = results
-            for r in results:
-                rows.append([spec.label, b, _gib(r["task"]["budget"]), round(r["task"]["workspace"] / common.MiB),
-                             r.get("memory_mode"), r.get("img_per_s"), None if r.get("ok") else str(r.get("error"))[:80]])
-            per_layer: dict[str, list[str]] = {}
-            for r in results:
-                for a in r.get("algorithms", []):
-                    per_layer.setdefault(a["layer"], []).append(a["algo"])
-            for layer, algos in per_layer.items():
-                algo_rows.append([spec.label, b, layer] + algos + [""] * (len(results) - len(algos)))
+    for net, spec, b in common.net_batches(args):
+        plan = budgets_for(net, b, args.memory, args.budgets)
+        tasks = [dict(kind="ours", net=net, batch=b, memory=args.memory, budget=budget, workspace=ws,
+                      iterations=args.iterations, warmup=args.warmup, algorithms=True)
+                 for budget, ws in plan if ws > 0]
+        results = common.run_worker(tasks, args.timeout, log=log)
+        raw[f"{net}@{b}"] = results
+        for r in results:
+            rows.append([spec.label, b, _gib(r["task"]["budget"]), round(r["task"]["workspace"] / common.MiB),
+                         r.get("memory_mode"), r.get("img_per_s"), None if r.get("ok") else str(r.get("error"))[:80]])
+        per_layer: dict[str, list[str]] = {}
+        for r in results:
+            for a in r.get("algorithms", []):
+                per_layer.setdefault(a["layer"], []).append(a["algo"])
+        for layer, algos in per_layer.items():
+            algo_rows.append([spec.label, b, layer] + algos + [""] * (len(results) - len(algos)))
     header = ["net", "batch", "budget GiB", "workspace MiB", "mode", "img/s", "note"]
     cols = [f"algorithms at budget {i + 1}" for i in range(max((len(r) - 3 for r in algo_rows), default=2))]
     tables = [{"title": "cuDNN algorithms per convolution (f: forward, d: backward data, w: backward filter)",
