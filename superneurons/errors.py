@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from types import ModuleType
+from typing import Callable
 
 LONG_TOKEN = 240  # characters without a space a message quotes whole; a longer one (a mangled file's line) is cut
 _LONG = re.compile(r"\S{%d,}" % (LONG_TOKEN + 1))
@@ -67,3 +69,14 @@ def require_module(name: str, needs: str, install: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as e:
         raise UserError(f"{needs} ({e}); {install}") from None
+
+
+def exit_status(prog: str, work: Callable[[], object]) -> int:
+    """A script's exit status for running `work`: 0 when it finishes; a UserError is one line
+    `prog: error: ...` on stderr and 1, as the CLI reports one."""
+    try:
+        work()
+    except UserError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return 0

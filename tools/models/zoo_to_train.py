@@ -27,7 +27,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from superneurons.errors import UserError
+from superneurons.errors import UserError, exit_status
 from superneurons.io.prototxt import read_net
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -196,31 +196,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="with --deploy: the training prototxt to write")
     p.add_argument("--side", type=int, help="with --deploy: input height and width (default: the deploy's)")
     args = p.parse_args(argv)
-    try:
-        if args.deploy:
-            if not args.out:
-                raise UserError("--deploy needs --out FILE")
-            net = convert(read_net(args.deploy), batch=args.batch or 1, side=args.side, label=args.label,
-                          where=args.deploy)
-            Path(args.out).write_text(net_text(net, os.path.basename(args.deploy)))
-            print(f"wrote {args.out}")
-            return 0
-        if not args.zoo:
-            raise UserError("give the model zoo folder (holding caffe/models/...) or --deploy FILE --out FILE")
-        zoo = Path(args.zoo)
-        if not zoo.is_dir():
-            raise UserError(f"{zoo}: not a folder")
-        names = [n.strip() for n in args.only.split(",")] if args.only else list(SPECS)
-        unknown = [n for n in names if n not in SPECS]
-        if unknown:
-            raise UserError(f"--only: unknown net(s) {', '.join(unknown)}; known: {', '.join(SPECS)}")
-        for name in names:
-            for path in write_model(zoo, name, SPECS[name], Path(args.out_dir), args.batch, args.label):
-                print(f"wrote {path}")
-    except UserError as e:
-        print(f"zoo_to_train: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("zoo_to_train", lambda: _convert(args))
+
+
+def _convert(args: argparse.Namespace) -> None:
+    """Convert the one --deploy file, or every zoo net (--only: some) into models/<name>/."""
+    if args.deploy:
+        if not args.out:
+            raise UserError("--deploy needs --out FILE")
+        net = convert(read_net(args.deploy), batch=args.batch or 1, side=args.side, label=args.label,
+                      where=args.deploy)
+        Path(args.out).write_text(net_text(net, os.path.basename(args.deploy)))
+        print(f"wrote {args.out}")
+        return
+    if not args.zoo:
+        raise UserError("give the model zoo folder (holding caffe/models/...) or --deploy FILE --out FILE")
+    zoo = Path(args.zoo)
+    if not zoo.is_dir():
+        raise UserError(f"{zoo}: not a folder")
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(SPECS)
+    unknown = [n for n in names if n not in SPECS]
+    if unknown:
+        raise UserError(f"--only: unknown net(s) {', '.join(unknown)}; known: {', '.join(SPECS)}")
+    for name in names:
+        for path in write_model(zoo, name, SPECS[name], Path(args.out_dir), args.batch, args.label):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":
