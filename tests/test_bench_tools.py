@@ -529,3 +529,21 @@ def test_checkpointed_blocks_recompute_under_autocast(config):
     assert runs["checkpoint"][0] == pytest.approx(runs["plain"][0], rel=1e-3)
     for a, b in zip(runs["plain"][1], runs["checkpoint"][1]):
         assert torch.allclose(a, b, rtol=2e-2, atol=1e-3 * float(a.abs().max()) + 1e-6)
+
+
+def test_fits_in_memory_says_whether_the_steps_ran_out_and_always_releases(monkeypatch):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no device here: the steps are plain Python
+    released = []
+
+    def out_of_memory():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    def broken():
+        raise ValueError("not a memory problem")
+
+    assert torch_nets.fits_in_memory(lambda: None, lambda: released.append("fit")) is True
+    assert torch_nets.fits_in_memory(out_of_memory, lambda: released.append("oom")) is False
+    with pytest.raises(ValueError):
+        torch_nets.fits_in_memory(broken, lambda: released.append("error"))
+    assert released == ["fit", "oom", "error"]

@@ -480,6 +480,8 @@ class TorchSide:
         """The widest batch (multiple of 8) whose checkpointed training step (SGD with momentum) fits the
         budget less DDP's gradient buckets, probed without DDP (no collective can hang on an out-of-memory),
         the smallest of every rank's; `__init__` steps down from it should DDP itself not fit."""
+        from tools.bench import torch_nets
+
         torch = self.torch
         model, shape = self._model(8)
         grads = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -487,22 +489,19 @@ class TorchSide:
         self._cap(self.a.budget - grads)
 
         def fits(b: int) -> bool:
-            x = y = None
-            try:
+            def steps() -> None:  # the batch lives in this frame only: gone once it returns or fails
                 x = torch.randn((b,) + tuple(shape[1:]), device="cuda")
                 y = torch.full((b,), 7, dtype=torch.long, device="cuda")
                 for _ in range(2):
                     opt.zero_grad(set_to_none=True)
                     model(x, y).backward()
                     opt.step()
-                torch.cuda.synchronize()
-                return True
-            except torch.cuda.OutOfMemoryError:
-                return False
-            finally:
-                x = y = None
+
+            def release() -> None:
                 opt.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
+
+            return torch_nets.fits_in_memory(steps, release)
 
         start = common.NETS[self.a.net].torch_checkpoint_widest or self.a.batch
         best = common.search_edge(fits, start, step=8, max_probes=7)

@@ -586,24 +586,37 @@ def measure(net: str, variant: str, batch: int, iterations: int = 10, warmup: in
     return result
 
 
-def _fits(trainer_for: Callable[[int], Any], batch_of: Callable[[int], int], value: int, iterations: int) -> bool:
+def fits_in_memory(steps: Callable[[], None], release: Callable[[], None]) -> bool:
+    """Whether `steps` (training steps at a probed size) run to the end on the GPU without running out of
+    memory; `release` then frees what they left (gradients, batches, the allocator's cache), fit or not."""
     torch = _torch()
-    tr = None
     try:
-        tr = trainer_for(value)
-        tr.set_batch(batch_of(value))
-        for _ in range(iterations):
-            tr.step()
+        steps()
         torch.cuda.synchronize()
         return True
     except torch.cuda.OutOfMemoryError:
         return False
     finally:
-        if tr is not None:
+        release()
+
+
+def _fits(trainer_for: Callable[[int], Any], batch_of: Callable[[int], int], value: int, iterations: int) -> bool:
+    made: list[Any] = []
+
+    def steps() -> None:
+        made.append(trainer_for(value))
+        made[0].set_batch(batch_of(value))
+        for _ in range(iterations):
+            made[0].step()
+
+    def release() -> None:
+        for tr in made:
             tr.opt.zero_grad(set_to_none=True)
             tr.x = tr.y = None
-        del tr
+        made.clear()
         _clean()
+
+    return fits_in_memory(steps, release)
 
 
 def widest(net: str, variant: str, start: int, budget: int, step: int = 8, max_probes: int = 8,
