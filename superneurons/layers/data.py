@@ -27,8 +27,9 @@ from superneurons.data.record_db import LEVELDB, LMDB
 from superneurons.data.records import DatumRecords
 from superneurons.data.transformer import DataTransformer, effective_transform_param
 from superneurons.data.workers import WorkerPool, WorkersUnavailable, choose_workers
-from superneurons.layers.base import Layer, register
+from superneurons.layers.base import register
 from superneurons.layers.batch_position import BatchPosition
+from superneurons.layers.source import SourceLayer
 from superneurons.proto import superneurons_pb2 as pb
 
 DEFAULT_PREFETCH = 4
@@ -52,12 +53,9 @@ class _Pipeline:
         self.source.close()
 
 
-class PrefetchingDataLayer(BatchPosition, Layer):
+class PrefetchingDataLayer(BatchPosition, SourceLayer):
     """Base of layers whose batches come from a RecordSource through a DataTransformer."""
 
-    is_data = True
-    has_backward = False
-    n_bottoms = (0, 0)
     n_tops = (1, 2)
 
     # ---- what a subclass provides ----------------------------------------------------------

@@ -15,18 +15,16 @@ from __future__ import annotations
 import numpy as np
 
 from superneurons.errors import UserError
-from superneurons.layers.base import Layer, register
+from superneurons.layers.base import register
 from superneurons.layers.fillers import fill, random_spec
+from superneurons.layers.source import SourceLayer
 from superneurons.proto import superneurons_pb2 as pb
 
 _LEGACY = ("num", "channels", "height", "width")
 
 
 @register("DummyData")
-class DummyData(Layer):
-    is_data = True
-    has_backward = False
-    n_bottoms = (0, 0)
+class DummyData(SourceLayer):
     n_tops = (1, None)
 
     def setup(self, bottom_shapes):

@@ -22,15 +22,13 @@ from superneurons.data.hdf5_source import Hdf5Rows
 from superneurons.io.caffemodel import require_h5py
 from superneurons.layers.base import Layer, register
 from superneurons.layers.batch_position import BatchPosition
+from superneurons.layers.source import SourceLayer
 
 _OUTPUT_NAMES = ("data", "label")  # Caffe's HDF5_DATA_DATASET_NAME and HDF5_DATA_LABEL_NAME
 
 
 @register("HDF5Data")
-class HDF5Data(BatchPosition, Layer):
-    is_data = True
-    has_backward = False
-    n_bottoms = (0, 0)
+class HDF5Data(BatchPosition, SourceLayer):
     n_tops = (1, None)
 
     def setup(self, bottom_shapes):

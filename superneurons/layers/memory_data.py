@@ -17,13 +17,11 @@ import numpy as np
 from superneurons.errors import UserError
 from superneurons.layers.base import Layer, register
 from superneurons.layers.batch_position import BatchPosition
+from superneurons.layers.source import SourceLayer
 
 
 @register("MemoryData")
-class MemoryData(BatchPosition, Layer):
-    is_data = True
-    has_backward = False
-    n_bottoms = (0, 0)
+class MemoryData(BatchPosition, SourceLayer):
     n_tops = (1, 2)
 
     def setup(self, bottom_shapes):
