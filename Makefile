@@ -55,8 +55,10 @@ test: lint
 gpu-test:
 	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}$(CURDIR) python3 -m pytest -q -m gpu tests
 
+# The messages and their stubs (.pyi), which give type checkers the fields the generated module builds at run time.
 proto: $(DEV)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=superneurons/proto proto/superneurons.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=superneurons/proto --pyi_out=superneurons/proto \
+	    proto/superneurons.proto
 
 clean:
 	rm -rf data/digits snapshots
