@@ -14,11 +14,22 @@ COUNTERS = ("bytes_offloaded", "bytes_prefetched", "hits", "misses", "host_pinne
 
 
 class MovementCounters:
+    # Counted by the manager as it copies.
     bytes_offloaded = 0
     bytes_prefetched = 0
-    hits = 0
-    misses = 0
-    host_pinned_bytes = 0
+
+    # Read from what keeps them (the Tensor Cache, the host store): read-only, zero where there is none.
+    @property
+    def hits(self) -> int:
+        return 0
+
+    @property
+    def misses(self) -> int:
+        return 0
+
+    @property
+    def host_pinned_bytes(self) -> int:
+        return 0
     _iteration_start: tuple[int, ...] = (0,) * len(COUNTERS)
 
     def _totals(self) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from superneurons.graph.build import Graph
     from superneurons.layers.base import ParamDecl
     from superneurons.memory.cost import Choice
-    from superneurons.memory.params import OffloadedParams
+    from superneurons.memory.params import OffloadedParams, ResidentParams
     from superneurons.memory.pool import HeapPool, MallocPool
     from superneurons.memory.tensors import TensorLayout
     from superneurons.memory.steps import Step, Tensor
@@ -76,8 +76,8 @@ class MemoryManager(StepHooks, MovementCounters, ABC):
         self.recompute_limit = recompute_limit
         self.auto: Choice | None = None  # under --memory auto: the choice that picked this manager
         # The store that streams parameters from the host, when this manager decided to (params.py);
-        # None: parameters stay where `setup` placed them.
-        self.param_store: OffloadedParams | None = None
+        # ResidentParams or None: parameters stay where `setup` placed them.
+        self.param_store: OffloadedParams | ResidentParams | None = None
 
     @abstractmethod
     def setup(self) -> None:

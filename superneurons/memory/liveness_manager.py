@@ -8,7 +8,7 @@ parameters (resident, or streamed through `params.py`), checks the floor, and ru
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from superneurons.errors import PoolExhausted, UserError
 from superneurons.memory.interface import MemoryManager, NetServices
@@ -22,9 +22,13 @@ from superneurons.memory.tensors import PARAM_KINDS  # parameters, their gradien
 if TYPE_CHECKING:
     from superneurons.memory.steps import Step, Tensor
 
+# A compiled schedule action: the bound method that does it, and its argument (a tensor key; RUN's replay index).
+Action = tuple[Callable[[Any], object], Any]
+
 
 class LivenessManager(MemoryManager):
     name = "liveness"
+    param_store: OffloadedParams | ResidentParams  # `setup` picks it; these managers always have one
 
     def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
                  recompute_limit: int = 0):
@@ -75,7 +79,7 @@ class LivenessManager(MemoryManager):
         self._compile(schedule)
         self.in_setup = False
 
-    def _param_store(self, params: list):
+    def _param_store(self, params: list) -> OffloadedParams | ResidentParams:
         """Stream the parameters through the pool when the pool cannot hold them all beside this mode's
         planned peak; keep them resident otherwise (`MemoryPlan.need` decides the same way). The policy's
         param_offload true / false forces either."""
@@ -149,10 +153,10 @@ class LivenessManager(MemoryManager):
             f"pool/--gpu-memory or a leaner --memory mode")
 
     def _compile(self, schedule) -> None:
-        do = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,
+        do: dict[str, Callable[[Any], object]] = {ALLOC: self._alloc, FREE: self._free, OFFLOAD: self._offload, PREFETCH: self._prefetch,
               RUN: self._run}
-        self.before = [[(do[op], arg) for op, arg in acts] for acts in schedule.before]
-        self.after = [[(do[op], arg) for op, arg in acts] for acts in schedule.after]
+        self.before: list[list[Action]] = [[(do[op], arg) for op, arg in acts] for acts in schedule.before]
+        self.after: list[list[Action]] = [[(do[op], arg) for op, arg in acts] for acts in schedule.after]
 
     # -- the hooks -----------------------------------------------------------------------------
     def before_forward(self, i: int, step: Step) -> None:
@@ -186,7 +190,7 @@ class LivenessManager(MemoryManager):
     def _enter(self, s: int) -> None:
         self.trace.append(self._run_actions(self.before[s]) - self.param_bytes)
 
-    def _run_actions(self, actions: list) -> int:
+    def _run_actions(self, actions: list[Action]) -> int:
         """Run a before-list; returns the pool's peak meanwhile (transient replay tensors included).
         Tracked here rather than with pool.high_water, which belongs to the profiler."""
         pool = self.net.pool

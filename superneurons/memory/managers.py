@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 from superneurons.memory.baseline_manager import BaselineManager
+from superneurons.memory.interface import MemoryManager
 from superneurons.memory.liveness_manager import LivenessManager
 from superneurons.memory.offload_manager import OffloadManager, _without_moves
 from superneurons.memory.recompute_manager import RecomputeManager
 
-MANAGERS = {"baseline": BaselineManager, "liveness": LivenessManager, "offload": OffloadManager,
-            "recompute": RecomputeManager}
+MANAGERS: dict[str, type[MemoryManager]] = {"baseline": BaselineManager, "liveness": LivenessManager,
+                                             "offload": OffloadManager, "recompute": RecomputeManager}
 
 __all__ = ["MANAGERS", "BaselineManager", "LivenessManager", "OffloadManager", "RecomputeManager", "_without_moves"]

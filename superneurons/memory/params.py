@@ -25,7 +25,7 @@ NumPy copies, which SUPERNEURONS_TRANSFER_LAG=N delays, so CI catches a home rea
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable, Literal
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def layers_computed_by(graph: Any) -> list[list[Any]]:
 class ResidentParams:
     """Parameters placed once at setup by the memory manager; the hooks do nothing."""
 
-    offloaded = False
+    offloaded: ClassVar[Literal[False]] = False  # a literal: testing it tells a type checker which store it is
 
     def __init__(self, net: Any):
         self.net = net
@@ -78,7 +78,7 @@ class OffloadedParams:
     """Host homes for the parameter tensors of `net`; the device holds only what a step uses (and what
     the next step will use, when there is room)."""
 
-    offloaded = True
+    offloaded: ClassVar[Literal[True]] = True
 
     def __init__(self, net: Any, tensors: list[Any]):
         self.net = net

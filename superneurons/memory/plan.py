@@ -8,7 +8,7 @@ reported beside the activations and not mixed in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from superneurons.dtypes import tensor_bytes
 from superneurons.errors import UserError
@@ -148,7 +148,8 @@ def layout_param_bytes(layout: TensorLayout) -> tuple[int, int]:
     most one parameter's update holds at once with the parameters streamed: its value, gradient and history).
     A Net's layout carries its solver's history sets, so the plan counts what the run allocates."""
     size = {s.key: round_up(s.nbytes) for s in layout.roots(PARAM_KINDS)}
-    update = max((size[p.data] + size[p.diff] + sum(size[h[i]] for h in layout.history)
+    # Learnable parameters own their value and gradient tensors.
+    update = max((size[cast(str, p.data)] + size[cast(str, p.diff)] + sum(size[h[i]] for h in layout.history)
                   for i, p in enumerate(layout.learnable())), default=0)
     return sum(size.values()), update
 

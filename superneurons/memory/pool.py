@@ -272,7 +272,7 @@ class MallocPool:
         self.high_water = self.used_bytes
 
 
-ALLOCATORS = {"pool": HeapPool, "malloc": MallocPool}
+ALLOCATORS: dict[str, type[HeapPool] | type[MallocPool]] = {"pool": HeapPool, "malloc": MallocPool}
 
 
 def make_pool(nbytes: int, backend: Any, allocator: str = "pool") -> "HeapPool | MallocPool":

@@ -27,7 +27,7 @@ memory calls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, cast
 
 import numpy as np
 
@@ -228,7 +228,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
     # run of pool memory, reduced in place by one call (parallel/reducer.py).
     for _learnable, owner, k, shape in sorted(reversed(gradients), key=lambda g: not g[0]):
         out.add(PARAM_DIFF, owner, k, shape, master, layer=owner)
-    learnable = out.learnable()
-    out.history = [[out.add(HISTORY, p.data, j, out.by_key[p.data].shape, master, layer=p.node) for p in learnable]
+    learnable = [(p, cast(str, p.data)) for p in out.learnable()]  # learnable parameters own their tensors
+    out.history = [[out.add(HISTORY, data, j, out.by_key[data].shape, master, layer=p.node) for p, data in learnable]
                    for j in range(history)]
     return out
