@@ -36,11 +36,12 @@ class Setting:
 
     def parse(self, raw: str | None) -> Any:
         """The typed value of `raw` (None or blank: the default); a bad value is a UserError naming it."""
-        text = (raw or "").strip().lower()
+        stripped = (raw or "").strip()
+        text = stripped.lower()
         if not text:
             return self.default
         if self.kind == TEXT:
-            return raw.strip()
+            return stripped
         if self.kind == FLAG:
             if text in _TRUE:
                 return True
@@ -178,7 +179,7 @@ class MemoryPolicy:
     param_offload: bool | None = None  # None: stream the parameters only when they do not fit
 
 
-def memory_policy(memory_param: Any = None) -> MemoryPolicy:
+def memory_policy(memory_param: pb.MemoryParameter | None = None) -> MemoryPolicy:
     """The policy of `memory_param` (None: MemoryParameter's defaults), where no environment variable
     overrides a field; the variables are read now."""
     p = memory_param if memory_param is not None else pb.MemoryParameter()

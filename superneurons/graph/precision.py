@@ -31,7 +31,7 @@ from superneurons.errors import UserError
 from superneurons.io.prototxt_lines import layer_line
 from superneurons.proto import superneurons_pb2 as pb
 
-STORAGE_TYPES = {pb.FLOAT: FLOAT32, pb.FLOAT16: FLOAT16, pb.BFLOAT16: BFLOAT16}
+STORAGE_TYPES: dict[int, np.dtype] = {pb.FLOAT: FLOAT32, pb.FLOAT16: FLOAT16, pb.BFLOAT16: BFLOAT16}
 MATH_TYPES = (pb.DOUBLE, pb.FLOAT, pb.FLOAT16, pb.BFLOAT16)
 PRECISION_TYPES = {"fp32": pb.FLOAT, "fp16": pb.FLOAT16, "bf16": pb.BFLOAT16}
 HALF_MAX = {FLOAT16: float(np.finfo(np.float16).max)}  # bfloat16 spans float32's range

@@ -1,12 +1,15 @@
 """Caffe's include/exclude rules: which layers a net has in a given phase, level and stages."""
 from __future__ import annotations
 
+from typing import cast
+
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 
 
 def make_state(phase: int, level: int = 0, stages: tuple[str, ...] = ()) -> pb.NetState:
-    state = pb.NetState(phase=phase, level=level)
+    # Any value of the Phase enum will do, as the int it is; the stubs name the enum's type only.
+    state = pb.NetState(phase=cast(pb.Phase, phase), level=level)
     state.stage.extend(stages)
     return state
 
