@@ -30,7 +30,7 @@ def _is_half(a: Any) -> bool:
 
 def float32_math(fn: Callable) -> Callable:
     @functools.wraps(fn)
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any) -> Any:
         if not any(map(_is_half, args)) and not any(map(_is_half, kwargs.values())):
             return fn(*args, **kwargs)
         work: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # id -> (half, float32 copy, as read)

@@ -28,6 +28,7 @@ def mvn_backward(y: np.ndarray | None, dy: np.ndarray, dx: np.ndarray, sigma: np
     dy2 = dy.reshape(rows, n)
     dx2 = dx.reshape(rows, n)
     if sigma is not None:
+        assert y is not None, "the normalized backward reads y"
         y2 = y.reshape(rows, n)
         proj = (dy2 * y2).mean(axis=1, keepdims=True)
         res = (dy2 - dy2.mean(axis=1, keepdims=True) - y2 * proj) / sigma.reshape(rows, 1)

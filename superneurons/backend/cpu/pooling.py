@@ -31,6 +31,7 @@ def pool_forward(x: np.ndarray, y: np.ndarray, mask: np.ndarray | None, geom: Po
     pool_backward)."""
     window = geom.kernel + geom.stride + geom.pad
     if geom.method == "max":
+        assert mask is not None, "max pooling writes its mask"
         check_signed_mask(signed_mask, top_mask)
         _max_forward(x, y, mask, *window)
         if top_mask is not None:
@@ -54,6 +55,7 @@ def pool_backward(dy: np.ndarray, mask: np.ndarray | None, dx: np.ndarray, geom:
     would apply it. A pixel that a window chose holds that window's maximum, whose sign the mask keeps; the
     pixels no window chose get no gradient either way."""
     if geom.method == "max":
+        assert mask is not None, "max pooling's backward reads its mask"
         if relu_slope is None:
             _max_backward(dy, mask, dx)
             return

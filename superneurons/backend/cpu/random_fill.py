@@ -33,11 +33,11 @@ def fill_keys(seed: int, iteration: int, layer_index: int, stream: int) -> tuple
     """(k0, ka, kb, kc) of the module docstring; the GPU op passes the same four words to its kernel."""
     k, _ = stream_keys(seed, iteration, layer_index)
     k = fmix32((k ^ (stream & 0xFFFFFFFF)) + GOLDEN)
-    keys = []
-    for _ in range(4):
-        k = fmix32(k + GOLDEN)
-        keys.append(k)
-    return tuple(keys)
+    k0 = fmix32(k + GOLDEN)
+    ka = fmix32(k0 + GOLDEN)
+    kb = fmix32(ka + GOLDEN)
+    kc = fmix32(kb + GOLDEN)
+    return k0, ka, kb, kc
 
 
 def keep_threshold(keep: float) -> int:

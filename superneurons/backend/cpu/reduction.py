@@ -39,9 +39,11 @@ def reduction_backward(x: np.ndarray | None, dy: np.ndarray, dx: np.ndarray, op:
         scale = coeff / inner
         d2[...] = g
     elif op == "ASUM":
+        assert x is not None, "ASUM's backward reads x"
         scale = coeff
         np.multiply(np.sign(x.reshape(outer, inner)), g, out=d2)
     elif op == "SUMSQ":
+        assert x is not None, "SUMSQ's backward reads x"
         scale = 2.0 * coeff
         np.multiply(x.reshape(outer, inner), g, out=d2)
     else:
