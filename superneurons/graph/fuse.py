@@ -11,10 +11,11 @@ Each pass below says what else its pattern needs. The passes run in this order (
 earlier ones decided: a ReLU whose backward a fused BatchNorm computes has none left to give a pooling);
 graph.build runs them unless the memory policy's `fuse_layers` is off (memory_param, SUPERNEURONS_FUSE=0).
 The layers after a Filter take part in none (graph/live_batch.py: they run set up for each batch's count).
+A pass knows a layer's class by its type name, registered for that class (layers/base.register), and casts it so.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from superneurons.graph.fusions import ConcatSlice, Fusions, Match
 from superneurons.layers.base import count
@@ -28,6 +29,13 @@ from superneurons.proto import superneurons_pb2 as pb
 
 if TYPE_CHECKING:
     from superneurons.graph.node import Node
+    from superneurons.layers.activations import ReLU
+    from superneurons.layers.batch_norm import BatchNorm
+    from superneurons.layers.concat import Concat
+    from superneurons.layers.convolution import Convolution
+    from superneurons.layers.eltwise import Eltwise
+    from superneurons.layers.pooling import Pooling
+    from superneurons.layers.scale import Scale
 
 FUSED = "which run fused as one step"
 
@@ -38,7 +46,8 @@ def fuse(nodes: list["Node"], shapes: dict[str, tuple[int, ...]], apart: frozens
     run set up for each batch's count: graph/live_batch.py)."""
     fusions = Fusions()
     if apart:
-        nodes = [_Apart(n) if n.name in apart else n for n in nodes]
+        # A stand-in reads as a node whose type no pass matches.
+        nodes = [cast("Node", _Apart(n)) if n.name in apart else n for n in nodes]
     fuse_batch_norm_chains(nodes, shapes, fusions)
     fuse_eltwise_relu(nodes, fusions)
     fuse_conv_relu(nodes, fusions)
@@ -83,7 +92,8 @@ def fuse_batch_norm_chains(nodes: list["Node"], shapes: dict[str, tuple[int, ...
         keep = bn.need_backward and bn.layer.phase == pb.TRAIN
         separate = keep and _separate_input(nodes, i, shapes, fusions)
         members = [n for n in (scale, relu) if n is not None]
-        fused = BatchNormScaleReLU(bn.layer, scale.layer, relu.layer if relu is not None else None, keep,
+        fused = BatchNormScaleReLU(cast("BatchNorm", bn.layer), cast("Scale", scale.layer),
+                                   cast("ReLU", relu.layer) if relu is not None else None, keep,
                                    in_place=bn.layer.in_place and not separate)
         fusions.add(Match("BatchNorm+Scale+ReLU", tuple(n.name for n in [bn] + members), True, True, FUSED),
                     {bn.name: fused, **{n.name: Absorbed(n.layer, forward=True, backward=True) for n in members}})
@@ -121,9 +131,9 @@ def _separate_input(nodes: list["Node"], i: int, shapes: dict[str, tuple[int, ..
 def fuse_eltwise_relu(nodes: list["Node"], fusions: Fusions) -> None:
     """Eltwise SUM (any coefficients, one top) -> ReLU: layers/fused/eltwise_sum_relu.py."""
     for node, relu in _trailing_relus(nodes, lambda n: n.layer.type_name == "Eltwise"
-                                      and n.layer.op == pb.EltwiseParameter.SUM):
+                                      and cast("Eltwise", n.layer).op == pb.EltwiseParameter.SUM):
         fusions.add(Match("Eltwise+ReLU", (node.name, relu.name), True, True, FUSED),
-                    {node.name: EltwiseSumReLU(node.layer, relu.layer),
+                    {node.name: EltwiseSumReLU(cast("Eltwise", node.layer), cast("ReLU", relu.layer)),
                      relu.name: Absorbed(relu.layer, forward=True, backward=True)})
 
 
@@ -132,7 +142,7 @@ def fuse_conv_relu(nodes: list["Node"], fusions: Fusions) -> None:
     Deconvolution and InnerProduct stay unfused."""
     for node, relu in _trailing_relus(nodes, lambda n: n.layer.type_name == "Convolution"):
         fusions.add(Match("Convolution+ReLU", (node.name, relu.name), True, False, FUSED),
-                    {node.name: ConvolutionReLU(node.layer, relu.layer),
+                    {node.name: ConvolutionReLU(cast("Convolution", node.layer), cast("ReLU", relu.layer)),
                      relu.name: Absorbed(relu.layer, forward=True)})
 
 
@@ -146,20 +156,22 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"], fusions: Fusions) -> N
                 or not relu.propagate_down[0]:
             continue
         blob = relu.tops[0]
-        if not _in_place_on(relu, blob) or relu.layer.slope < 0 or fusions.backward_owner(relu.name) is not None:
+        relu_layer = cast("ReLU", relu.layer)
+        if not _in_place_on(relu, blob) or relu_layer.slope < 0 or fusions.backward_owner(relu.name) is not None:
             continue
         j = _next_toucher(nodes, i, blob)
         if j is None or _next_toucher(nodes, j, blob) is not None:
             continue  # the pooling must be the blob's last reader
         pool = nodes[j]
-        if pool.layer.type_name != "Pooling" or pool.layer.geom.method != "max" or pool.bottoms != [blob] \
+        if pool.layer.type_name != "Pooling" or cast("Pooling", pool.layer).geom.method != "max" \
+                or pool.bottoms != [blob] \
                 or len(pool.tops) != 1 or not pool.need_backward or not pool.propagate_down[0]:
             continue
         if count(pool.top_shapes[0]) >= count(relu.top_shapes[0]):
             continue  # its argmax buffer, which replays may keep instead of the activation, would be no smaller
         fusions.add(Match("ReLU+Pooling", (pool.name, relu.name), False, True,
                           f"whose backward runs in {pool.name!r}'s"),
-                    {pool.name: MaxPoolingReLU(pool.layer, relu.layer),
+                    {pool.name: MaxPoolingReLU(cast("Pooling", pool.layer), relu_layer),
                      relu.name: Absorbed(fusions.step_layer(relu), backward=True)})
 
 
@@ -172,10 +184,10 @@ def find_concat_slices(nodes: list["Node"], fusions: Fusions) -> None:
     backward runs in its own step, in place on a blob it writes last before the Concat, which reads it once
     and is its last reader, with negative_slope >= 0, both running backward into that bottom."""
     for i, concat in enumerate(nodes):
-        layer = concat.layer
-        if layer.type_name != "Concat" or not concat.need_backward or len(concat.tops) != 1 \
+        if concat.layer.type_name != "Concat" or not concat.need_backward or len(concat.tops) != 1 \
                 or concat.tops[0] in concat.bottoms:
             continue
+        layer = cast("Concat", concat.layer)
         taken = []
         for j, blob in enumerate(concat.bottoms):
             if not concat.propagate_down[j] or concat.bottoms.count(blob) != 1 \
@@ -185,14 +197,14 @@ def find_concat_slices(nodes: list["Node"], fusions: Fusions) -> None:
             if k is None:
                 continue
             relu = nodes[k]
-            if relu.layer.type_name != "ReLU" or not _in_place_on(relu, blob) or relu.layer.slope < 0 \
+            if relu.layer.type_name != "ReLU" or not _in_place_on(relu, blob) or cast("ReLU", relu.layer).slope < 0 \
                     or not relu.need_backward or not relu.propagate_down[0] \
                     or fusions.backward_owner(relu.name) is not None:
                 continue
             where = ConcatSlice(relu.name, concat.name, concat.tops[0], layer.axis, layer.offsets[j], j)
             fusions.slices.append(where)
-            fusions.slice_layers[relu.name] = ReLUReadingSlice(fusions.step_layer(relu), relu.layer, where.axis,
-                                                               where.offset)
+            fusions.slice_layers[relu.name] = ReLUReadingSlice(fusions.step_layer(relu), cast("ReLU", relu.layer),
+                                                               where.axis, where.offset)
             taken.append(j)
         if taken:
             fusions.slice_layers[concat.name] = ConcatLeavingSlices(layer, frozenset(taken))
@@ -232,15 +244,15 @@ def _in_place_on(node: "Node", blob: str) -> bool:
 
 
 def _is_fusable_scale(bn: "Node", node: "Node", blob: str) -> bool:
-    layer = node.layer
-    if layer.type_name != "Scale" or not _in_place_on(node, blob) or node.need_backward != bn.need_backward:
+    if node.layer.type_name != "Scale" or not _in_place_on(node, blob) or node.need_backward != bn.need_backward:
         return False
+    layer, norm = cast("Scale", node.layer), cast("BatchNorm", bn.layer)
     if layer.scale is None or layer.bias is None:
         return False
-    return (layer.outer, layer.dim, layer.inner) == (bn.layer.outer, bn.layer.channels, bn.layer.inner) \
-        and layer.scale.shape == (bn.layer.channels,)
+    return (layer.outer, layer.dim, layer.inner) == (norm.outer, norm.channels, norm.inner) \
+        and layer.scale.shape == (norm.channels,)
 
 
 def _is_fusable_relu(owner: "Node", node: "Node", blob: str) -> bool:
-    return (node.layer.type_name == "ReLU" and _in_place_on(node, blob) and node.layer.slope >= 0
+    return (node.layer.type_name == "ReLU" and _in_place_on(node, blob) and cast("ReLU", node.layer).slope >= 0
             and node.need_backward == owner.need_backward)

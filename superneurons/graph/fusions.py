@@ -113,7 +113,7 @@ class Fusions:
         forward it computes (a fused BatchNorm applies its Scale's weights); none for an absorbed layer."""
         by_name = {n.name: n.layer for n in nodes}
         folded: dict[str, list[Any]] = {}
-        absorbed = set()
+        absorbed: set[str] = set()
         for m in self.matches:
             if m.forward:
                 folded.setdefault(m.layers[0], []).extend(by_name[name] for name in m.layers[1:])

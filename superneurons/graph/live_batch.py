@@ -58,7 +58,8 @@ def find_live_batches(nodes: list["Node"], shapes: dict[str, Shape], where: str)
                                             f"batch; its bottoms must hold the same items")
             if filters:
                 live.node_filter[node.name] = filters[0]
-            live.capacity[node.name] = layer.capacity
+            # A layer that selects items says how many its tops hold at most (layers/filter.py).
+            live.capacity[node.name] = getattr(layer, "capacity")
             for t in node.tops:
                 live.blob_filter[t] = node.name
             continue
@@ -178,8 +179,9 @@ def batch_variant(layer: Layer, bottom_shapes: list[Shape], check_buffers: bool 
         v.buffers[name] = decl
         return decl
 
-    v.add_param = add_param
-    v.add_buffer = add_buffer
+    # The copy's own setup declares through these; instance attributes, deleted after it, shadow the methods.
+    v.add_param = add_param  # type: ignore[method-assign]
+    v.add_buffer = add_buffer  # type: ignore[method-assign]
     try:
         tops = v.setup([tuple(int(d) for d in s) for s in bottom_shapes])
     finally:
