@@ -19,7 +19,7 @@ SIM_TESTS := $(wildcard tests/*_sim.py)
 # Train on the GPU when one is present and usable, else on the CPU.
 GPU_FLAG := $(shell $(BIN)/python -c "from superneurons.backend.cuda.probe import gpu_available as g; print('--gpu 0' if g() else '')" 2>/dev/null)
 
-.PHONY: install train test lint gpu-test proto data clean
+.PHONY: install train test lint typecheck gpu-test proto data clean
 
 install: $(STAMP)
 
@@ -45,7 +45,11 @@ train: install data
 lint: $(DEV)
 	$(BIN)/ruff check superneurons tests tools
 
-test: lint
+# mypy's settings and the packages it checks are in pyproject.toml ([tool.mypy]).
+typecheck: $(DEV)
+	$(BIN)/mypy
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q -m "not gpu"
 	for f in $(SIM_TESTS); do NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    -m "simulator and not gpu" $$f || exit 1; done
