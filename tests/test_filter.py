@@ -13,6 +13,8 @@ from harness import check_gradients, forward, make_layer
 from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
+from superneurons.graph.live_batch import batch_variant
+from superneurons.layers.base import Layer
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
 
@@ -605,3 +607,24 @@ def test_pycaffe_blobs_hold_the_kept_items(tmp_path, rng, monkeypatch, copies):
         np.testing.assert_allclose(ip[0].diff, dw, rtol=1e-5, atol=1e-6)
         ip[0].diff[...] = 0
         ip[1].diff[...] = 0
+
+
+class _BackwardScratch(Layer):
+    """Keeps a buffer that only its backward step uses, as Layer.add_buffer lets a layer declare."""
+
+    def setup(self, bottom_shapes):
+        self.add_buffer("scratch", (bottom_shapes[0][0], 2), for_backward=True, in_forward=False)
+        return [tuple(bottom_shapes[0])]
+
+
+def test_batch_variant_takes_every_buffer_option_of_add_buffer():
+    """A layer after a Filter is set up again for each batch's count: its setup may declare its buffers with
+    any option Layer.add_buffer takes, and the count's declarations keep them."""
+    param = text_format.Parse("name: 'scratch' type: 'Scratch' bottom: 'z' top: 'w'", pb.LayerParameter())
+    layer = _BackwardScratch(param, pb.TRAIN)
+    layer.setup([(N, 3)])
+    variant = batch_variant(layer, [(3, 3)])
+    assert variant.top_shapes == [(3, 3)]
+    decl = variant.state["buffers"]["scratch"]
+    assert (decl.shape, decl.for_backward, decl.in_forward) == ((3, 2), True, False)
+    assert variant.buffers == {"scratch": layer.buffers["scratch"]}

@@ -170,9 +170,9 @@ def batch_variant(layer: Layer, bottom_shapes: list[Shape], check_buffers: bool 
         v.params.append(originals[k])
         return originals[k]
 
-    def add_buffer(name, shape, dtype=np.float32, for_backward=True):
+    def add_buffer(name, shape, dtype=np.float32, for_backward=True, in_forward=True):
         original = layer.buffers.get(name)
-        decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward)
+        decl = BufferDecl(tuple(int(d) for d in shape), dtype, for_backward=for_backward, in_forward=in_forward)
         if original is None or (check_buffers and count(decl.shape) > count(original.shape)):
             raise layer.fail(f"its buffer {name!r} would need {count(decl.shape)} values for this batch, more "
                              f"than the {count(original.shape) if original is not None else 0} planned")
