@@ -116,6 +116,11 @@ class Backend(Protocol):
     # it is built, in one line, rather than computed wrongly.
     storage_types: tuple[np.dtype, ...]
 
+    def ops_for(self, storage: frozenset) -> Any:
+        """The op namespace for a net whose tensors are stored in the `storage` types (a subset of
+        `storage_types`): `ops` itself, or a leaner one where the net needs less (the CUDA backend's float32 nets
+        skip the per-call check for half arrays)."""
+
     def arena(self, nbytes: int) -> Any:
         """One contiguous block of memory of `nbytes`; the pool carves every tensor out of it."""
 

@@ -166,9 +166,14 @@ def resolve(net: pb.NetParameter, nodes, source: str) -> Precision:
     return out
 
 
+def stored_types(graph) -> frozenset:
+    """Every element type `graph`'s tensors are stored in: its blobs' values and gradients, and its masters."""
+    return frozenset({*graph.precision.data.values(), *graph.precision.diff.values(), graph.precision.master})
+
+
 def check_backend(graph, backend) -> None:
-    """Refuse, in one line, a net storing a type the backend cannot compute on (the CUDA backend is float32)."""
-    stored = {*graph.precision.data.values(), *graph.precision.diff.values(), graph.precision.master}
+    """Refuse, in one line, a net storing a type the backend cannot compute on."""
+    stored = stored_types(graph)
     missing = sorted(dtype_name(d) for d in stored if d not in backend.storage_types)
     if missing:
         raise UserError(f"{graph.source or graph.name or '<net>'}: the {backend.name} backend stores tensors in "

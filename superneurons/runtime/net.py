@@ -21,7 +21,7 @@ from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.graph.node import Node
-from superneurons.graph.precision import check_backend
+from superneurons.graph.precision import check_backend, stored_types
 from superneurons.layers.base import ParamDecl
 from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.interface import MemoryManager, StepHooks
@@ -56,7 +56,7 @@ class Net:
         self.graph = graph
         self.name = graph.name
         self.backend = HostAwareBackend(backend, self)
-        self.ops = backend.ops
+        self.ops = backend.ops_for(stored_types(graph))
         self.train = train
         self.ctx = RunContext(seed=seed, data_workers=data_workers)
         self.loss_scale = 1.0  # the solver's loss scale (solver/loss_scale.py): backward seeds weight x scale

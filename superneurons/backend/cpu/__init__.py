@@ -28,6 +28,9 @@ class CpuBackend:
         self.ops = with_float32_math(collect_ops(sys.modules[__name__]))
         self.workspace_source: Any = None  # accepted for the Backend interface; NumPy convolutions need none
 
+    def ops_for(self, storage: frozenset) -> Any:
+        return self.ops  # the float32-math wrapper passes float32 arrays straight through
+
     def arena(self, nbytes: int) -> np.ndarray:
         return host_arena(nbytes)
 

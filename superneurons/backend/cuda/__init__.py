@@ -24,9 +24,8 @@ DEFAULT_WORKSPACE_LIMIT = 1 << 30  # bytes of cuDNN workspace an algorithm may a
 
 def _collect_ops() -> SimpleNamespace:
     from superneurons.backend.cuda import ops as package
-    from superneurons.backend.cuda.half_math import with_half_fallback
 
-    return with_half_fallback(collect_ops(package))
+    return collect_ops(package)
 
 
 def _env_tf32() -> bool:
@@ -61,7 +60,16 @@ class CudaBackend:
         dev.activate(self.device)
         self._dev = dev
         self._cuda = cuda
-        self.ops = _collect_ops()
+        from superneurons.backend.cuda.half_math import with_half_fallback
+
+        self._float32_ops = _collect_ops()
+        # Every op checks its arguments for half arrays (half_math.py): a few microseconds a call, which a
+        # float32 net is spared (`ops_for`).
+        self.ops = with_half_fallback(self._float32_ops)
+
+    def ops_for(self, storage: frozenset):
+        """The plain ops for a net that stores only float32; the half-checking ones otherwise."""
+        return self._float32_ops if set(storage) <= {FLOAT32} else self.ops
 
     def set_workspace_source(self, source) -> None:
         """Where convolutions take cuDNN workspace from (a base.WorkspaceSource); None: the default
