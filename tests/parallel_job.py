@@ -6,6 +6,11 @@
                                                    JOB_BUCKET_BYTES: gradient bytes per bucket
   fail SOLVER RANK ITER                            `superneurons train --solver SOLVER`, where rank RANK raises
                                                    a UserError at iteration ITER (a rank failing mid-run)
+  segments OUT END                                 every rank joins the World, sums its rank over MPI, and writes
+                                                   the MPICH shared-memory files it maps to OUT.r.txt (one
+                                                   path a line, as /proc/self/maps names it); then the job
+                                                   ends by END: `finalize` (a normal exit), `abort` (rank 1
+                                                   calls World.abort) or `kill` (rank 1 kills itself, SIGKILL)
 
 The share of rank r of N is records r, r + N, r + 2N, ...: batch k on rank r holds records (k*B + i)*N + r,
 the sharding Caffe's Data layer uses, so the N batches of one iteration are the 1-rank batch of N*B records.
@@ -116,11 +121,33 @@ def fail(solver_path: str, rank: int, at: int) -> int:
     return main(["train", "--solver", solver_path, "--no-progress"])
 
 
+def segments(out: str, end: str) -> None:
+    import signal
+
+    from superneurons.parallel.world import World
+
+    world = World()
+    assert world.comm.allreduce(world.rank) == world.size * (world.size - 1) // 2
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        mapped = sorted({line.split(maxsplit=5)[5].strip() for line in f
+                         if len(line.split(maxsplit=5)) == 6 and "/dev/shm/mpich_" in line})
+    with open(f"{out}.{world.rank}.txt", "w", encoding="utf-8") as f:
+        f.write("".join(p + "\n" for p in mapped))
+    world.barrier()  # both files are written before the job ends, however it ends
+    if end != "finalize" and world.rank == 1:
+        if end == "abort":
+            world.abort(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    world.barrier()  # rank 0 waits here for a rank that never comes, until the launcher stops it
+
+
 if __name__ == "__main__":
     what, rest = sys.argv[1], sys.argv[2:]
     if what == "train":
         memory, pool = (rest[6], int(rest[7])) if len(rest) > 6 else ("baseline", None)
         train(rest[0], rest[1], int(rest[2]), rest[3] == "1", int(rest[4]), int(rest[5]), memory, pool)
+    elif what == "segments":
+        segments(rest[0], rest[1])
     elif what == "fail":
         sys.exit(fail(rest[0], int(rest[1]), int(rest[2])))
     else:

@@ -425,6 +425,38 @@ def test_a_rank_killed_by_a_signal_is_named_and_ends_the_job(workdir, monkeypatc
     assert not _left_running(WORKER), "a rank outlived the job"
 
 
+@pytest.mark.parametrize("end", ["finalize", "abort", "kill"])
+def test_a_job_leaves_no_mpich_shared_memory_however_it_ends(tmp_path, end):
+    """MPICH's ranks of one machine share a named segment in /dev/shm that only MPI_Finalize unlinked: every job
+    that aborted or lost a rank left 2-3 MB there. The job's ranks say which segment they mapped; after the job
+    its name is gone, and while the job ran it was already unlinked (the kernel calls the mapping deleted)."""
+    out = str(tmp_path / "maps")
+    r = mpiexec(2, JOB, "segments", out, end, timeout=60)
+    assert (r.returncode == 0) == (end == "finalize"), r.stdout[-500:] + r.stderr
+    mapped = [set((tmp_path / f"maps.{k}.txt").read_text().splitlines()) for k in range(2)]
+    assert mapped[0] == mapped[1] and len(mapped[0]) == 1, mapped  # one segment, shared by both ranks
+    (path,) = mapped[0]
+    assert path.startswith("/dev/shm/mpich_shm_"), path
+    name = path.removesuffix(" (deleted)")
+    assert not os.path.exists(name), f"{name} left behind"
+    assert path.endswith(" (deleted)"), path
+
+
+def test_unlinking_takes_only_mpich_segments_this_process_maps(tmp_path):
+    from superneurons.parallel.world import mapped_mpich_segments
+
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f0000000000-7f0000205000 rw-s 00000000 00:1a 123 /dev/shm/mpich_shm_1ea4177_0\n"
+        "7f0000300000-7f0000305000 rw-s 00000000 00:1a 124 /dev/shm/mpich_vci_1ea4177_0\n"
+        "7f0000400000-7f0000405000 rw-s 00000000 00:1a 125 /dev/shm/mpich_shm_2b_0 (deleted)\n"
+        "7f0000500000-7f0000505000 rw-s 00000000 00:1a 126 /dev/shm/superneurons-41-abcdefgh\n"
+        "7f0000600000-7f0000605000 r-xp 00000000 08:01 127 /usr/lib/libmpi.so.12\n"
+        "7f0000700000-7f0000705000 rw-p 00000000 00:00 0\n")
+    assert mapped_mpich_segments(str(maps)) == {"/dev/shm/mpich_shm_1ea4177_0"}
+    assert mapped_mpich_segments(str(tmp_path / "absent")) == set()
+
+
 def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
     from superneurons.cli import build_parser
 
