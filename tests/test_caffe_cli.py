@@ -258,6 +258,69 @@ def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "superneurons: interrupted\n"
 
 
+# `superneurons` as the program runs it (cli.run), with a stand-in for the command; DRIVE is what it does.
+PROGRAM = """
+import atexit, signal, sys
+from superneurons import cli
+
+class Late:  # a global of the program: deleted as Python tears its modules down, after the exit handlers
+    def __init__(self):
+        self.raise_signal, self.sigint = signal.raise_signal, signal.SIGINT
+        self.armed = False
+    def __del__(self):
+        if self.armed:
+            self.raise_signal(self.sigint)
+
+late = Late()
+
+def command(argv=None):
+{drive}
+
+cli.main = command
+cli.run()
+"""
+
+
+def _program(tmp_path, drive: str) -> subprocess.CompletedProcess:
+    # Run with -m, as `python -m superneurons`: Python ends a module's run otherwise than a `-c` string's.
+    (tmp_path / "program.py").write_text(PROGRAM.format(drive="\n".join("    " + line
+                                                                        for line in drive.strip().splitlines())))
+    return subprocess.run([sys.executable, "-m", "program"], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_ctrl_c_while_python_runs_its_exit_handlers_stops_with_the_line(tmp_path):
+    """The run stopped on a first Ctrl-C (a snapshot, status 0); a second one lands while Python runs its exit
+    handlers. It printed "Exception ignored in atexit callback" and a KeyboardInterrupt traceback there."""
+    r = _program(tmp_path, """
+atexit.register(signal.raise_signal, signal.SIGINT)  # runs in the exit, after the command returned
+print("Optimization stopped early.", file=sys.stderr)
+return 0""")
+    assert (r.returncode, r.stderr) == (130, "Optimization stopped early.\nsuperneurons: interrupted\n")
+
+
+def test_ctrl_c_while_python_tears_down_is_not_a_death_by_sigint(tmp_path):
+    """Later in the exit, after the exit handlers, Python puts back SIGINT's default action: a Ctrl-C there
+    killed the process (status -2) without a word, which a shell takes for a run stopped half-way."""
+    r = _program(tmp_path, """
+late.armed = True
+print("Optimization stopped early.", file=sys.stderr)
+return 0""")
+    assert (r.returncode, r.stderr) == (0, "Optimization stopped early.\n")
+
+
+def test_an_interrupt_caught_after_it_left_exec_code_keeps_the_exit_status(tmp_path):
+    """CPython takes a KeyboardInterrupt that left code run by exec() of a string (numba's compiler, dataclasses)
+    for unhandled although the command caught it, and ended the process with SIGINT instead of 130."""
+    r = _program(tmp_path, """
+try:
+    exec("raise KeyboardInterrupt")  # a Ctrl-C inside code made at run time
+except KeyboardInterrupt:
+    print("superneurons train: interrupted", file=sys.stderr)
+    return 130""")
+    assert (r.returncode, r.stderr) == (130, "superneurons train: interrupted\n")
+
+
 @pytest.mark.parametrize("delay", [0.3, 0.8])
 def test_ctrl_c_at_any_moment_of_a_real_start_up_leaves_no_traceback(workdir, delay):
     (workdir / "solver.prototxt").write_text(SOLVER.format(max_iter=10**8, extra=""))

@@ -25,6 +25,7 @@ sys.path.insert(0, str(FUZZ))
 fuzz_tool = importlib.import_module("fuzz")
 mutate = importlib.import_module("mutate")
 runner = importlib.import_module("runner")
+signals_tool = importlib.import_module("signals")
 
 CASES = 24  # per kind: 264 cases, 20-50 s on two shared cores
 SEED = 11
@@ -168,3 +169,22 @@ def test_a_shard_that_cannot_run_stops_the_run(capsys):
     assert fuzz_tool.main(["--kind", "solver", "--cases", "4", "--jobs", "2", "--max-memory", str(1 << 20)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fuzz.py: error: the shard of solver cases [") and "the fuzz worker did not start" in err
+
+
+def test_ctrl_c_trials_tell_cpythons_start_up_from_ours(tmp_path):
+    """The Ctrl-C trials count a stop in CPython's own initialization apart: there no code of ours has run. A
+    KeyboardInterrupt in `site` (which runs sitecustomize) is one, as CPython reports it; the same interrupt in
+    our start-up (the command line importing argparse) is ours to answer: one line, exit 130."""
+    repo = str(Path(__file__).resolve().parents[1])
+    for name in ("sitecustomize", "argparse"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.py").write_text("raise KeyboardInterrupt\n")
+    runs = {name: subprocess.run([sys.executable, "-m", "superneurons", "--version"], capture_output=True, text=True,
+                                 env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / name), repo])),
+                                 cwd=tmp_path, timeout=60) for name in ("sitecustomize", "argparse")}
+    cpython, ours = runs["sitecustomize"], runs["argparse"]
+    assert signals_tool.in_cpython_start_up(cpython.returncode, cpython.stderr), (cpython.returncode, cpython.stderr)
+    assert (ours.returncode, ours.stderr) == (130, "superneurons: interrupted\n")
+    assert not signals_tool.in_cpython_start_up(ours.returncode, ours.stderr)
+    assert not signals_tool.in_cpython_start_up(-signal.SIGINT, "I1128 ... Solving digits\n")
+    assert signals_tool.in_cpython_start_up(-signal.SIGINT, "")  # killed before Python's handler existed

@@ -2,14 +2,16 @@
 """Trials of `superneurons train` on an LMDB net with decode worker processes, stopped or limited from outside:
 
     python tools/fuzz/signals.py --kind interrupt --trials 100 --seed 1 --nice 19
+    python tools/fuzz/signals.py --kind interrupt --trials 30 --seed 1 --after Memory:   # aimed at worker start
     python tools/fuzz/signals.py --kind all --trials 20 --seed 1
 
 Kinds:
 - `interrupt`: Ctrl-C (SIGINT to the whole process group, as a terminal sends it) at a random moment from
   start-up (imports, worker start) to exit, and in half the trials a second one shortly after (the race with
-  the clean-up). The run must stop with a snapshot or as interrupted: exit 0, or 130 (or death by the second
-  SIGINT late in exit, after the run said "interrupted"), no traceback, no
-  "Exception ignored", nothing of it left in /dev/shm, no process of it left.
+  the clean-up). The run must stop with a snapshot or as interrupted: exit 0, or 130 with a line ending
+  ": interrupted" (a second Ctrl-C while Python exits too: not a death by SIGINT), no traceback, no
+  "Exception ignored", nothing of it left in /dev/shm, no process of it left. A Ctrl-C that lands while
+  CPython itself starts, before any code of the project can run, is counted apart, not as a failure.
 - `kill`: SIGKILL to the whole process group at a random moment (the resource tracker dies too, so the
   run's shared memory stays); then a short run must remove what the killed one left.
 - `ulimit`: the run under a random file-size limit (`ulimit -f`, 1 KiB to 4 MiB): exit 0, or 1 with one
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +117,18 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, err
 
 
+def status(code: int) -> str:
+    """A run's end in words: `exit 1`, `killed by SIGINT`, or the timeout (`finish` gives -999)."""
+    if code == -999:
+        return f"no exit within {TIMEOUT_S:.0f} s"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
 def clean_stderr(err: str) -> str | None:
     """What is wrong with a run's stderr: a traceback or an exception ignored at exit (None: nothing)."""
     for bad in ("Traceback", "Exception ignored", "leaked shared_memory"):
@@ -122,9 +137,57 @@ def clean_stderr(err: str) -> str | None:
     return None
 
 
-def interrupt(rng: random.Random, root: Path, nice: int) -> str | None:
+# What a trial returns when the run was stopped before any code of the project could run (not a failure).
+IN_CPYTHON_START_UP = "stopped while CPython itself started"
+
+
+def in_cpython_start_up(code: int, err: str) -> bool:
+    """Whether a Ctrl-C stopped the run while CPython initialized, before it runs any module: killed by SIGINT
+    with nothing said (Python's own handler not installed yet: from `superneurons/__main__.py` on, every
+    Ctrl-C gets a line), or CPython's fatal error for a failed initialization (exit 1), e.g.
+    "Fatal Python error: init_sys_streams" or "init_import_site" (a KeyboardInterrupt in `site`)."""
+    return (code == -signal.SIGINT and not err.strip()) or err.startswith("Fatal Python error: init_")
+
+
+class StderrReader:
+    """The run's stderr, read as it comes, and whether a line with `text` has come (or the stream ended)."""
+
+    def __init__(self, proc: subprocess.Popen, text: str):
+        self.proc, self.text, self.lines = proc, text, []
+        self.seen = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if self.text in line:
+                self.seen.set()
+        self.seen.set()
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=TIMEOUT_S)
+            code = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            code = -999
+        self.thread.join()
+        return code, "".join(self.lines)
+
+
+def interrupt(rng: random.Random, root: Path, nice: int, after: str | None = None) -> str | None:
+    """`after`: the first Ctrl-C comes 0-1 s after the run's stderr has a line with this text (a moment to aim
+    at: "Memory:" is the setup's last line before the decode workers start, "Optimization" the run's end)."""
     proc = start(root, "long.prototxt", nice=nice)
-    time.sleep(rng.choice([rng.uniform(0, 1.5), rng.uniform(0, 6)]))  # start-up, or anywhere in a run
+    reader = None if after is None else StderrReader(proc, after)
+    if reader is None:
+        time.sleep(rng.choice([rng.uniform(0, 1.5), rng.uniform(0, 6)]))  # start-up, or anywhere in a run
+    else:
+        reader.seen.wait(TIMEOUT_S)
+        time.sleep(rng.uniform(0, 1.0))
     os.killpg(proc.pid, signal.SIGINT)
     if rng.random() < 0.5:
         time.sleep(rng.uniform(0, 0.6))  # a second Ctrl-C, while the first is acted on (or during exit)
@@ -132,15 +195,16 @@ def interrupt(rng: random.Random, root: Path, nice: int) -> str | None:
             os.killpg(proc.pid, signal.SIGINT)
         except ProcessLookupError:
             pass
-    code, err = finish(proc)
+    code, err = finish(proc) if reader is None else reader.finish()
+    if in_cpython_start_up(code, err):
+        return IN_CPYTHON_START_UP
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("I", "W"))]
-    # Killed by the second SIGINT once Python has restored its default handler (late in exit) is stopping too.
-    if code not in (0, 130, -signal.SIGINT):
-        return f"exit {code}: {err[-1500:]}"
+    if code not in (0, 130):
+        return f"{status(code)}: {err[-1500:]}"
     problem = clean_stderr(err)
     if problem:
         return problem
-    if code != 0 and not any(x.endswith(": interrupted") for x in lines):
+    if code == 130 and not any(x.endswith(": interrupted") for x in lines):
         return f"exit 130 without 'interrupted': {err[-800:]}"
     if not group_gone(proc.pid):
         return "a process of the run outlived it"
@@ -190,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=10, help="trials per kind (default 10)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--nice", type=int, default=0, help="niceness of the runs")
+    parser.add_argument("--after", metavar="TEXT",
+                        help="interrupt: the first Ctrl-C 0-1 s after a line of the run's log with TEXT (default: "
+                             "at a random moment from the start)")
     args = parser.parse_args(argv)
     kinds = list(KINDS) if not args.kind or "all" in args.kind else list(dict.fromkeys(args.kind))
     failed = 0
@@ -197,13 +264,18 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(folder)
         make_folder(root)
         for kind in kinds:
-            bad, began = 0, time.monotonic()
+            bad, early, began = 0, 0, time.monotonic()
             for i in range(args.trials):
-                problem = TRIALS[kind](random.Random(f"{args.seed}:{kind}:{i}"), root, args.nice)
-                if problem:
+                extra = {"after": args.after} if kind == "interrupt" and args.after else {}
+                problem = TRIALS[kind](random.Random(f"{args.seed}:{kind}:{i}"), root, args.nice, **extra)
+                if problem == IN_CPYTHON_START_UP:
+                    early += 1
+                    print(f"{kind} trial {i}: {problem} (not a failure)", flush=True)
+                elif problem:
                     bad += 1
                     print(f"{kind} trial {i}: {problem}", flush=True)
-            print(f"{kind}: {args.trials} trials, {bad} failed, {time.monotonic() - began:.0f} s", flush=True)
+            apart = f", {early} stopped while CPython itself started" if early else ""
+            print(f"{kind}: {args.trials} trials, {bad} failed{apart}, {time.monotonic() - began:.0f} s", flush=True)
             failed += bad
     return 1 if failed else 0
 
