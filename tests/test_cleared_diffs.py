@@ -69,7 +69,7 @@ def test_only_the_first_write_after_clearing_overwrites(monkeypatch, iter_size):
 
 def test_shared_and_accumulated_weights_train_as_before(monkeypatch):
     """The solver's weights with the overwrite (default) and with every write adding (the claim disabled)."""
-    import superneurons.layers.convolution as conv_layer
+    import superneurons.layers.base as layer_base  # where a layer claims its parameters' cleared gradients
 
     def train():
         text = 'type: "SGD" base_lr: 0.1 momentum: 0.9 max_iter: 3 iter_size: 2 snapshot_after_train: false'
@@ -78,5 +78,5 @@ def test_shared_and_accumulated_weights_train_as_before(monkeypatch):
         return [t.array.tobytes() for t in solver.net.tensors if t.kind == "param"]
 
     with_claims = train()
-    monkeypatch.setattr(conv_layer, "claim_cleared_diff", lambda decl: False)
+    monkeypatch.setattr(layer_base, "claim_cleared_diff", lambda decl: False)
     assert train() == with_claims
