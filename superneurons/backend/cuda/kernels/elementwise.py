@@ -117,13 +117,13 @@ def select_eq(dy, argmax, index, dx):
 
 @cuda.jit(device=True, inline=True)
 def leaky(v, slope):
-    v = float32(v)  # a half value computes in float32 (a float32 one is unchanged)
+    v = v * float32(1.0)  # a half value computes in float32; float32 and float64 keep their type, exactly
     return v if v > 0 else v * slope
 
 
 @cuda.jit(device=True, inline=True)
 def leaky_grad(g, v, slope):
-    g = float32(g)
+    g = g * float32(1.0)
     return g if v > 0 else g * slope
 
 
