@@ -85,17 +85,19 @@ def test_a_half_net_computes_what_the_cpu_computes(gpu, precision):
 
 
 def test_the_hot_ops_take_half_arrays_themselves(gpu):
-    """Convolutions, GEMMs, BatchNorm, pooling, eltwise, LRN and the activations run on half arrays directly.
-    Only ops given a mix of types cuDNN cannot take run on float32 copies: a float32 layer reading a half bottom
-    (the loss reads fc2)."""
+    """Convolutions, GEMMs, BatchNorm, pooling, eltwise, LRN, Dropout and the activations run on half arrays
+    directly, whatever the reason one would not (a kernel that does not compile, a mix of types). Only a float32
+    layer reading a half bottom (the loss reads fc2) may run on float32 copies."""
     for precision in ("bf16", "fp16"):
         nets = _nets(gpu, precision)
         nets["cuda"].forward_backward()
-    refused = {op for (op, _types), why in half_math.refused().items() if not why.startswith("operands of")}
     print("ops on float32 copies:", sorted(half_math.refused().items()))
-    hot = {"conv_forward", "conv_backward", "conv_relu_forward", "gemm", "pool_forward", "pool_backward", "relu_forward",
-           "relu_backward", "weighted_sum2", "copy", "axpy", "add_bias", "bias_backward", "dropout_forward",
-           "dropout_backward", "concat_forward", "concat_backward"}
+    refused = {op for op, _types in half_math.refused()}
+    hot = {"conv_forward", "conv_backward", "conv_relu_forward", "gemm", "pool_forward", "pool_backward",
+           "relu_forward", "relu_backward", "eltwise_sum", "eltwise_sum_relu", "eltwise_sum_relu_backward",
+           "bn_affine_forward", "bn_affine_backward", "dropout_apply", "lrn_forward", "lrn_backward", "copy", "axpy",
+           "add_bias", "bias_backward", "concat_forward", "concat_backward"}
+    assert hot <= set(vars(gpu.ops))  # the names are the backend's
     assert not refused & hot, refused & hot
 
 

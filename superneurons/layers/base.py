@@ -106,6 +106,11 @@ class BufferDecl:
     in_forward: bool = True
 
 
+def _copy_name(k: int, backward: bool) -> str:
+    """The buffer name of parameter k's half working copy for the forward or the backward step."""
+    return f"param{k}_copy_bw" if backward else f"param{k}_copy"
+
+
 class Layer:
     """Base class. Subclasses set `type_name` through `@register` and override what they need."""
 
@@ -251,12 +256,12 @@ class Layer:
         backward's where the layer trains."""
         for k in self.data_typed_params:
             if k < len(self.params):
-                self.add_buffer(f"param{k}_copy", self.params[k].shape, data_type, for_backward=False)
+                self.add_buffer(_copy_name(k, False), self.params[k].shape, data_type, for_backward=False)
                 if self.phase == pb.TRAIN:
-                    self.add_buffer(f"param{k}_copy_bw", self.params[k].shape, data_type, in_forward=False)
+                    self.add_buffer(_copy_name(k, True), self.params[k].shape, data_type, in_forward=False)
 
     def _copy(self, k: int, backward: bool) -> BufferDecl | None:
-        return self.buffers.get(f"param{k}_copy_bw" if backward else f"param{k}_copy")
+        return self.buffers.get(_copy_name(k, backward))
 
     def refresh_working_copies(self, backward: bool = False) -> None:
         """Round each master into this step's working copy (forward and backward each call it first)."""
@@ -282,19 +287,21 @@ class Layer:
         decl = self.params[k]
         if decl.diff is None:
             return None, False
-        if self.gradient_in_copy(k):
-            return self.buffers[f"param{k}_copy_bw"].array, True
+        copy = self._copy(k, True)
+        if copy is not None and self.gradient_in_copy(k):
+            return copy.array, True
         return decl.diff, claim_cleared_diff(decl)
 
     def add_param_gradient(self, k: int) -> None:
         """Add the half gradient left in parameter k's backward copy into its float32 master gradient."""
-        if not self.gradient_in_copy(k):
+        copy = self._copy(k, True)
+        if copy is None or not self.gradient_in_copy(k):
             return
-        decl, copy = self.params[k], self.buffers[f"param{k}_copy_bw"].array
+        decl = self.params[k]
         if claim_cleared_diff(decl):
-            self.ops.copy(copy, decl.diff)
+            self.ops.copy(copy.array, decl.diff)
         else:
-            self.ops.axpy(1.0, copy, decl.diff)
+            self.ops.axpy(1.0, copy.array, decl.diff)
 
     def fail(self, msg: str) -> UserError:
         """An error naming this layer; `raise self.fail(...)`."""

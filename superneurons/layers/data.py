@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-
 from superneurons.data.batches import SKIP, Batch, BatchPlan, RecordSource, Seeds, batches
 from superneurons.data.prefetch import Prefetcher
 from superneurons.data.record_db import LEVELDB, LMDB

@@ -333,12 +333,10 @@ class Solver:
         """Whether every weight gradient of this iteration is finite (streamed ones brought in to be summed)."""
         if not store.offloaded:  # one check over them all: one read back from the device per iteration
             return self.ops.all_finite([decl.diff for decl in self.net.learnable])
-        for decl in self.net.learnable:
-            if store.offloaded:
-                store.acquire([decl.diff_tensor])
-            finite = math.isfinite(self.ops.sumsq(decl.diff))
-            if store.offloaded:
-                store.release([decl.diff_tensor])
+        for decl in self.net.learnable:  # streamed: each brought in to be checked
+            store.acquire([decl.diff_tensor])
+            finite = self.ops.all_finite([decl.diff])
+            store.release([decl.diff_tensor])
             if not finite:
                 return False
         return True

@@ -5,8 +5,8 @@ names and signatures, collected from the modules of `ops/`), `arena` is ONE devi
 `view` is a zero-copy array over arena bytes. All work runs on the default stream, in order.
 
 Tensors may be stored in float32, float16 or bfloat16 (half_math.py: what computes on half arrays directly and
-what runs on float32 copies). cuDNN may use TF32 tensor cores for float32 convolutions (its default math, as PyTorch allows);
-pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the CPU to ~1e-5.
+what runs on float32 copies). cuDNN may use TF32 tensor cores for float32 convolutions (its default math, as
+PyTorch allows); pass tf32=False, or set SUPERNEURONS_TF32=0, for FMA-only math that matches the CPU to ~1e-5.
 """
 from __future__ import annotations
 

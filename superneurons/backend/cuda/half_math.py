@@ -63,19 +63,18 @@ def _compile_errors() -> tuple[type, ...]:
         return (Unsupported,)
 
 
-_ERRORS: tuple[type, ...] = ()
+_ERRORS = _compile_errors()  # what an op that has no path for its argument types raises before any work
 _refused: dict[tuple[str, tuple], str] = {}  # (op, half dtypes of its arguments) -> why it runs on copies
 _buffers: dict[int, Any] = {}  # argument slot -> float32 device buffer (grown, never shrunk)
 
 
 def refused() -> dict[tuple[str, tuple], str]:
-    """The ops that ran on float32 copies so far, and why (tests and the profiler read it)."""
+    """The ops that ran on float32 copies so far, and why (what the log line said, for tests)."""
     return dict(_refused)
 
 
 def _signature(args, kwargs) -> tuple:
-    return tuple(dtype_name(a.dtype) if _is_half(a) and hasattr(a, "dtype") else "" for a in
-                 (*args, *kwargs.values()))
+    return tuple(dtype_name(a.dtype) if hasattr(a, "dtype") and _is_half(a) else "" for a in (*args, *kwargs.values()))
 
 
 def _log(name: str, signature: tuple, why: str) -> None:
@@ -153,7 +152,5 @@ def half_fallback(name: str, fn: Callable) -> Callable:
 
 
 def with_half_fallback(ops: SimpleNamespace) -> SimpleNamespace:
-    global _ERRORS
-    _ERRORS = _compile_errors()
     return SimpleNamespace(**{name: fn if name in UNWRAPPED else half_fallback(name, fn)
                               for name, fn in vars(ops).items()})
