@@ -61,15 +61,42 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc2" bottom: "label" top: 
 """
 
 
-def _nets(gpu, precision: str) -> dict[str, Net]:
-    net = override_defaults(text_format.Parse(ZOO_BLOCKS, pb.NetParameter()), precision)
-    return {b.name: Net(build_graph(net, pb.TRAIN), b, seed=11) for b in (CPU, gpu)}
+# Caffe's recurrent layers, unrolled into the runtime's steps: an RNN feeding an LSTM, the `cont` input restarting
+# a stream half-way, a Euclidean loss against a target.
+RECURRENT = """name: "recurrent"
+layer { name: "in" type: "Input" top: "x" top: "cont" top: "target"
+  input_param { shape { dim: 6 dim: 4 dim: 8 } shape { dim: 6 dim: 4 } shape { dim: 6 dim: 4 dim: 12 } } }
+layer { name: "rnn" type: "RNN" bottom: "x" bottom: "cont" top: "r"
+  recurrent_param { num_output: 10 weight_filler { type: "uniform" min: -0.3 max: 0.3 }
+    bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "lstm" type: "LSTM" bottom: "r" bottom: "cont" top: "h"
+  recurrent_param { num_output: 12 weight_filler { type: "uniform" min: -0.3 max: 0.3 }
+    bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }
+"""
+NETS = {"zoo_blocks": ZOO_BLOCKS, "recurrent": RECURRENT}
+
+
+def _nets(gpu, precision: str, text: str = ZOO_BLOCKS) -> dict[str, Net]:
+    net = override_defaults(text_format.Parse(text, pb.NetParameter()), precision)
+    nets = {b.name: Net(build_graph(net, pb.TRAIN), b, seed=11) for b in (CPU, gpu)}
+    if text is RECURRENT:  # the same inputs on both backends, in the storage type of the net's inputs
+        rng = np.random.default_rng(5)
+        cont = np.ones((6, 4))
+        cont[0] = cont[3, :2] = 0  # every stream starts at t=0; two restart at t=3
+        inputs = {"x": rng.standard_normal((6, 4, 8)), "cont": cont, "target": rng.uniform(-0.5, 0.5, (6, 4, 12))}
+        for n in nets.values():
+            for blob, values in inputs.items():
+                n.backend.from_host(n.data[blob].array, values.astype(n.data[blob].dtype))
+    return nets
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_a_half_net_computes_what_the_cpu_computes(gpu, precision):
-    nets = _nets(gpu, precision)
-    assert str(nets["cuda"].data["conv1"].dtype) == {"bf16": "bfloat16", "fp16": "float16"}[precision]
+@pytest.mark.parametrize("name", list(NETS))
+def test_a_half_net_computes_what_the_cpu_computes(gpu, precision, name):
+    nets = _nets(gpu, precision, NETS[name])
+    first = "conv1" if name == "zoo_blocks" else "h"
+    assert str(nets["cuda"].data[first].dtype) == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     losses = {k: n.forward_backward() for k, n in nets.items()}
     loss_tol, grad_tol = TOLERANCE[precision]
     assert np.isfinite(losses["cuda"]) and abs(losses["cuda"] - losses["cpu"]) <= loss_tol * abs(losses["cpu"]), losses
@@ -81,7 +108,7 @@ def test_a_half_net_computes_what_the_cpu_computes(gpu, precision):
         err = float(np.abs(got - want).max()) / max(1e-3, float(np.abs(want).max()))
         worst = max(worst, err)
         assert err < grad_tol, (dc.name, err)
-    print(f"{precision}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; worst param-grad error {worst:.2e}")
+    print(f"{name} {precision}: loss cpu {losses['cpu']:.6f} gpu {losses['cuda']:.6f}; worst param-grad error {worst:.2e}")
 
 
 def test_the_hot_ops_take_half_arrays_themselves(gpu):

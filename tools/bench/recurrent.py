@@ -2,11 +2,13 @@
 trains under a memory budget (default 12G).
 
     python3 -m tools.bench.recurrent [--steps 64] [--streams 64] [--input 512] [--hidden 512] [--budget 12G]
-                                     [--longest] [--device cuda]
+                                     [--longest] [--device cuda] [--precision fp32|bf16|fp16]
 
 The net: x (T, N, D) -> Caffe's LSTM (num_output H; unrolled into the runtime's steps) -> a Euclidean loss
 against zeros (loss = sum(h^2) / 2T). PyTorch: nn.LSTM(D, H) (cuDNN's fused LSTM) on the same x with the same
 loss. Both time forward + backward (no update), device synchronized, after --warmup untimed iterations.
+--precision: ours stores activations and gradients in that type (as --precision of train); nn.LSTM runs under
+autocast to the same type (weights float32, as ours).
 --longest: ours, the planner's largest T (a multiple of --step) whose `--memory auto` plan fits the budget
 (less the cuDNN workspace), then trained 2 iterations there, stepping down on failure; PyTorch, the largest T
 that trains with set_per_process_memory_fraction(budget / total), found by doubling and bisection in fresh
@@ -19,13 +21,14 @@ import sys
 from tools.bench import common
 
 
-def lstm_net(steps: int, streams: int, inputs: int, hidden: int):
-    """The benchmark's NetParameter."""
+def lstm_net(steps: int, streams: int, inputs: int, hidden: int, precision: str = "fp32"):
+    """The benchmark's NetParameter, its storage types set to `precision`."""
     from google.protobuf import text_format
 
+    from superneurons.graph.precision import override_defaults
     from superneurons.proto import superneurons_pb2 as pb
 
-    return text_format.Parse(f"""
+    return override_defaults(text_format.Parse(f"""
         name: "lstm_{steps}"
         layer {{ name: "in" type: "Input" top: "x" top: "cont" top: "zeros"
                 input_param {{ shape {{ dim: {steps} dim: {streams} dim: {inputs} }}
@@ -33,10 +36,10 @@ def lstm_net(steps: int, streams: int, inputs: int, hidden: int):
                               shape {{ dim: {steps} dim: {streams} dim: {hidden} }} }} }}
         layer {{ name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
                 recurrent_param {{ num_output: {hidden} weight_filler {{ type: "uniform" min: -0.05 max: 0.05 }} }} }}
-        layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "zeros" top: "loss" }}""", pb.NetParameter())
+        layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "zeros" top: "loss" }}""", pb.NetParameter()), precision)
 
 
-def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int) -> str | None:
+def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32") -> str | None:
     """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes, or None."""
     from superneurons.errors import UserError
     from superneurons.graph.build import build_graph
@@ -45,7 +48,7 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int) -> 
     from superneurons.memory.plan import make_plan
     from superneurons.proto import superneurons_pb2 as pb
 
-    graph = build_graph(lstm_net(steps, streams, inputs, hidden), pb.TRAIN)
+    graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
     try:
         return choose(pool, checkpoint_sets(graph, None),
                       lambda types, modes=None, recompute_limit=0: make_plan(
@@ -55,7 +58,7 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int) -> 
 
 
 def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = "cuda", iterations: int = 10,
-              warmup: int = 3, budget: int | None = None, workspace: int | None = None) -> dict:
+              warmup: int = 3, budget: int | None = None, workspace: int | None = None, precision: str = "fp32") -> dict:
     """Our forward + backward time at T = steps (memory `auto` in a pool of budget - workspace, when given)."""
     import numpy as np
 
@@ -65,12 +68,12 @@ def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = 
 
     backend = common.make_backend(device, workspace)
     pool = budget - (workspace or 0) if budget else None
-    net = Net(build_graph(lstm_net(steps, streams, inputs, hidden), pb.TRAIN), backend, seed=1,
+    net = Net(build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN), backend, seed=1,
               memory="auto" if pool else "baseline", pool_bytes=pool)
     rng = np.random.default_rng(0)
     for blob, values in (("x", rng.standard_normal((steps, streams, inputs))), ("cont", np.ones((steps, streams))),
                          ("zeros", np.zeros((steps, streams, hidden)))):
-        backend.from_host(net.data[blob].array, values.astype(np.float32))
+        backend.from_host(net.data[blob].array, values.astype(net.data[blob].dtype))
 
     def step():
         net.clear_param_diffs()
@@ -82,8 +85,11 @@ def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = 
 
 
 def torch_task(steps: int, streams: int, inputs: int, hidden: int, iterations: int = 10, warmup: int = 3,
-               budget: int | None = None) -> dict:
-    """nn.LSTM's forward + backward time at T = steps (under set_per_process_memory_fraction when budgeted)."""
+               budget: int | None = None, precision: str = "fp32") -> dict:
+    """nn.LSTM's forward + backward time at T = steps (under set_per_process_memory_fraction when budgeted),
+    under autocast to bfloat16 or float16 for those precisions."""
+    import contextlib
+
     import torch
 
     if budget:
@@ -91,10 +97,14 @@ def torch_task(steps: int, streams: int, inputs: int, hidden: int, iterations: i
     lstm = torch.nn.LSTM(inputs, hidden).cuda()
     x = torch.randn(steps, streams, inputs, device="cuda")
 
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
     def step():
         lstm.zero_grad(set_to_none=False)
-        h, _ = lstm(x)
-        (h.pow(2).sum() / (2 * steps)).backward()
+        with torch.autocast("cuda", dtype=half) if half else contextlib.nullcontext():
+            h, _ = lstm(x)
+            loss = h.float().pow(2).sum() / (2 * steps)
+        loss.backward()
 
     return common.time_loop(step, torch.cuda.synchronize, warmup, iterations)
 
@@ -108,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=64, help="granularity of the longest T (default %(default)s)")
     ap.add_argument("--longest", action="store_true", help="also find the longest T each trains under --budget")
     ap.add_argument("--device", default="cuda", help="our device: cuda, cuda:N or cpu (default %(default)s)")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                    help="storage of activations and gradients; nn.LSTM under autocast to it (default %(default)s)")
     args = ap.parse_args(argv)
-    shape = dict(streams=args.streams, inputs=args.input, hidden=args.hidden)
+    shape = dict(streams=args.streams, inputs=args.input, hidden=args.hidden, precision=args.precision)
     budget, workspace = common.parse_size(args.budget), common.parse_size(args.workspace)
     log = common.log_path(args, "recurrent")
     timing = dict(iterations=args.iterations, warmup=args.warmup)
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     torch = {} if args.no_torch else common.run_worker(
         [dict(kind="recurrent_torch", **speed)], args.timeout, log=log)[0]
     ms = (ours.get("ms_per_iter"), torch.get("ms_per_iter"))
-    rows = [[f"T={args.steps} N={args.streams} D={args.input} H={args.hidden}", common.fmt(ms[0], ".2f"),
+    rows = [[f"T={args.steps} N={args.streams} D={args.input} H={args.hidden} {args.precision}", common.fmt(ms[0], ".2f"),
              common.fmt(ms[1], ".2f"), common.fmt(common.ratio(ms[1], ms[0]), ".2f")]]
     extra: dict = {"speed": {"ours": ours, "torch": torch}}
     tables = []
@@ -148,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         extra["longest"] = longest
         tables.append({"title": f"longest sequence T trained under {args.budget}", "header": ["system", "T"],
                        "rows": [[k, v.get("trained")] for k, v in longest.items()]})
+    args.tag = common.precision_tag(args.tag, args.precision)
     common.finish("recurrent", "LSTM training step (forward + backward), ms", args,
                   ["shape", "ours", "nn.LSTM", "nn.LSTM / ours"], rows, extra=extra, tables=tables)
     return 0

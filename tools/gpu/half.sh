@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine: half-precision storage on the GPU in one call. The nets and memory modes of
 # tests/test_cuda_half.py, every GPU op test in bfloat16 and in float16 storage (`--storage`, tests/gpu_harness.py),
-# and `superneurons time` on ResNet-50 at batch 64 in each precision. Logs go to $OUT.
-#   bash tools/gpu/half.sh              # all of it
-#   HALF_PARTS="nets time" bash tools/gpu/half.sh
+# `superneurons time` on ResNet-50 at batch 64 in each precision; and, asked by name, ResNet-50's loss over 300
+# iterations in each precision (tools/bench/precision_loss.py), the LSTM beside nn.LSTM in float32 and bfloat16
+# (tools/bench/recurrent.py) and the widest bfloat16 ResNet-50 under 12 GiB (tools/bench/wider.py). Logs go to $OUT.
+#   bash tools/gpu/half.sh              # nets, ops, time
+#   HALF_PARTS="nets loss recurrent wider" bash tools/gpu/half.sh
 set -u
 source tools/gpu/env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
@@ -29,5 +31,22 @@ for part in $PARTS; do
                 --iterations 30 --precision "$precision" > "$OUT/time_resnet50_$precision.log" 2>&1
             grep -E "Average Forward-Backward|img/s|float32 copies|rror" "$OUT/time_resnet50_$precision.log" | head -8
         done ;;
+    loss)
+        echo "== ResNet-50 b64, 300 iterations on fixed data, fp32 / bf16 / fp16"
+        timeout 300 python -m tools.bench.precision_loss --data /tmp/precision_loss_data --timeout 140 \
+            > "$OUT/precision_loss.log" 2>&1
+        tail -7 "$OUT/precision_loss.log" ;;
+    recurrent)
+        for precision in fp32 bf16; do
+            echo "== LSTM T=64 N=64 D=512 H=512, $precision, beside nn.LSTM"
+            timeout 120 python -m tools.bench.recurrent --precision "$precision" --timeout 100 \
+                > "$OUT/recurrent_$precision.log" 2>&1
+            tail -4 "$OUT/recurrent_$precision.log"
+        done ;;
+    wider)
+        echo "== widest ResNet-50 under 12 GiB in bf16, beside PyTorch-checkpoint's (bf16 autocast, channels_last)"
+        timeout 420 python -m tools.bench.wider --precision bf16 --nets resnet50 --torch-variants checkpoint \
+            --host-limit "${HALF_HOST_LIMIT:-100G}" > "$OUT/wider_bf16.log" 2>&1
+        tail -6 "$OUT/wider_bf16.log" ;;
     esac
 done
