@@ -112,18 +112,20 @@ def test_a_half_net_computes_what_the_cpu_computes(gpu, precision, name):
 
 
 def test_the_hot_ops_take_half_arrays_themselves(gpu):
-    """Convolutions, GEMMs, BatchNorm, pooling, eltwise, LRN, Dropout and the activations run on half arrays
+    """Convolutions, GEMMs (the recurrent layers' included), BatchNorm, pooling, eltwise, LRN, Dropout, LSTM's unit
+    and the activations run on half arrays
     directly, whatever the reason one would not (a kernel that does not compile, a mix of types). Only a float32
     layer reading a half bottom (the loss reads fc2) may run on float32 copies."""
     for precision in ("bf16", "fp16"):
-        nets = _nets(gpu, precision)
-        nets["cuda"].forward_backward()
+        for text in NETS.values():
+            _nets(gpu, precision, text)["cuda"].forward_backward()
     print("ops on float32 copies:", sorted(half_math.refused().items()))
     refused = {op for op, _types in half_math.refused()}
     hot = {"conv_forward", "conv_backward", "conv_relu_forward", "gemm", "pool_forward", "pool_backward",
            "relu_forward", "relu_backward", "eltwise_sum", "eltwise_sum_relu", "eltwise_sum_relu_backward",
            "bn_affine_forward", "bn_affine_backward", "dropout_apply", "lrn_forward", "lrn_backward", "copy", "axpy",
-           "add_bias", "bias_backward", "concat_forward", "concat_backward"}
+           "add_bias", "bias_backward", "concat_forward", "concat_backward", "lstm_unit_forward",
+           "lstm_unit_backward", "tanh_forward", "tanh_backward"}
     assert hot <= set(vars(gpu.ops))  # the names are the backend's
     assert not refused & hot, refused & hot
 

@@ -270,6 +270,30 @@ def test_lstm_in_bfloat16_storage_trains_alike_in_every_memory_mode():
     _check_modes("default_forward_type: BFLOAT16 default_backward_type: BFLOAT16\n" + LSTM_NET, tight=False)
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_a_half_recurrent_layer_reads_its_input_transforms_weights_rounded(rng, kind):
+    """The input transform (x and the static input, every time step in one GEMM) reads half working copies of
+    its weights, as InnerProduct does, so the GPU multiplies operands of one type; the copies are planned
+    tensors of the layer, holding the float32 masters rounded to bfloat16 after a forward."""
+    import ml_dtypes
+
+    net = cpu_net(f"default_forward_type: BFLOAT16 default_backward_type: BFLOAT16 "
+                  f"layer {{ name: 'in' type: 'Input' top: 'x' top: 'cont' top: 'xs' input_param {{ shape {{ dim: 3 "
+                  f"dim: 2 dim: 4 }} shape {{ dim: 3 dim: 2 }} shape {{ dim: 2 dim: 5 }} }} }} "
+                  f"layer {{ name: 'rec' type: '{kind}' bottom: 'x' bottom: 'cont' bottom: 'xs' top: 'out' "
+                  f"recurrent_param {{ num_output: 6 weight_filler {{ type: 'gaussian' std: 0.3 }} }} }}")
+    for blob, shape in (("x", (3, 2, 4)), ("cont", (3, 2)), ("xs", (2, 5))):
+        net.data[blob].array[...] = rng.standard_normal(shape).astype(net.data[blob].dtype)
+    net.forward()
+    head = next(n.layer for n in net.graph.nodes if n.name == "rec")
+    copies = {name: decl for name, decl in head.buffers.items() if "copy" in name}
+    assert sorted(copies) == ["static_param0_copy", "static_param0_copy_bw", "x_param0_copy", "x_param0_copy_bw"]
+    for role, master in (("x", head.params[0]), ("static", head.params[2])):
+        copy = copies[f"{role}_param0_copy"].array
+        assert copy.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(copy, master.data.astype(ml_dtypes.bfloat16))
+
+
 def test_a_longer_test_net_reads_every_step_weight_from_the_train_net():
     """A test net unrolled over more time steps than the train net: its extra steps share the train net's W_hc
     by name, as Caffe's test net shares the recurrent layer's blobs."""

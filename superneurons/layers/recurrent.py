@@ -309,6 +309,16 @@ class _InputTransform(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})
 
+    # The transforms' weights are read in the storage type, as InnerProduct's are: their half working copies are
+    # the inner InnerProducts' own, declared here too so that the plan and the runtime see them.
+    data_typed_params = (0,)
+
+    def use_working_copies(self, data_type) -> None:
+        for role, ip in zip(("x", "static"), self._ips()):
+            ip.use_working_copies(data_type)
+            for name, decl in ip.buffers.items():
+                self.buffers[f"{role}_{name}"] = decl
+
     def forward_flops(self):
         return sum(ip.forward_flops() for ip in self._ips())
 
