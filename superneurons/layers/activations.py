@@ -21,6 +21,7 @@ class _Activation(Layer):
     refused in training, where forward would overwrite it), None when the gradient needs neither. A subclass
     names `op` and `reads` and turns its parameter message into `scalars` (and `backward_scalars`, when the
     backward takes others) in `configure`."""
+    channels_last = True
 
     op: ClassVar[str]
     reads: str | None = NEEDS_TOP

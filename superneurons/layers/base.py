@@ -150,6 +150,10 @@ class Layer:
     # into the backward's copy once the backward has read the copy, then is added into the float32 master
     # gradient: no third buffer.
     data_typed_grads: ClassVar[tuple[int, ...]] = ()
+    # The backend ops this layer calls take its 4-D blobs, buffers and weight copies stored channels last (NHWC)
+    # as they take NCHW ones (graph/layout.py keeps a blob NHWC only where its producer and readers all do; an op
+    # given arguments it has no such path for converts them on the device).
+    channels_last: ClassVar[bool] = False
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
     n_tops: ClassVar[tuple[int, int | None]] = (1, 1)

@@ -15,6 +15,7 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("BatchNorm")
 class BatchNorm(Layer):
+    channels_last = True
     def setup(self, bottom_shapes):
         p = self.param.batch_norm_param
         shape = bottom_shapes[0]

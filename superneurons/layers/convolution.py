@@ -81,6 +81,7 @@ class Convolution(Layer):
     can_accumulate_bottom_diff = True
     data_typed_params = (0,)  # cuDNN convolves operands of one type: half storage reads a half copy of W
     data_typed_grads = (0,)
+    channels_last = True
 
     def setup(self, bottom_shapes):
         p = self.param.convolution_param

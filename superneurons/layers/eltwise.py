@@ -11,6 +11,7 @@ _OP = pb.EltwiseParameter
 
 @register("Eltwise")
 class Eltwise(Layer):
+    channels_last = True
     n_bottoms = (2, None)
 
     def setup(self, bottom_shapes):

@@ -14,6 +14,7 @@ _METHODS = {P.MAX: "max", P.AVE: "ave", P.STOCHASTIC: "stochastic"}
 
 @register("Pooling")
 class Pooling(Layer):
+    channels_last = True
     n_tops = (1, 2)  # MAX may emit its argmax mask as a second top, as in Caffe
 
     def setup(self, bottom_shapes):

@@ -12,6 +12,7 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("Scale")
 class Scale(Layer):
+    channels_last = True
     n_bottoms = (1, 2)
 
     def setup(self, bottom_shapes):

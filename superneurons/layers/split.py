@@ -6,6 +6,7 @@ from superneurons.layers.base import Layer, register
 
 @register("Split")
 class Split(Layer):
+    channels_last = True
     shares_data = True
     can_copy_data = True  # when a consumer works in place on a top (graph.build sets copy_data)
     sums_top_diffs = True  # the bottom gradient may be a top gradient's memory (memory/aliases.py)

@@ -21,6 +21,14 @@ _MAX_CACHED_VIEWS = 1 << 16  # distinct (offset, shape, dtype) views kept; clear
 BLOCK = 1024
 
 
+def backend_view(backend: Any, arena: Any, offset: int, shape: tuple[int, ...], dtype, layout: str) -> Any:
+    """backend.view over `arena`; a layout other than NCHW goes as the keyword only backends storing it take
+    (`Backend.layouts`, graph/layout.py)."""
+    if layout == "NCHW":
+        return backend.view(arena, offset, shape, dtype)
+    return backend.view(arena, offset, shape, dtype, layout=layout)
+
+
 def round_up(nbytes: int) -> int:
     return max(BLOCK, (nbytes + BLOCK - 1) // BLOCK * BLOCK)
 
@@ -162,17 +170,18 @@ class HeapPool:
         if key in self._watched:
             self.watched_moves += 1
 
-    def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
-        """The array over `key`'s block. Views are cached by (offset, shape, dtype): the memory schedule puts
+    def view(self, key: Hashable, shape: tuple[int, ...], dtype, layout: str = "NCHW") -> Any:
+        """The array over `key`'s block (`layout`: its memory layout, memory/tensors.py; backend_view says how
+        it reaches the backend). Views are cached by (offset, shape, dtype, layout): the memory schedule puts
         a tensor at the same offset every iteration, so handing back the same array object lets the
         backend's per-array caches (flat views, kernel argument blocks, cuDNN argument sets) hit instead
         of rebuilding them for every tensor at every step."""
-        where = (self._used[key].offset, tuple(shape), np.dtype(dtype).str)
+        where = (self._used[key].offset, tuple(shape), np.dtype(dtype).str, layout)
         array = self._views.get(where)
         if array is None:
             if len(self._views) >= _MAX_CACHED_VIEWS:
                 self._views.clear()
-            array = self._views[where] = self.backend.view(self.arena, where[0], shape, dtype)
+            array = self._views[where] = backend_view(self.backend, self.arena, where[0], shape, dtype, layout)
         return array
 
     def owns(self, key: Hashable) -> bool:
@@ -253,8 +262,8 @@ class MallocPool:
     def compact(self) -> list:
         return []  # separate allocations: the device allocator's fragmentation is not ours to fix
 
-    def view(self, key: Hashable, shape: tuple[int, ...], dtype) -> Any:
-        return self.backend.view(self._arrays[key], 0, shape, dtype)
+    def view(self, key: Hashable, shape: tuple[int, ...], dtype, layout: str = "NCHW") -> Any:
+        return backend_view(self.backend, self._arrays[key], 0, shape, dtype, layout)
 
     def owns(self, key: Hashable) -> bool:
         return key in self._arrays

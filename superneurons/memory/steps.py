@@ -46,10 +46,10 @@ class RunContext:
 class Tensor:
     """A named array slot. `array` is the backend view while resident; `base` makes this a reshaped view."""
 
-    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init", "_reshaped")
+    __slots__ = ("key", "shape", "dtype", "nbytes", "array", "base", "kind", "zero_init", "_reshaped", "layout")
 
     def __init__(self, key: str, shape: tuple[int, ...], dtype=np.float32, kind: str = "data",
-                 base: "Tensor | None" = None):
+                 base: "Tensor | None" = None, layout: str = "NCHW"):
         self.key = key
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
@@ -59,6 +59,7 @@ class Tensor:
         self.kind = kind
         self.zero_init = kind in ("diff", "param_diff", "history")  # history starts at zero, as in Caffe
         self._reshaped: tuple[Any, Any] = (None, None)  # (base array, this view of it), see Net.materialize
+        self.layout = layout  # memory layout of its array (memory/tensors.py; the shape stays N, C, H, W)
 
     def __repr__(self) -> str:
         return f"Tensor({self.key!r}, {self.shape}, {self.kind})"

@@ -46,7 +46,9 @@ ACTIVATION, GRADIENT, PARAMETER, SCRATCH, WORKSPACE = "activation", "gradient", 
 ROLES = (ACTIVATION, GRADIENT, PARAMETER, HISTORY, SCRATCH, WORKSPACE)
 ROLE_OF_KIND = {DATA: ACTIVATION, DIFF: GRADIENT, BUFFER: SCRATCH, PARAM: PARAMETER, PARAM_DIFF: GRADIENT,
                 HISTORY: HISTORY}
-NCHW = "NCHW"  # the layout of every tensor (Caffe's order; 2-D and 1-D blobs are its leading dimensions)
+# Memory layouts (graph/layout.py): NCHW is Caffe's order (2-D and 1-D blobs are its leading dimensions); a 4-D
+# tensor a backend keeps channels last is NHWC, its shape still (N, C, H, W).
+NCHW, NHWC = "NCHW", "NHWC"
 
 
 def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
@@ -130,13 +132,19 @@ class TensorLayout:
         return [p for p in self.params if p.learnable and p.data is not None and p.diff is not None]
 
     def add(self, kind: str, owner: str, index: int | str, shape, dtype=FLOAT32, base: str | None = None,
-            layer: str | None = None) -> str:
+            layer: str | None = None, layout: str = NCHW) -> str:
         """Declare one more tensor (after its base, if it is a view, whose type it takes); returns its key.
-        `layer`: its owner."""
+        `layer`: its owner. A view of the same shape takes its base's layout; a reshaping view needs an NCHW base."""
+        shape = tuple(int(d) for d in shape)
         if base is not None:
             dtype = self.by_key[base].dtype
-        spec = TensorSpec(tensor_key(kind, owner, index), tuple(int(d) for d in shape), np.dtype(dtype), kind, base,
-                          layer)
+            base_spec = self.by_key[base]
+            if base_spec.shape == shape:
+                layout = base_spec.layout
+            elif base_spec.layout != NCHW:
+                raise ValueError(f"{tensor_key(kind, owner, index)}: a reshaped view of {base}, which is "
+                                 f"{base_spec.layout}")
+        spec = TensorSpec(tensor_key(kind, owner, index), shape, np.dtype(dtype), kind, base, layer, layout)
         self.specs.append(spec)
         self.by_key[spec.key] = spec
         return spec.key
@@ -149,12 +157,14 @@ def top_is_view(layer) -> bool:
 
 def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool] | None = None,
                     propagate_down: dict[str, list[bool]] | None = None, seeds: Iterable[str] | None = None,
-                    borrowed: Iterable[tuple[str, int]] = (), history: int = 0) -> TensorLayout:
+                    borrowed: Iterable[tuple[str, int]] = (), history: int = 0, layouts=None) -> TensorLayout:
     """Every tensor of one iteration of `graph`. `need_backward`/`propagate_down`: the backward flags
     (default: the graph's own, as its Net runs them); `seeds`: blobs whose gradients the loss fills (default:
     the loss blobs); `borrowed`: (layer, index) of parameters read from another net; `history`: solver
-    history sets per learnable parameter."""
+    history sets per learnable parameter; `layouts`: a graph.layout.BlobLayouts (default: every tensor NCHW)."""
     nodes = graph.nodes
+    blob_layout = layouts.blob if layouts is not None else (lambda _b: NCHW)
+    buffer_layout = layouts.buffer if layouts is not None else (lambda _layer, _shape: NCHW)
     if need_backward is None:
         need_backward = {n.name: n.need_backward for n in nodes}
     if propagate_down is None:
@@ -168,7 +178,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
 
     def bottom_diff(b: str, layer: str) -> str:
         if b not in diff:
-            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b], diff_type.get(b, FLOAT32), layer=layer)
+            diff[b] = out.add(DIFF, b, 0, graph.blob_shapes[b], diff_type.get(b, FLOAT32), layer=layer,
+                              layout=blob_layout(b))
         return diff[b]
 
     borrowed = set(borrowed)
@@ -181,7 +192,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
             if t in data and node.bottoms and t == node.bottoms[0]:
                 continue  # in place: the bottom's tensor
             data[t] = out.add(DATA, t, 0, shape, data_type.get(t, FLOAT32), base=data[node.bottoms[0]] if view else None,
-                              layer=node.name)
+                              layer=node.name, layout=blob_layout(t))
         if train:
             # Bottom gradients first: a top gradient that is a view (Flatten) needs its bottom's gradient,
             # which does not exist yet when the bottom comes from a layer without backward (force_backward).
@@ -195,8 +206,10 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
                     base = diff.get(node.bottoms[0]) if layer.shares_diff and node.bottoms else None
                     if t in out.aliases.views:
                         base = bottom_diff(out.aliases.views[t], node.name)
-                    diff[t] = out.add(DIFF, t, 0, shape, diff_type.get(t, FLOAT32), base=base, layer=node.name)
-        out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype, layer=node.name), name,
+                    diff[t] = out.add(DIFF, t, 0, shape, diff_type.get(t, FLOAT32), base=base, layer=node.name,
+                                      layout=blob_layout(t))
+        out.buffer_keys[node.name] = [(out.add(BUFFER, node.name, name, buf.shape, buf.dtype, layer=node.name,
+                                               layout=buffer_layout(node.name, buf.shape)), name,
                                        bool(buf.for_backward))
                                       for name, buf in graph.step_layer(node).buffers.items()]
         out.backward_only.update(key for key, name, _fb in out.buffer_keys[node.name]

@@ -20,6 +20,7 @@ import numpy as np
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
+from superneurons.graph.layout import choose as choose_layouts
 from superneurons.graph.node import Node
 from superneurons.graph.precision import check_backend, stored_types
 from superneurons.layers.base import ParamDecl
@@ -56,7 +57,12 @@ class Net:
         self.graph = graph
         self.name = graph.name
         self.backend = HostAwareBackend(backend, self)
-        self.ops = backend.ops_for(stored_types(graph))
+        # Which 4-D blobs this backend keeps channels last (graph/layout.py; before the tensors are declared:
+        # a float32 convolution may get working copies for its KRSC filter)
+        self.blob_layouts = choose_layouts(graph, getattr(backend, "layouts", ("NCHW",)))
+        storage = stored_types(graph)
+        # A net with NHWC tensors gets ops that convert where an op has no channels-last path for its arguments
+        self.ops = backend.ops_for(storage, channels_last=True) if self.blob_layouts.any else backend.ops_for(storage)
         self.train = train
         self.ctx = RunContext(seed=seed, data_workers=data_workers)
         self.loss_scale = 1.0  # the solver's loss scale (solver/loss_scale.py): backward seeds weight x scale
@@ -106,7 +112,8 @@ class Net:
             node.layer.ops = self.ops
             node.layer.ctx = self.ctx
         borrowed = read_param_specs(self.graph, share.graph if share is not None else None)
-        self.layout = declare_tensors(self.graph, train=self.train, borrowed=borrowed, history=solver_history)
+        self.layout = declare_tensors(self.graph, train=self.train, borrowed=borrowed, history=solver_history,
+                                      layouts=self.blob_layouts)
         wired = wire_tensors(self.graph, self.layout)
         self.tensors: list[Tensor] = wired.tensors
         self.data: dict[str, Tensor] = wired.data
@@ -180,7 +187,7 @@ class Net:
 
     def attach(self, t: Tensor) -> None:
         """Point `t` at the pool block it already owns (contents unchanged)."""
-        t.array = self.pool.view(t.key, t.shape, t.dtype)
+        t.array = self.pool.view(t.key, t.shape, t.dtype, t.layout)
 
     def release(self, t: Tensor) -> None:
         """Give `t`'s pool block back (a view just lets go of its array)."""

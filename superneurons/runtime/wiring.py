@@ -53,7 +53,7 @@ def wire_tensors(graph: Any, layout: TensorLayout) -> NetTensors:
     tensors = []
     for spec in layout.specs:
         base = by_key[spec.base] if spec.base is not None else None  # declared before its views
-        t = by_key[spec.key] = Tensor(spec.key, spec.shape, spec.dtype, spec.kind, base)
+        t = by_key[spec.key] = Tensor(spec.key, spec.shape, spec.dtype, spec.kind, base, spec.layout)
         tensors.append(t)
     for node in graph.nodes:
         for key, name, _for_backward in layout.buffer_keys[node.name]:

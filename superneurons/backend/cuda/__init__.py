@@ -36,6 +36,7 @@ class CudaBackend:
     name = "cuda"
     asynchronous = True  # kernels are queued on the default stream: timers synchronize
     storage_types = (FLOAT32, FLOAT16, BFLOAT16)  # half storage computes in float32 (half_math.py)
+    layouts = ("NCHW", "NHWC")  # 4-D tensors may be stored channels last (graph/layout.py, layout.py)
 
     def __init__(self, device: int = 0, tf32: bool | None = None, workspace_limit: int = DEFAULT_WORKSPACE_LIMIT):
         try:
@@ -66,10 +67,21 @@ class CudaBackend:
         # Every op checks its arguments for half arrays (half_math.py): a few microseconds a call, which a
         # float32 net is spared (`ops_for`).
         self.ops = with_half_fallback(self._float32_ops)
+        self._layout_ops: dict = {}
 
-    def ops_for(self, storage: frozenset):
-        """The plain ops for a net that stores only float32; the half-checking ones otherwise."""
-        return self._float32_ops if set(storage) <= {FLOAT32} else self.ops
+    def ops_for(self, storage: frozenset, channels_last: bool = False):
+        """The plain ops for a net that stores only float32; the half-checking ones otherwise. `channels_last`:
+        the net stores NHWC tensors, so its ops convert where they have no path for their arguments' layouts."""
+        ops = self._float32_ops if set(storage) <= {FLOAT32} else self.ops
+        if not channels_last:
+            return ops
+        from superneurons.backend.cuda.layout_conversion import with_layout_conversion
+
+        key = id(ops)
+        wrapped = self._layout_ops.get(key)
+        if wrapped is None:
+            wrapped = self._layout_ops[key] = with_layout_conversion(ops)
+        return wrapped
 
     def set_workspace_source(self, source) -> None:
         """Where convolutions take cuDNN workspace from (a base.WorkspaceSource); None: the default
@@ -118,12 +130,15 @@ class CudaBackend:
         """One device allocation of `nbytes` (uint8); the pool carves every tensor out of it."""
         return self._cuda.device_array(max(int(nbytes), 1), np.uint8)
 
-    def view(self, arena, offset: int, shape: tuple[int, ...], dtype=np.float32):
+    def view(self, arena, offset: int, shape: tuple[int, ...], dtype=np.float32, layout: str = "NCHW"):
+        """`layout` NHWC: a 4-D (N, C, H, W) view stored channels last (graph/layout.py)."""
         dtype = np.dtype(dtype)
         n = tensor_bytes(shape, dtype)
         if offset < 0 or offset + n > arena.size:
             raise ValueError(f"view [{offset}, {offset + n}) outside the {arena.size}-byte arena")
-        return self._dev.make(arena.gpu_data.view(offset, offset + n), shape, dtype)
+        if layout not in self.layouts or (layout != "NCHW" and len(shape) != 4):
+            raise ValueError(f"no {layout} view of shape {tuple(shape)}")
+        return self._dev.make(arena.gpu_data.view(offset, offset + n), shape, dtype, layout)
 
     def from_host(self, dst, src: np.ndarray) -> None:
         self.ops.upload(dst, src)

@@ -23,7 +23,7 @@ from superneurons.dtypes import BFLOAT16 as BFLOAT16_DTYPE, FLOAT16, FLOAT32
 
 _c = ctypes
 FLOAT, DOUBLE, HALF, BFLOAT16 = 0, 1, 2, 9  # cudnnDataType_t
-NCHW = 0
+NCHW, NHWC = 0, 1  # cudnnTensorFormat_t: NHWC descriptors for channels-last tensors (graph/layout.py)
 CROSS_CORRELATION = 1
 DEFAULT_MATH, FMA_MATH = 0, 3
 CUDNN_DETERMINISTIC = 1  # cudnnDeterminism_t
@@ -104,23 +104,27 @@ class Handle:
         self._convs: dict = {}
 
     # -- descriptors ----------------------------------------------------------------------------
-    def tensor(self, shape: tuple[int, ...], dtype) -> _c.c_void_p:
-        """A packed NCHW descriptor for a 4-D shape (cached)."""
-        key = (tuple(int(d) for d in shape), np.dtype(dtype).str)
+    def tensor(self, shape: tuple[int, ...], dtype, nhwc: bool = False) -> _c.c_void_p:
+        """A packed descriptor for a 4-D (N, C, H, W) shape, NCHW or stored channels last (cached)."""
+        key = (tuple(int(d) for d in shape), np.dtype(dtype).str, bool(nhwc))
         desc = self._tensors.get(key)
         if desc is None:
             desc = _c.c_void_p()
             call("cudnnCreateTensorDescriptor", _c.byref(desc))
-            call("cudnnSetTensor4dDescriptor", desc, NCHW, _dtype_code(dtype), *key[0])
+            call("cudnnSetTensor4dDescriptor", desc, NHWC if nhwc else NCHW, _dtype_code(dtype), *key[0])
             self._tensors[key] = desc
         return desc
 
-    def conv_plan(self, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> "ConvPlan":
-        key = (tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, np.dtype(dtype).str)
+    def conv_plan(self, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype, nhwc: bool = False) -> "ConvPlan":
+        """`nhwc`: x, w and y stored channels last (the filter KRSC)."""
+        key = (tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, np.dtype(dtype).str, bool(nhwc))
         plan = self._convs.get(key)
         if plan is None:
-            plan = self._convs[key] = ConvPlan(self, *key[:4], dtype)
+            plan = self._convs[key] = ConvPlan(self, *key[:4], dtype, nhwc=bool(nhwc))
         return plan
+
+    def has_conv_plan(self, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype, nhwc: bool) -> bool:
+        return (tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, np.dtype(dtype).str, bool(nhwc)) in self._convs
 
     # -- softmax over (outer, channels, inner) ----------------------------------------------------
     def softmax_forward(self, x, y, dims) -> None:
@@ -255,18 +259,20 @@ class ConvPlan:
     then takes the first choice whose workspace fits what the device's workspace source has available.
     """
 
-    def __init__(self, h: Handle, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype):
+    def __init__(self, h: Handle, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype, nhwc: bool = False):
         self.h = h
         self.dtype = dtype
+        self.nhwc = nhwc
         self.geom = geom
         self.shapes = (tuple(int(d) for d in x_shape), tuple(int(d) for d in w_shape), tuple(int(d) for d in y_shape))
         self.w_shape = self.shapes[1]
-        self.x = h.tensor(x_shape, dtype)
-        self.y = h.tensor(y_shape, dtype)
+        self.x = h.tensor(x_shape, dtype, nhwc)
+        self.y = h.tensor(y_shape, dtype, nhwc)
         self.bias = h.tensor((1, y_shape[1], 1, 1), dtype)
         self.w = _c.c_void_p()
         call("cudnnCreateFilterDescriptor", _c.byref(self.w))
-        call("cudnnSetFilter4dDescriptor", self.w, _dtype_code(dtype), NCHW, *(int(d) for d in w_shape))
+        call("cudnnSetFilter4dDescriptor", self.w, _dtype_code(dtype), NHWC if nhwc else NCHW,
+             *(int(d) for d in w_shape))
         self.conv = _c.c_void_p()
         call("cudnnCreateConvolutionDescriptor", _c.byref(self.conv))
         compute = compute_code(dtype)
@@ -367,7 +373,7 @@ class ConvPlan:
                 graph = cudnn_graph.GraphDirection(self.h.value.value, _OPERATION[direction],
                                                    self.operand_shapes(direction), self.geom, _dtype_code(self.dtype),
                                                    self.h.math != FMA_MATH, 1.0 if _ACCUMULATES[direction] else 0.0,
-                                                   compute_code(self.dtype))
+                                                   compute_code(self.dtype), nhwc=self.nhwc)
             except cudnn_graph.Unsupported:
                 pass
             else:

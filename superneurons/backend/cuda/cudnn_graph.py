@@ -171,14 +171,22 @@ class _Descriptor:
             self.value = _c.c_void_p()
 
 
-def _tensor(uid: int, shape: tuple[int, ...], data_type: int) -> _Descriptor:
-    strides, step = [], 1
+def strides(shape: tuple[int, ...], nhwc: bool = False) -> tuple[int, ...]:
+    """Element strides of a packed (N, C, H, W) tensor (or filter (K, C, R, S)): NCHW, or channels last."""
+    if nhwc:
+        _n, c, h, w = (max(int(d), 1) for d in shape)
+        return (h * w * c, 1, w * c, c)
+    out, step = [], 1
     for d in reversed(shape):
-        strides.append(step)
+        out.append(step)
         step *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def _tensor(uid: int, shape: tuple[int, ...], data_type: int, nhwc: bool = False) -> _Descriptor:
     t = _Descriptor(_TENSOR)
     t.set(_TENSOR_DATA_TYPE, _T_DATA_TYPE, _c.c_int, [data_type])
-    t.set_int64(_TENSOR_DIMS, *shape).set_int64(_TENSOR_STRIDES, *reversed(strides))
+    t.set_int64(_TENSOR_DIMS, *shape).set_int64(_TENSOR_STRIDES, *strides(shape, nhwc))
     t.set_int64(_TENSOR_UID, uid).set_int64(_TENSOR_ALIGNMENT, ALIGNMENT)
     return t.finalize()
 
@@ -245,12 +253,12 @@ class GraphDirection:
     graph = True
 
     def __init__(self, handle: int, direction: int, shapes: tuple, geom: ConvGeometry, data_type: int,
-                 allow_tf32: bool, beta: float, compute_type: int | None = None):
+                 allow_tf32: bool, beta: float, compute_type: int | None = None, nhwc: bool = False):
         if geom.group != 1:
             raise Unsupported("grouped convolutions stay on the legacy API")
         self.handle = handle
         kind, (alpha_attr, beta_attr, conv_attr, a_attr, b_attr, out_attr) = _OPERATIONS[direction]
-        tensors = [_tensor(uid, tuple(int(d) for d in shape), data_type) for uid, shape in zip((1, 2, 3), shapes)]
+        tensors = [_tensor(uid, tuple(int(d) for d in shape), data_type, nhwc) for uid, shape in zip((1, 2, 3), shapes)]
         op = _Descriptor(kind)
         compute = data_type if compute_type is None else compute_type  # half operands accumulate in float32
         scalar_kind, scalar_type = (_T_DOUBLE, _c.c_double) if compute == 1 else (_T_FLOAT, _c.c_float)

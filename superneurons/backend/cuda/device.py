@@ -112,11 +112,28 @@ def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def make(gpu_data, shape, dtype) -> DeviceNDArray:
-    """A C-contiguous array of `shape` over `gpu_data` (a numba MemoryPointer): no allocation."""
+def nhwc_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The byte strides of an (N, C, H, W) array stored channels last (N, H, W, C in memory)."""
+    _n, c, h, w = shape
+    c, h, w = max(c, 1), max(h, 1), max(w, 1)
+    return (h * w * c * itemsize, itemsize, w * c * itemsize, c * itemsize)
+
+
+def make(gpu_data, shape, dtype, layout: str = "NCHW") -> DeviceNDArray:
+    """An array of `shape` over `gpu_data` (a numba MemoryPointer): no allocation. C-contiguous, or for
+    `layout` NHWC a 4-D (N, C, H, W) array whose strides store it channels last (graph/layout.py)."""
     shape = tuple(int(d) for d in shape)
     dtype = np.dtype(dtype)
-    return DeviceNDArray(shape, _strides(shape, dtype.itemsize), dtype, gpu_data=gpu_data)
+    strides = nhwc_strides(shape, dtype.itemsize) if layout == "NHWC" else _strides(shape, dtype.itemsize)
+    return DeviceNDArray(shape, strides, dtype, gpu_data=gpu_data)
+
+
+def channels_last(a) -> bool:
+    """Whether `a` is a 4-D array stored channels last (and not also C-contiguous: one channel, or 1x1 planes)."""
+    if getattr(a, "ndim", 0) != 4:
+        return False
+    strides = a.strides
+    return strides == nhwc_strides(a.shape, a.dtype.itemsize) and strides != _strides(a.shape, a.dtype.itemsize)
 
 
 def reshape(x: DeviceNDArray, shape) -> DeviceNDArray:
@@ -156,7 +173,8 @@ def flat(a: DeviceNDArray) -> DeviceNDArray:
         return a.__dict__["_sn_flat"]
     except (KeyError, AttributeError):
         pass
-    f = reshape(a, (a.size,))
+    # a channels-last array: its memory in order (N, H, W, C); the ops that index channels know (layout.py)
+    f = make(a.gpu_data, (a.size,), a.dtype) if channels_last(a) else reshape(a, (a.size,))
     try:
         a._sn_flat = f
     except AttributeError:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from superneurons.backend.cuda import kernels as K
-from superneurons.backend.cuda.device import flat, make, pointer, scalar
+from superneurons.backend.cuda.device import channels_last, flat, make, pointer, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek
 from superneurons.dtypes import FLOAT32, HALF_TYPES, dtype_name
 
@@ -122,7 +122,8 @@ def on_float32_copies(fn: Callable, args: tuple, kwargs: dict) -> Any:
         entry = copies.get(key)
         if entry is None:
             buf = _float32_buffer(len(copies), a.size)
-            copy = make(buf.gpu_data, a.shape, FLOAT32) if hasattr(buf, "gpu_data") else buf[:a.size].reshape(a.shape)
+            copy = (make(buf.gpu_data, a.shape, FLOAT32, "NHWC" if channels_last(a) else "NCHW")  # its layout
+                    if hasattr(buf, "gpu_data") else buf[:a.size].reshape(a.shape))
             _cast(a, copy)
             entry = copies[key] = (a, copy)
         return entry[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from superneurons.backend.cuda import kernels as K
-from superneurons.backend.cuda.device import bits, current, flat, reshape, scalar
+from superneurons.backend.cuda.device import bits, channels_last, current, flat, reshape, scalar
 from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
 from superneurons.backend.cuda.half_math import Unsupported
@@ -113,8 +113,12 @@ def all_finite(arrays) -> bool:
 
 
 def upload(dst, host: np.ndarray) -> None:
-    """Copy a host array into a device array, casting to dst's dtype."""
-    src = np.ascontiguousarray(np.asarray(host).reshape(-1), dtype=dst.dtype)
+    """Copy a host array into a device array, casting to dst's dtype. The host array is N,C,H,W whatever dst's
+    layout: a channels-last dst gets it transposed (graph/layout.py: users see NCHW)."""
+    host = np.asarray(host)
+    if channels_last(dst) and host.size == dst.size:
+        host = host.reshape(dst.shape).transpose(0, 2, 3, 1)
+    src = np.ascontiguousarray(host.reshape(-1), dtype=dst.dtype)
     if src.size != dst.size:
         raise ValueError(f"upload of {np.shape(host)} into {dst.shape}: sizes differ")
     if src.size:
@@ -123,9 +127,14 @@ def upload(dst, host: np.ndarray) -> None:
 
 
 def download(src) -> np.ndarray:
-    """A host copy of a device array."""
+    """A host copy of a device array, N,C,H,W whatever its layout (a channels-last array is transposed)."""
     if not src.size:
         return np.empty(src.shape, src.dtype)
     if src.dtype in HALF_TYPES:
-        return bits(flat(src)).copy_to_host().view(src.dtype).reshape(src.shape)
-    return flat(src).copy_to_host().reshape(src.shape)
+        values = bits(flat(src)).copy_to_host().view(src.dtype)
+    else:
+        values = flat(src).copy_to_host()
+    if channels_last(src):
+        n, c, h, w = src.shape
+        return np.ascontiguousarray(values.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+    return values.reshape(src.shape)

@@ -12,25 +12,36 @@ from superneurons.backend.cuda.kernels import conv_relu as ck, im2col as ik, red
 from superneurons.backend.cuda.ops import activation, basic
 from superneurons.backend.cuda.device import current, flat, scalar
 from superneurons.backend.cuda.half_math import require_one_type
+from superneurons.backend.cuda.layout import NHWC, layout_of
 from superneurons.backend.geometry import ConvGeometry
 from superneurons.dtypes import FLOAT32
 
 __all__ = ["conv_forward", "conv_backward", "conv_algorithm", "conv_relu_forward", "im2col_forward", "im2col_backward"]
 
 
-def _plan(x, w, y, geom: ConvGeometry):
-    return current().cudnn.conv_plan(x.shape, w.shape, y.shape, geom, x.dtype)
+def _nhwc(*arrays) -> bool:
+    """Whether the operands are stored channels last (layout.py hands a convolution one layout: arrays whose
+    layouts coincide in memory, 1x1 filters among them, go with the rest)."""
+    return any(layout_of(a) == NHWC for a in arrays if a is not None)
+
+
+def _plan(x, w, y, geom: ConvGeometry, nhwc: bool = False):
+    return current().cudnn.conv_plan(x.shape, w.shape, y.shape, geom, x.dtype, nhwc)
 
 
 def conv_forward(x, w, b, y, geom: ConvGeometry, workspace=None) -> None:
     """y = conv(x, w) + b. `workspace`: the WorkspaceSource cuDNN borrows from (the run's: RunContext.workspace;
     None: the device's own)."""
     require_one_type(x, w, y)
-    plan = _plan(x, w, y, geom)
+    nhwc = _nhwc(x, w, y)
+    plan = _plan(x, w, y, geom, nhwc)
     with current().workspace_from(workspace):
         plan.forward(x, w, y)
     if b is not None:
-        if b.dtype == y.dtype == FLOAT32:
+        if nhwc:  # channel = element % C: the per-channel kernel over (N*H*W, C, 1)
+            n, m, oh, ow = y.shape
+            basic.add_bias(y, b, n * oh * ow, m, 1)
+        elif b.dtype == y.dtype == FLOAT32:
             plan.add_bias(b, y)
         else:  # half storage: our kernel adds in float32 and rounds once (cuDNN has no bfloat16 bias ops)
             n, m, oh, ow = y.shape
@@ -42,10 +53,15 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
     """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
     `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy. None skips one."""
     require_one_type(x, w, dy, dx, dw)
-    plan = _plan(x, w, dy, geom)
+    nhwc = _nhwc(x, w, dy, dx, dw)
+    plan = _plan(x, w, dy, geom, nhwc)
     if db is not None:
         n, m, oh, ow = dy.shape
-        if own_bias_sum(m, oh * ow) or dy.dtype != FLOAT32 or db.dtype != FLOAT32:
+        if nhwc:
+            from superneurons.backend.cuda.channels_last_ops import bias_backward
+
+            bias_backward(dy, db, n, m, oh * ow)
+        elif own_bias_sum(m, oh * ow) or dy.dtype != FLOAT32 or db.dtype != FLOAT32:
             basic.bias_backward(dy, db, n, m, oh * ow)
         else:
             plan.backward_bias(dy, db)
@@ -59,11 +75,17 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
 def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float, workspace=None) -> None:
     """y = relu(conv(x, w) + b) (Caffe's leaky ReLU, slope >= 0)."""
     require_one_type(x, w, y)
+    nhwc = _nhwc(x, w, y)
     with current().workspace_from(workspace):
-        _plan(x, w, y, geom).forward(x, w, y)
+        _plan(x, w, y, geom, nhwc).forward(x, w, y)
     if b is not None:
         n, m, oh, ow = y.shape
-        bias_relu(y, b, n, m, oh * ow, slope)
+        if nhwc:
+            from superneurons.backend.cuda.channels_last_ops import bias_relu as bias_relu_nhwc
+
+            bias_relu_nhwc(y, b, n, m, oh * ow, slope)
+        else:
+            bias_relu(y, b, n, m, oh * ow, slope)
     else:
         activation.relu_forward(y, y, slope)
 
@@ -129,8 +151,10 @@ _BWD_FILTER = ("algo0", "algo1", "fft", "algo3", "winograd", "winograd_nonfused"
 def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
     """The cuDNN algorithms (and workspace) this shape ran at its last call in each direction, for the
     profiler; '-' for a direction not run yet, '~' after a name that was ranked by heuristics, not measured;
-    `engN` is engine N of cuDNN's graph API."""
-    plan = current().cudnn.conv_plan(tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype)
+    `engN` is engine N of cuDNN's graph API; `nhwc ` first where the shape ran channels last."""
+    h = current().cudnn
+    nhwc = h.has_conv_plan(x_shape, w_shape, y_shape, geom, dtype, True)
+    plan = h.conv_plan(tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype, nhwc)
 
     def name(table, direction):
         choice = plan.last[direction]
@@ -156,4 +180,4 @@ def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
     # Backward filter: its overwriting run ('=': into a dw just cleared, what training runs), else adding.
     data = first_run(_BWD_DATA, (cudnn.BACKWARD_DATA, ""), (cudnn.BACKWARD_DATA_ADD, "+"))
     filt = first_run(_BWD_FILTER, (cudnn.BACKWARD_FILTER_SET, "="), (cudnn.BACKWARD_FILTER, ""))
-    return f"f:{name(_FWD, cudnn.FORWARD)} d:{data} w:{filt}"
+    return f"{'nhwc ' if nhwc else ''}f:{name(_FWD, cudnn.FORWARD)} d:{data} w:{filt}"

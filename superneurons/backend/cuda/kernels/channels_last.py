@@ -1,0 +1,245 @@
+"""Kernels for 4-D tensors stored channels last (NHWC; graph/layout.py): the layout conversion, pooling, and the
+per-channel sums and passes of bias, Scale and the fused BatchNorm.
+
+An NHWC tensor is (rows, channels) in memory, rows = N*H*W: channel c of row r is element r * C + c. Per-channel
+elementwise passes need no kernel of their own (the NCHW kernels over an (outer, dim, inner) view take
+(rows, C, 1)); per-channel sums do, since the NCHW kernels walk one channel's plane per block, which in NHWC
+would read one element per row. Here consecutive threads take consecutive channels of a row (loads coalesce)
+and each thread sums its channel over a run of rows, then adds into float64 sums with one atomic per thread
+and sum. Pooling runs one thread per element, the channel fastest, so a warp's window loads are contiguous;
+its max mask holds the same plane index (row * W + column) as the NCHW kernels' (kernels/pooling.py), so a
+mask means the same in either layout.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from superneurons.backend.cuda.kernels.elementwise import leaky
+from superneurons.backend.cuda.kernels.fused import input_grad, normalize_store, normalized, pre_relu_grad
+from superneurons.backend.cuda.kernels.pooling import _chosen, _mask_entry, _out_range, _through_relu
+
+FLT_MIN32 = np.float32(1.1754943508222875e-38)
+
+
+@cuda.jit(device=True, inline=True)
+def _source(i, c, hw, src_nhwc, dst_nhwc):
+    """The index in the source of element i of the destination (N, C, H*W planes, each side's layout)."""
+    if dst_nhwc:
+        ch = i % c
+        rest = i // c
+        p = rest % hw
+        n = rest // hw
+    else:
+        p = i % hw
+        rest = i // hw
+        ch = rest % c
+        n = rest // c
+    if src_nhwc:
+        return (n * hw + p) * c + ch
+    return (n * c + ch) * hw + p
+
+
+@cuda.jit
+def convert(src, dst, c, hw, src_nhwc, dst_nhwc):
+    """dst = src, each an (N, C, H, W) tensor in its own layout (same element type: half types as uint16)."""
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = src[_source(i, c, hw, src_nhwc, dst_nhwc)]
+
+
+@cuda.jit
+def convert_cast(alpha, src, dst, c, hw, src_nhwc, dst_nhwc):
+    """dst = alpha * src across layouts and element types (alpha 1: a cast, as elementwise.scale_copy)."""
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = alpha * src[_source(i, c, hw, src_nhwc, dst_nhwc)]
+
+
+# ---- per-channel sums over (rows, dim) ------------------------------------------------------------
+SUM, SUM_SQUARES, DOT = 0, 1, 2  # sums[c] (and sums[dim + c]) of x / x and x*x / x*y
+
+
+@cuda.jit
+def channel_sums(x, y, sums, rows, dim, run, mode):
+    """sums[c] += sum over rows of x (SUM, SUM_SQUARES) or x*y (DOT); SUM_SQUARES: sums[dim + c] += x*x.
+    Thread t takes channel t % dim over rows [k * run, (k + 1) * run), k = t // dim."""
+    for t in range(cuda.grid(1), dim * ((rows + run - 1) // run), cuda.gridsize(1)):
+        c = t % dim
+        r0 = (t // dim) * run
+        r1 = min(r0 + run, rows)
+        s0 = 0.0
+        s1 = 0.0
+        i = r0 * dim + c
+        for _r in range(r0, r1):
+            v = float64(x[i])
+            if mode == DOT:
+                s0 += v * float64(y[i])
+            else:
+                s0 += v
+                s1 += v * v
+            i += dim
+        cuda.atomic.add(sums, c, s0)
+        if mode == SUM_SQUARES:
+            cuda.atomic.add(sums, dim + c, s1)
+
+
+@cuda.jit
+def sums_finish(sums, out, accumulate):
+    """out[c] (+)= sums[c]."""
+    for c in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        if accumulate:
+            out[c] += sums[c]
+        else:
+            out[c] = sums[c]
+
+
+@cuda.jit
+def bias_relu(y, b, dim, slope):
+    """y = leaky(y + b[c], slope) in place (the fused Convolution + ReLU's pass)."""
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        y[i] = leaky(y[i] + b[i % dim], slope)
+
+
+# ---- the fused BatchNorm + Scale (+ ReLU) (kernels/fused.py has the math) -------------------------
+@cuda.jit
+def bn_forward_apply(x, mean, inv, gamma, beta, x_hat, y, dim, keep, relu, slope):
+    """x_hat = (x - mean) * inv (stored if `keep`); y = relu(gamma * x_hat + beta); y may be x."""
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        c = i % dim
+        normalize_store(x[i], i, mean[c], inv[c], gamma[c], beta[c], x_hat, y, keep, relu, slope)
+
+
+@cuda.jit
+def bn_backward_sums(kept, mean, inv, from_x, gamma, beta, dy, sums, rows, dim, run, relu, slope):
+    """sums[c] += sum of dy', sums[dim + c] += sum of dy' * x_hat (dy' = dy through the ReLU mask)."""
+    for t in range(cuda.grid(1), dim * ((rows + run - 1) // run), cuda.gridsize(1)):
+        c = t % dim
+        r0 = (t // dim) * run
+        r1 = min(r0 + run, rows)
+        mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
+        s0 = 0.0
+        s1 = 0.0
+        i = r0 * dim + c
+        for _r in range(r0, r1):
+            h = normalized(kept[i], mu, s, from_x)
+            d = float64(pre_relu_grad(dy[i], g * h + b, relu, slope))
+            s0 += d
+            s1 += d * h
+            i += dim
+        cuda.atomic.add(sums, c, s0)
+        cuda.atomic.add(sums, dim + c, s1)
+
+
+@cuda.jit
+def bn_backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, dim, m, batch, relu, slope):
+    """dx = gamma * inv * (dy' - sum(dy')/m - x_hat * sum(dy' x_hat)/m) (batch statistics) or gamma * inv * dy'
+    (global); dx may be dy."""
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        c = i % dim
+        g, b = gamma[c], beta[c]
+        avg_dy = 0.0
+        avg_dyh = 0.0
+        if batch:
+            avg_dy = sums[c] / m
+            avg_dyh = sums[dim + c] / m
+        h = normalized(kept[i], mean[c], inv[c], from_x)
+        dx[i] = input_grad(h, dy[i], g, b, g * inv[c], avg_dy, avg_dyh, relu, slope)
+
+
+# ---- pooling, one thread per element, the channel fastest ------------------------------------------
+@cuda.jit
+def max_forward(x, y, mask, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        ch = i % c
+        rest = i // c
+        qw = rest % ow
+        rest = rest // ow
+        qh = rest % oh
+        n = rest // oh
+        h0 = qh * sh - ph
+        w0 = qw * sw - pw
+        h1 = min(h0 + kh, h)
+        w1 = min(w0 + kw, w)
+        best = -math.inf
+        arg = -1
+        for r in range(max(h0, 0), h1):
+            for s in range(max(w0, 0), w1):
+                v = x[((n * h + r) * w + s) * c + ch]
+                if v > best:
+                    best = v
+                    arg = r * w + s
+        y[i] = best
+        mask[i] = _mask_entry(arg, best, signed)
+
+
+@cuda.jit
+def max_backward(dy, mask, dx, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        ch = i % c
+        rest = i // c
+        s = rest % w
+        rest = rest // w
+        r = rest % h
+        n = rest // h
+        lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
+        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
+        me = r * w + s
+        grad = 0.0
+        positive = False
+        for qh in range(lo_h, hi_h):
+            for qw in range(lo_w, hi_w):
+                o = ((n * oh + qh) * ow + qw) * c + ch
+                pixel, above = _chosen(mask[o], relu)
+                if pixel == me:
+                    grad += dy[o]
+                    positive = above
+        dx[i] = _through_relu(grad, positive, relu, slope)
+
+
+@cuda.jit
+def ave_forward(x, y, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, stochastic):
+    """Average (divisor: the window clipped to the padded input) or Caffe's TEST stochastic, in float32."""
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        ch = i % c
+        rest = i // c
+        qw = rest % ow
+        rest = rest // ow
+        qh = rest % oh
+        n = rest // oh
+        h0 = qh * sh - ph
+        w0 = qw * sw - pw
+        h1 = min(h0 + kh, h + ph)
+        w1 = min(w0 + kw, w + pw)
+        total = float32(0.0)
+        squares = float32(0.0)
+        for r in range(max(h0, 0), min(h1, h)):
+            for s in range(max(w0, 0), min(w1, w)):
+                v = x[((n * h + r) * w + s) * c + ch]
+                total += v
+                squares += v * v
+        if stochastic:
+            y[i] = squares / (FLT_MIN32 + total)
+        else:
+            y[i] = total / float32((h1 - h0) * (w1 - w0))
+
+
+@cuda.jit
+def ave_backward(dy, dx, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        ch = i % c
+        rest = i // c
+        s = rest % w
+        rest = rest // w
+        r = rest % h
+        n = rest // h
+        lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
+        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
+        grad = float32(0.0)
+        for qh in range(lo_h, hi_h):
+            h0 = qh * sh - ph
+            rows = min(h0 + kh, h + ph) - h0
+            for qw in range(lo_w, hi_w):
+                w0 = qw * sw - pw
+                grad += dy[((n * oh + qh) * ow + qw) * c + ch] / float32(rows * (min(w0 + kw, w + pw) - w0))
+        dx[i] = grad

@@ -1,0 +1,141 @@
+"""Per op call: which ops take channels-last arrays as they are, and conversions for the rest (layout.py has
+the conversion; see its docstring for the rules)."""
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+
+from superneurons.backend.cuda import channels_last_ops
+from superneurons.backend.cuda.device import make
+from superneurons.backend.cuda.half_math import half_fallback
+from superneurons.backend.cuda.layout import NCHW, NHWC, LayoutUnsupported, convert, layout_of
+
+# ---- which ops take what ---------------------------------------------------------------------------------
+ELEMENTWISE = frozenset({
+    "fill", "copy", "axpy", "axpby", "scal", "asum", "sumsq", "dot", "all_finite",
+    "relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
+    "elu_forward", "elu_backward", "absval_forward", "absval_backward", "bnll_forward", "bnll_backward",
+    "exp_forward", "exp_backward", "log_forward", "log_backward", "power_forward", "power_backward",
+    "threshold_forward", "clip_forward", "clip_backward", "swish_forward", "swish_backward",
+    "eltwise_sum", "eltwise_prod", "eltwise_max", "eltwise_prod_backward", "eltwise_max_backward", "scaled_copy",
+    "eltwise_sum_relu", "eltwise_sum_relu_backward",
+})
+# Ops that read arguments' layouts themselves (ops/conv.py) or have a path in channels_last_ops.py.
+SELF_AWARE = frozenset({"conv_forward", "conv_backward", "conv_relu_forward"})
+DIRECT = frozenset({"copy"})  # its channels-last path takes mixed layouts itself (one conversion pass)
+UNWRAPPED = frozenset({"reshape", "download", "upload", "pin_host", "upload_pinned", "upload_async", "conv_algorithm"})
+
+_logged: set = set()
+_counts: Counter = Counter()
+_buffers: dict[tuple[int, str], Any] = {}  # (slot, dtype) -> device buffer (grown, never shrunk)
+
+
+def conversions() -> dict[str, int]:
+    """Calls per op that converted arguments so far (`superneurons time` shows them)."""
+    return dict(_counts)
+
+
+def _log(name: str, why: str) -> None:
+    now = time.time()
+    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+    sys.stderr.write(f"I{stamp} {threading.get_native_id()} layout.py:{sys._getframe().f_lineno}] GPU op {name} "
+                     f"converts layouts ({why})\n")
+
+
+def _buffer(slot: int, like: Any, layout: str) -> Any:
+    from numba import cuda
+
+    key = (slot, like.dtype.str)
+    buf = _buffers.get(key)
+    if buf is None or buf.size < like.nbytes:
+        _buffers.pop(key, None)
+        buf = _buffers[key] = cuda.device_array(max(int(like.nbytes), 1), np.uint8)
+    return make(buf.gpu_data, like.shape, like.dtype, layout)
+
+
+def _arrays(value: Any, out: list) -> None:
+    if getattr(value, "ndim", 0) == 4 and hasattr(value, "strides"):
+        out.append(value)
+    elif isinstance(value, (list, tuple)) and not hasattr(value, "dtype"):
+        for v in value:
+            _arrays(v, out)
+
+
+def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str) -> Any:
+    """Run `fn` with every 4-D array not stored in `target` layout replaced by a copy in it, then write the
+    copies back. Arrays over the same memory share one copy (an op given a tensor twice sees one array)."""
+    copies: dict[tuple, tuple[Any, Any]] = {}
+
+    def swap(a: Any) -> Any:
+        if isinstance(a, (list, tuple)) and not hasattr(a, "dtype"):
+            return type(a)(swap(x) for x in a)
+        layout = layout_of(a)
+        if layout is None or layout == target:
+            return a
+        key = (a.device_ctypes_pointer.value, a.size, a.dtype.str)
+        entry = copies.get(key)
+        if entry is None:
+            copy = _buffer(len(copies), a, target)
+            convert(a, copy)
+            entry = copies[key] = (a, copy)
+        return entry[1]
+
+    result = fn(*(swap(a) for a in args), **{k: swap(v) for k, v in kwargs.items()})
+    for original, copy in copies.values():
+        convert(copy, original)
+    return result
+
+
+def layout_converting(name: str, fn: Callable, channels_last_fn: Callable | None) -> Callable:
+    elementwise = name in ELEMENTWISE
+    path = fn if name in SELF_AWARE else channels_last_fn
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        arrays: list = []
+        _arrays(args, arrays)
+        _arrays(tuple(kwargs.values()), arrays)
+        layouts = {layout_of(a) for a in arrays} - {None}
+        if NHWC not in layouts:
+            return fn(*args, **kwargs)
+        if elementwise and len(layouts) == 1:
+            return fn(*args, **kwargs)
+        if path is not None and name in DIRECT:
+            return path(*args, **kwargs)
+        if path is not None:
+            try:
+                if len(layouts) == 1:
+                    return path(*args, **kwargs)
+                _note(name, "NCHW operands to NHWC copies")
+                return on_copies(path, args, kwargs, NHWC)
+            except LayoutUnsupported as e:
+                _note(name, f"{e}: NHWC operands to NCHW copies")
+                return on_copies(fn, args, kwargs, NCHW)
+        _note(name, "no NHWC path: NHWC operands to NCHW copies")
+        return on_copies(fn, args, kwargs, NCHW)
+
+    return run
+
+
+def _note(name: str, why: str) -> None:
+    _counts[name] += 1
+    if (name, why) not in _logged:
+        _logged.add((name, why))
+        _log(name, why)
+
+
+def with_layout_conversion(ops: SimpleNamespace) -> SimpleNamespace:
+    def path(name: str):
+        if name not in channels_last_ops.NAMES:
+            return None
+        return half_fallback(name, getattr(channels_last_ops, name))  # half arrays its kernels refuse: float32 copies
+
+    return SimpleNamespace(**{name: fn if name in UNWRAPPED else layout_converting(name, fn, path(name))
+                              for name, fn in vars(ops).items()})

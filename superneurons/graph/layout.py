@@ -1,0 +1,92 @@
+"""Which memory layout each 4-D blob is stored in on a backend: NCHW (Caffe's) or NHWC (channels last).
+
+Layout is a backend decision: cuDNN runs its tensor-core convolutions on NHWC operands (given NCHW half
+tensors it transposes around them), while the CPU keeps NCHW. Everything a user sees (pycaffe's blobs,
+caffemodels, the shapes `summary` and `memory --json` print) is N,C,H,W whatever the storage: the GPU
+backend's views keep the logical shape (N, C, H, W) and only their strides say channels last, and its
+downloads and uploads convert at that boundary.
+
+`choose(graph, layouts)` decides once per Net, from SUPERNEURONS_LAYOUT and the layouts the backend stores:
+a blob is NHWC when it is 4-D, its producer and every reader have a channels-last path
+(`Layer.channels_last`), and so has every blob tied to it: the tops of a layer that keeps shapes (ReLU,
+Dropout, Eltwise, Split, BatchNorm, Scale, their fused forms) share a layout with its bottoms, because
+in-place tops, Split's views and the gradients memory/aliases.py lets share memory must agree. A layer
+reading blobs of both layouts (the first convolution reads the data layer's NCHW batch; the last pooling
+writes the NCHW blob an InnerProduct flattens) converts on the device (backend/cuda/layout.py), and its
+first such call logs one line. The layers whose blobs are NHWC also keep their 4-D buffers (a convolution's
+weight working copies, in the filter layout cuDNN wants then, KRSC; BatchNorm's x_hat) channels last,
+and a float32 convolution gets working copies it has no need of in NCHW (float32 masters, caffemodels and
+the solver keep KCRS).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from superneurons import settings
+from superneurons.dtypes import FLOAT32
+
+NCHW, NHWC = "NCHW", "NHWC"
+
+
+@dataclass
+class BlobLayouts:
+    """The layout of each blob stored NHWC (others are NCHW) and of each layer's 4-D buffers."""
+
+    blobs: dict[str, str] = field(default_factory=dict)
+    layers: set[str] = field(default_factory=set)  # layers whose 4-D buffers are NHWC
+
+    def blob(self, name: str) -> str:
+        return self.blobs.get(name, NCHW)
+
+    def buffer(self, layer: str, shape) -> str:
+        return NHWC if layer in self.layers and len(shape) == 4 else NCHW
+
+    @property
+    def any(self) -> bool:
+        return bool(self.blobs)
+
+
+def wanted(graph) -> bool:
+    """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: where it stores half types)."""
+    choice = settings.get("SUPERNEURONS_LAYOUT")
+    return choice == "nhwc" or (choice == "auto" and graph.precision.half)
+
+
+def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
+    """The layouts of `graph`'s blobs on a backend storing `layouts` (see the module docstring)."""
+    out = BlobLayouts()
+    if NHWC not in layouts or not wanted(graph) or getattr(graph, "live", None) is not None:
+        return out  # a Filter's live batches (runtime/live_batch.py) cut NCHW rows
+    nodes = graph.nodes
+    shapes = graph.blob_shapes
+    eligible = {b: len(s) == 4 for b, s in shapes.items()}
+    parent = {b: b for b in shapes}
+
+    def find(b: str) -> str:
+        while parent[b] != b:
+            parent[b] = parent[parent[b]]
+            b = parent[b]
+        return b
+
+    for node in nodes:
+        capable = bool(getattr(node.layer, "channels_last", False))
+        for b in (*node.bottoms, *node.tops):
+            if not capable:
+                eligible[b] = False
+        if capable and node.bottoms and all(shapes[b] == shapes[node.bottoms[0]] for b in (*node.bottoms, *node.tops)):
+            root = find(node.bottoms[0])
+            for b in (*node.bottoms[1:], *node.tops):
+                parent[find(b)] = root
+    group_ok: dict[str, bool] = {}
+    for b, ok in eligible.items():
+        r = find(b)
+        group_ok[r] = group_ok.get(r, True) and ok
+    out.blobs = {b: NHWC for b in shapes if group_ok[find(b)]}
+    for node in nodes:
+        if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
+            out.layers.add(node.name)
+            layer = node.layer
+            # cuDNN's NHWC convolutions want the filter KRSC: a float32 layer gets working copies to hold it
+            if layer.data_typed_params and not any("_copy" in name for name in layer.buffers):
+                layer.use_working_copies(FLOAT32)
+    return out

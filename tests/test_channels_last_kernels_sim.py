@@ -1,0 +1,182 @@
+"""The channels-last (NHWC) kernels and ops under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), no GPU needed: the
+layout conversion, per-channel sums, the conv bias + ReLU pass, the fused BatchNorm + Scale (+ ReLU) forward and
+backward, and max / average pooling, each on NHWC memory against the CPU op on the same values in NCHW.
+
+The ops (backend/cuda/channels_last_ops.py) read an array's shape and its flat memory (`device.flat`); here an
+`Nhwc` stand-in holds the logical (N, C, H, W) shape and, as its flat view, a simulated device array of the
+values in N, H, W, C order, which is what a channels-last pool view is on the GPU.
+The `simulator` tests run in `make test`'s simulator pass (tests/cudasim.py); a plain pytest run deselects them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cuda = pytest.importorskip("numba.cuda")
+from cudasim import activate_scratch_device, simulated  # noqa: E402
+
+from superneurons.backend.cpu import CpuBackend  # noqa: E402
+from superneurons.backend.cuda import kernels as K  # noqa: E402
+from superneurons.backend.cuda.kernels import channels_last as lk  # noqa: E402
+from superneurons.backend.geometry import PoolGeometry  # noqa: E402
+
+CPU = CpuBackend().ops
+
+
+class Nhwc:
+    """An (N, C, H, W) array stored channels last: what the ops see of a channels-last device view."""
+
+    def __init__(self, nchw: np.ndarray):
+        self.shape = nchw.shape
+        self.dtype = nchw.dtype
+        self.size = nchw.size
+        self.ndim = 4
+        self._sn_flat = cuda.to_device(np.ascontiguousarray(nchw.transpose(0, 2, 3, 1)).reshape(-1))
+
+    def nchw(self) -> np.ndarray:
+        n, c, h, w = self.shape
+        return self._sn_flat.copy_to_host().reshape(n, h, w, c).transpose(0, 3, 1, 2)
+
+
+def _ops():
+    activate_scratch_device()
+    from superneurons.backend.cuda import channels_last_ops
+
+    return channels_last_ops
+
+
+@simulated
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 7, 3, 1), (3, 2, 1, 6)])
+def test_convert_both_ways_and_cast(rng, shape):
+    x = rng.standard_normal(shape)
+    n, c, h, w = shape
+    src = cuda.to_device(x.reshape(-1))
+    dst = cuda.to_device(np.zeros(x.size, np.float32))
+    K.launch(lk.convert_cast, x.size)(np.float32(1.0), src, dst, c, h * w, False, True)  # NCHW float64 -> NHWC
+    np.testing.assert_array_equal(dst.copy_to_host(), x.astype(np.float32).transpose(0, 2, 3, 1).reshape(-1))
+    back = cuda.to_device(np.zeros(x.size, np.float32))
+    K.launch(lk.convert, x.size)(dst, back, c, h * w, True, False)
+    np.testing.assert_array_equal(back.copy_to_host(), x.astype(np.float32).reshape(-1))
+
+
+@simulated
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 16, 3, 3)])
+def test_channel_sums(rng, shape):
+    ops = _ops()
+    x, y = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    n, c, h, w = shape
+    db = rng.standard_normal(c).astype(np.float32)
+    d = cuda.to_device(db)
+    ops.bias_backward(Nhwc(x), d, n, c, h * w)  # adds
+    np.testing.assert_allclose(d.copy_to_host(), db + x.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+    ds = cuda.to_device(np.zeros(c, np.float32))
+    ops.channel_mul_grad(Nhwc(x), Nhwc(y), ds, n, c, h * w, False)
+    np.testing.assert_allclose(ds.copy_to_host(), (x.astype(np.float64) * y).sum(axis=(0, 2, 3)), rtol=1e-5,
+                               atol=1e-5)
+    mean, var = cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32))
+    ops.bn_batch_stats(Nhwc(x), mean, var, n, c, h * w)
+    np.testing.assert_allclose(mean.copy_to_host(), x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var.copy_to_host(), x.var(axis=(0, 2, 3)), rtol=1e-4, atol=1e-6)
+
+
+@simulated
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+def test_bias_relu(rng, slope):
+    ops = _ops()
+    y = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    a = Nhwc(y)
+    ops.bias_relu(a, cuda.to_device(b), 2, 3, 20, slope)
+    pre = y.astype(np.float64) + b.reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(a.nchw(), np.where(pre > 0, pre, pre * slope), rtol=1e-6, atol=1e-6)
+
+
+def _bn_params(rng, c):
+    gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
+    beta = rng.standard_normal(c).astype(np.float32)
+    return gamma, beta
+
+
+@simulated
+@pytest.mark.parametrize("relu", [None, 0.0, 0.1])
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("global_stats", [False, True])
+def test_fused_batch_norm_matches_the_cpu(rng, relu, keep, global_stats):
+    ops = _ops()
+    shape = (3, 4, 3, 5)
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(np.float32) * 2 + 0.5
+    dy = rng.standard_normal(shape).astype(np.float32)
+    gamma, beta = _bn_params(rng, c)
+    running = (rng.uniform(0, 1, c).astype(np.float32), rng.uniform(1, 2, c).astype(np.float32),
+               np.array([2.0], np.float32))
+
+    def run(cpu: bool):
+        ms, vs, sf = (r.copy() for r in running)
+        stats = [np.zeros(c, np.float32) for _ in range(3)]  # mean, var, inv_std
+        y = np.zeros(shape, np.float32)
+        x_hat = np.zeros(shape, np.float32) if keep else None
+        dx = np.zeros(shape, np.float32)
+        dg, dbt = np.full(c, 0.5, np.float32), np.full(c, -0.5, np.float32)
+        args = dict(outer=n, channels=c, inner=h * w)
+        if cpu:
+            CPU.bn_affine_forward(x, y, x_hat, *stats, gamma, beta, ms, vs, sf, eps=1e-5,
+                                  use_global_stats=global_stats, update_running=not global_stats,
+                                  moving_average_fraction=0.9, var_correction=1.2, relu_slope=relu, **args)
+            kept = x_hat if keep else x
+            CPU.bn_affine_backward(kept, None if keep else stats[0], stats[2], gamma, beta, dy, dx, dg, dbt,
+                                   use_global_stats=global_stats, relu_slope=relu, **args)
+            return y, dx, dg, dbt, ms, vs, sf, stats
+        dev = [cuda.to_device(a) for a in (ms, vs, sf, *stats, gamma, beta, dg, dbt)]
+        d_ms, d_vs, d_sf, d_mean, d_var, d_inv, d_g, d_b, d_dg, d_db = dev
+        gx, gy, gdx, gdy = Nhwc(x), Nhwc(y), Nhwc(dx), Nhwc(dy)
+        gh = Nhwc(x_hat) if keep else None
+        ops.bn_affine_forward(gx, gy, gh, d_mean, d_var, d_inv, d_g, d_b, d_ms, d_vs, d_sf, eps=1e-5,
+                              use_global_stats=global_stats, update_running=not global_stats,
+                              moving_average_fraction=0.9, var_correction=1.2, relu_slope=relu, **args)
+        ops.bn_affine_backward(gh if keep else gx, None if keep else d_mean, d_inv, d_g, d_b, gdy, gdx, d_dg, d_db,
+                               use_global_stats=global_stats, relu_slope=relu, **args)
+        return (gy.nchw(), gdx.nchw(), d_dg.copy_to_host(), d_db.copy_to_host(), d_ms.copy_to_host(),
+                d_vs.copy_to_host(), d_sf.copy_to_host(), [a.copy_to_host() for a in (d_mean, d_var, d_inv)])
+
+    want, got = run(True), run(False)
+    for name, a, b in zip(("y", "dx", "dgamma", "dbeta", "mean_sum", "var_sum", "scale_factor"), want[:7], got[:7]):
+        np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4, err_msg=name)
+    for a, b in zip(want[7], got[7]):
+        np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+
+
+# (method, kernel, stride, pad, the slope of a ReLU whose backward the max pooling runs, or None)
+POOLS = [("max", (3, 3), (2, 2), (1, 1), None), ("max", (3, 3), (2, 2), (1, 1), 0.0), ("max", (2, 2), (2, 2), (0, 0), None),
+         ("max", (2, 2), (2, 2), (0, 0), 0.0), ("ave", (3, 3), (2, 2), (1, 1), None), ("ave", (2, 2), (1, 1), (0, 0), None)]
+
+
+def _pooled(size: int, k: int, stride: int, pad: int) -> int:
+    """Caffe's pooled size: windows rounded up, the last one starting inside the image or its left padding."""
+    out = -(-(size + 2 * pad - k) // stride) + 1
+    return out - 1 if pad and (out - 1) * stride >= size + pad else out
+
+
+@simulated
+@pytest.mark.parametrize("method,kernel,stride,pad,relu", POOLS)
+def test_pooling_matches_the_cpu(rng, method, kernel, stride, pad, relu):
+    ops = _ops()
+    geom = PoolGeometry(method, kernel, stride, pad)
+    shape = (2, 3, 7, 6)
+    oh, ow = (_pooled(d, k, st, p) for d, k, st, p in zip(shape[2:], kernel, stride, pad))
+    top = (2, 3, oh, ow)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(top).astype(np.float32)
+    y, dx = np.zeros(top, np.float32), np.zeros(shape, np.float32)
+    mask = np.zeros(top, np.int32) if method == "max" else None
+    signed = relu is not None
+    CPU.pool_forward(x, y, mask, geom, signed_mask=signed)
+    CPU.pool_backward(dy, mask, dx, geom, relu_slope=relu)
+    gy, gdx = Nhwc(np.zeros(top, np.float32)), Nhwc(np.zeros(shape, np.float32))
+    gmask = Nhwc(np.zeros(top, np.int32)) if method == "max" else None
+    ops.pool_forward(Nhwc(x), gy, gmask, geom, signed_mask=signed)
+    ops.pool_backward(Nhwc(dy), gmask, gdx, geom, relu_slope=relu)
+    np.testing.assert_allclose(gy.nchw(), y, rtol=1e-6, atol=1e-6)
+    if mask is not None:
+        np.testing.assert_array_equal(gmask.nchw(), mask)  # the same plane indexes as the NCHW kernels'
+    np.testing.assert_allclose(gdx.nchw(), dx, rtol=1e-5, atol=1e-6)

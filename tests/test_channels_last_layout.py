@@ -1,0 +1,127 @@
+"""Which blobs a backend keeps channels last (graph/layout.py) and how the tensor declaration records it
+(memory/tensors.py): SUPERNEURONS_LAYOUT, the backend's layouts, the layers with a channels-last path, the
+blobs tied together (in place, Split's views, Eltwise), and the KRSC working copies of a float32 convolution."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from superneurons import settings
+from superneurons.dtypes import BFLOAT16, FLOAT32
+from superneurons.errors import UserError
+from superneurons.graph import layout
+from superneurons.graph.build import build_graph
+from superneurons.graph.precision import override_defaults
+from superneurons.memory.tensors import BUFFER, DATA, DIFF, NCHW, NHWC, declare_tensors
+from superneurons.proto import superneurons_pb2 as pb
+from test_memory_modes import CONV_FAN, _input, _layer, conv, ip
+from test_recompute_resnet import RESNET
+
+GPU_LAYOUTS = ("NCHW", "NHWC")
+
+VGG = (  # conv -> relu -> pool twice, then an InnerProduct flattening the last pooling's top
+    _input((2, 3, 8, 8), 2)
+    + conv("conv1", "data", "conv1", 4) + _layer("relu1", "ReLU", ["conv1"], ["conv1"])
+    + _layer("pool1", "Pooling", ["conv1"], ["pool1"], "pooling_param { pool: MAX kernel_size: 2 stride: 2 }")
+    + conv("conv2", "pool1", "conv2", 5) + _layer("relu2", "ReLU", ["conv2"], ["conv2"])
+    + _layer("pool2", "Pooling", ["conv2"], ["pool2"], "pooling_param { pool: MAX kernel_size: 2 stride: 2 }")
+    + ip("fc", "pool2", "fc", 3)
+    + _layer("loss", "SoftmaxWithLoss", ["fc", "label"], ["loss"])
+)
+
+
+def _graph(text: str, precision: str | None = None):
+    net = override_defaults(text_format.Parse('name: "t"\n' + text, pb.NetParameter()), precision)
+    return build_graph(net, pb.TRAIN)
+
+
+def _nhwc_blobs(graph, layouts=GPU_LAYOUTS) -> set[str]:
+    return {b for b, v in layout.choose(graph, layouts).blobs.items() if v == NHWC}
+
+
+def test_nchw_unless_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
+    monkeypatch.delenv("SUPERNEURONS_LAYOUT", raising=False)
+    assert settings.get("SUPERNEURONS_LAYOUT") == "nchw"
+    assert _nhwc_blobs(_graph(VGG)) == set()
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    assert _nhwc_blobs(_graph(VGG), ("NCHW",)) == set()  # the CPU keeps NCHW
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "sideways")
+    with pytest.raises(UserError, match="SUPERNEURONS_LAYOUT"):
+        settings.get("SUPERNEURONS_LAYOUT")
+
+
+def test_auto_is_nhwc_for_half_nets_only(monkeypatch):
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
+    assert _nhwc_blobs(_graph(VGG, "fp32")) == set()
+    assert _nhwc_blobs(_graph(VGG, "bf16")) == {"conv1", "pool1", "conv2"}
+
+
+def test_vgg_like_net(monkeypatch):
+    """The data layer's batch and the blob the InnerProduct flattens stay NCHW; the rest is NHWC, with each
+    convolution's filter copy KRSC (a float32 net gets the copies for it) and the pooling masks NHWC."""
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    graph = _graph(VGG)
+    chosen = layout.choose(graph, GPU_LAYOUTS)
+    assert {b for b, v in chosen.blobs.items() if v == NHWC} == {"conv1", "pool1", "conv2"}
+    specs = declare_tensors(graph, train=True, layouts=chosen).by_key
+    for blob in ("conv1", "pool1", "conv2"):
+        assert specs[blob].layout == NHWC and specs[f"{blob}@diff"].layout == NHWC
+        assert specs[blob].shape[1] in (4, 5)  # the shape stays N, C, H, W
+    for blob in ("data", "pool2", "fc"):
+        assert specs[blob].layout == NCHW
+    for conv_name in ("conv1", "conv2"):
+        copies = [s for s in specs.values() if s.kind == BUFFER and s.owner == conv_name]
+        assert {s.key.split("#")[1] for s in copies} == {"param0_copy", "param0_copy_bw"}
+        assert all(s.layout == NHWC and s.dtype == FLOAT32 and len(s.shape) == 4 for s in copies)
+        assert specs[f"{conv_name}.0"].layout == NCHW  # the master stays KCRS
+    assert specs["pool1#mask"].layout == NHWC and specs["pool2#mask"].layout == NHWC
+    assert all(s.layout == NCHW for s in specs.values() if len(s.shape) != 4)
+
+
+def test_half_net_reuses_its_working_copies(monkeypatch):
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    graph = _graph(VGG, "bf16")
+    specs = declare_tensors(graph, train=True, layouts=layout.choose(graph, GPU_LAYOUTS)).by_key
+    copy = specs["conv2#param0_copy"]
+    assert copy.dtype == BFLOAT16 and copy.layout == NHWC
+
+
+@pytest.mark.parametrize("name,text", [("fan", CONV_FAN), ("resnet", RESNET)])
+def test_tied_blobs_agree(monkeypatch, name, text):
+    """In-place tops, Split's views and the gradients Split and Eltwise share are one memory: a view always has
+    its base's layout, and a reshaping view (Flatten) an NCHW base (declare_tensors raises otherwise)."""
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    graph = _graph(text)
+    out = declare_tensors(graph, train=True, layouts=layout.choose(graph, GPU_LAYOUTS))
+    nhwc = [s for s in out.specs if s.layout == NHWC]
+    assert nhwc, "a convolution net keeps some blobs channels last"
+    for s in out.specs:
+        if s.base is not None:
+            assert s.layout == out.by_key[s.base].layout, s.key
+    for s in nhwc:
+        assert len(s.shape) == 4 and s.kind in (DATA, DIFF, BUFFER)
+    assert out.by_key["data"].layout == NCHW
+
+
+def test_a_layer_without_a_channels_last_path_keeps_its_blobs_nchw(monkeypatch):
+    """Dropout's mask hashes the NCHW element index (the CPU's), and LRN indexes channels: their 4-D blobs, and
+    the blobs tied to them, stay NCHW."""
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    text = (_input((2, 3, 8, 8), 2) + conv("conv1", "data", "conv1", 4)
+            + _layer("drop", "Dropout", ["conv1"], ["conv1"], "dropout_param { dropout_ratio: 0.3 }")
+            + conv("conv2", "conv1", "conv2", 4) + _layer("relu2", "ReLU", ["conv2"], ["conv2"])
+            + _layer("norm", "LRN", ["conv2"], ["norm"]) + conv("conv3", "norm", "conv3", 4)
+            + ip("fc", "conv3", "fc", 3) + _layer("loss", "SoftmaxWithLoss", ["fc", "label"], ["loss"]))
+    assert _nhwc_blobs(_graph(text)) == set()
+
+
+def test_bytes_are_the_same_in_either_layout(monkeypatch):
+    """Layout moves elements, not bytes: the plan's sizes do not change (the float32 filter copies aside)."""
+    graph = _graph(VGG, "bf16")
+    before = {s.key: s.nbytes for s in declare_tensors(graph, train=True).specs}
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    graph = _graph(VGG, "bf16")
+    after = {s.key: s.nbytes for s in declare_tensors(graph, train=True, layouts=layout.choose(graph, GPU_LAYOUTS)).specs}
+    assert before == after
+    assert np.dtype(BFLOAT16).itemsize == 2

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine: channels-last (NHWC) tensors in one call. The GPU tests of tests/test_cuda_channels_last.py
+# (NHWC nets against the CPU in float32 and bfloat16, training to the CPU's weights), and `superneurons time` on
+# ResNet-50 and VGG16 at batch 64 with SUPERNEURONS_LAYOUT=nchw and =nhwc in each of LAYOUT_PRECISIONS.
+# Logs go to $OUT.
+#   bash tools/gpu/layout.sh                              # all of it
+#   LAYOUT_PARTS="time" LAYOUT_NETS="vgg16" bash tools/gpu/layout.sh
+set -u
+source tools/gpu/env.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+PARTS=${LAYOUT_PARTS:-tests time}
+NETS=${LAYOUT_NETS:-resnet50 vgg16}
+PRECISIONS=${LAYOUT_PRECISIONS:-bf16 fp32}
+LAYOUTS=${LAYOUT_LAYOUTS:-nchw nhwc}
+ITERATIONS=${LAYOUT_ITERATIONS:-20}
+for part in $PARTS; do
+    case $part in
+    tests)
+        echo "== tests/test_cuda_channels_last.py"
+        timeout ${LAYOUT_TEST_TIMEOUT:-150} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider -x \
+            tests/test_cuda_channels_last.py > "$OUT/layout_tests.log" 2>&1
+        grep -E "^(FAILED|ERROR)|^(fp32|bf16):|converted|converts|Error" "$OUT/layout_tests.log" | head -30
+        tail -1 "$OUT/layout_tests.log" ;;
+    time)
+        for net in $NETS; do
+            for precision in $PRECISIONS; do
+                for layout in $LAYOUTS; do
+                    log="$OUT/time_${net}_${precision}_${layout}.log"
+                    echo "== superneurons time $net b64 --precision $precision SUPERNEURONS_LAYOUT=$layout"
+                    SUPERNEURONS_LAYOUT=$layout timeout ${LAYOUT_TIME_TIMEOUT:-75} python -m superneurons time \
+                        --model "models/$net/${net}_dummy.prototxt" --gpu 0 --iterations "$ITERATIONS" \
+                        --precision "$precision" > "$log" 2>&1
+                    grep -E "Average Forward-Backward|img/s|converts|copies|rror" "$log" | head -8
+                done
+            done
+        done ;;
+    torch)
+        echo "== PyTorch, same prototxt: fp32 channels_last and bf16 autocast channels_last"
+        timeout ${LAYOUT_TORCH_TIMEOUT:-150} python -m tools.bench.speed_zoo --nets resnet50,vgg16 --no-ours \
+            --torch-configs fp32-cl,bf16-cl --no-torchvision --iterations 10 --warmup 3 --out "$OUT" \
+            --time-limit 120 > "$OUT/torch.log" 2>&1
+        tail -15 "$OUT/torch.log" ;;
+    esac
+done
