@@ -79,16 +79,27 @@ def test_channel_sums(rng, shape):
     np.testing.assert_allclose(var.copy_to_host(), x.var(axis=(0, 2, 3)), rtol=1e-4, atol=1e-6)
 
 
+# channels that share a block's threads with other rows (3, 96: a thread per (row, channel), some idle), and more
+# channels than a block has threads (300: each thread takes several)
+CHANNELS = [(2, 3, 4, 5), (2, 96, 2, 3), (2, 300, 1, 3)]
+
+
 @simulated
-@pytest.mark.parametrize("slope", [0.0, 0.25])
-def test_bias_relu(rng, slope):
+@pytest.mark.parametrize("shape", CHANNELS)
+@pytest.mark.parametrize("slope", [None, 0.0, 0.25])
+def test_bias_and_bias_relu(rng, shape, slope):
     ops = _ops()
-    y = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
-    b = rng.standard_normal(3).astype(np.float32)
+    n, c, h, w = shape
+    y = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
     a = Nhwc(y)
-    ops.bias_relu(a, cuda.to_device(b), 2, 3, 20, slope)
+    if slope is None:
+        ops.add_bias(a, cuda.to_device(b), n, c, h * w)
+    else:
+        ops.bias_relu(a, cuda.to_device(b), n, c, h * w, slope)
     pre = y.astype(np.float64) + b.reshape(1, -1, 1, 1)
-    np.testing.assert_allclose(a.nchw(), np.where(pre > 0, pre, pre * slope), rtol=1e-6, atol=1e-6)
+    want = pre if slope is None else np.where(pre > 0, pre, pre * slope)
+    np.testing.assert_allclose(a.nchw(), want, rtol=1e-6, atol=1e-6)
 
 
 def _bn_params(rng, c):
@@ -101,9 +112,9 @@ def _bn_params(rng, c):
 @pytest.mark.parametrize("relu", [None, 0.0, 0.1])
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("global_stats", [False, True])
-def test_fused_batch_norm_matches_the_cpu(rng, relu, keep, global_stats):
+@pytest.mark.parametrize("shape", [(3, 4, 3, 5), (2, 300, 1, 3)])
+def test_fused_batch_norm_matches_the_cpu(rng, relu, keep, global_stats, shape):
     ops = _ops()
-    shape = (3, 4, 3, 5)
     n, c, h, w = shape
     x = rng.standard_normal(shape).astype(np.float32) * 2 + 0.5
     dy = rng.standard_normal(shape).astype(np.float32)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: channels-last (NHWC) tensors in one call. The GPU tests of tests/test_cuda_channels_last.py
 # (NHWC nets against the CPU in float32 and bfloat16, training to the CPU's weights), and `superneurons time` on
-# ResNet-50 and VGG16 at batch 64 with SUPERNEURONS_LAYOUT=nchw and =nhwc in each of LAYOUT_PRECISIONS.
+# ResNet-50 and VGG16 at batch 64 with SUPERNEURONS_LAYOUT=nchw and =nhwc in each of LAYOUT_PRECISIONS (`time`:
+# per-layer profile; `speed`: speed_zoo's training throughput; `torch`: PyTorch's channels_last configurations).
 # Logs go to $OUT.
 #   bash tools/gpu/layout.sh                              # all of it
 #   LAYOUT_PARTS="time" LAYOUT_NETS="vgg16" bash tools/gpu/layout.sh
@@ -33,6 +34,15 @@ for part in $PARTS; do
                     grep -E "Average Forward-Backward|img/s|converts|copies|rror" "$log" | head -8
                 done
             done
+        done ;;
+    speed)
+        # ours, real training throughput (the solver's step), per layout
+        for layout in $LAYOUTS; do
+            echo "== speed_zoo ours, SUPERNEURONS_LAYOUT=$layout, --precisions ${PRECISIONS// /,}"
+            SUPERNEURONS_LAYOUT=$layout timeout ${LAYOUT_SPEED_TIMEOUT:-150} python -m tools.bench.speed_zoo \
+                --nets "${NETS// /,}" --no-torch --precisions "${PRECISIONS// /,}" --iterations 10 --warmup 3 \
+                --out "$OUT/speed_$layout" --time-limit ${LAYOUT_SPEED_LIMIT:-120} > "$OUT/speed_$layout.log" 2>&1
+            grep -E "img/s|ResNet|VGG|rror" "$OUT/speed_$layout.log" | tail -12
         done ;;
     torch)
         echo "== PyTorch, same prototxt: fp32 channels_last and bf16 autocast channels_last"

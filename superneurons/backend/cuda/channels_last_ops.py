@@ -62,7 +62,9 @@ def copy(src, dst) -> None:
 
 
 def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
-    basic.add_bias(y, b, _rows(y, outer, dim, inner), dim, 1)
+    rows = _rows(y, outer, dim, inner)
+    if y.size:
+        K.launch(lk.bias_relu, 0, blocks=lk.blocks_for(rows, dim))(flat(y), flat(b), rows, dim, False, scalar(y, 0.0))
 
 
 def bias_backward(dy, db, outer: int, dim: int, inner: int) -> None:
@@ -75,7 +77,8 @@ def bias_backward(dy, db, outer: int, dim: int, inner: int) -> None:
 def bias_relu(y, b, n: int, m: int, plane: int, slope: float) -> None:
     """The fused Convolution + ReLU's pass, y = leaky(y + b[c]) (ops/conv.py)."""
     if y.size:
-        K.launch(lk.bias_relu, y.size)(flat(y), flat(b), m, scalar(y, slope))
+        rows = y.size // m
+        K.launch(lk.bias_relu, 0, blocks=lk.blocks_for(rows, m))(flat(y), flat(b), rows, m, True, scalar(y, slope))
 
 
 def channel_mul(x, s, y, outer: int, dim: int, inner: int) -> None:
@@ -118,9 +121,9 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
     K.launch(fk.channel_stats, channels)(sums, *stats, *constants)
     fy = flat(y)
     fh = flat(x_hat) if x_hat is not None else fy
-    K.launch(lk.bn_forward_apply, y.size)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta), fh, fy,
-                                          channels, x_hat is not None, relu_slope is not None,
-                                          scalar(y, relu_slope or 0.0))
+    K.launch(lk.bn_forward_apply, 0, blocks=lk.blocks_for(rows, channels))(
+        flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta), fh, fy, rows, channels, x_hat is not None,
+        relu_slope is not None, scalar(y, relu_slope or 0.0))
 
 
 def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int,
@@ -140,14 +143,19 @@ def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, 
     if dgamma is not None and dbeta is not None:
         K.launch(fk.param_grads, channels)(sums, flat(dgamma), flat(dbeta))
     if dx is not None:
-        K.launch(lk.bn_backward_apply, dx.size)(fkept, fmean, finv, from_x, flat(gamma), flat(beta), sums, fdy,
-                                                flat(dx), channels, float(outer * inner), not use_global_stats,
-                                                relu, slope)
+        K.launch(lk.bn_backward_apply, 0, blocks=lk.blocks_for(rows, channels))(
+            fkept, fmean, finv, from_x, flat(gamma), flat(beta), sums, fdy, flat(dx), rows, channels,
+            float(outer * inner), not use_global_stats, relu, slope)
 
 
 # ---- pooling ----------------------------------------------------------------------------------------
 def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
-    return (x_shape[1], x_shape[2], x_shape[3], y_shape[2], y_shape[3], *geom.kernel, *geom.stride, *geom.pad)
+    return (x_shape[0], x_shape[1], x_shape[2], x_shape[3], y_shape[2], y_shape[3], *geom.kernel, *geom.stride,
+            *geom.pad)
+
+
+def _row_blocks(n: int, rows: int) -> int:
+    return max(1, min(n * rows, K.MAX_BLOCKS))
 
 
 def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: bool = False) -> None:
@@ -156,11 +164,13 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: boo
         return
     if geom.method == "max":
         check_signed_mask(signed_mask, top_mask)
-        K.launch(lk.max_forward, y.size)(flat(x), flat(y), flat(mask), *dims, signed_mask)
+        K.launch(lk.max_forward, 0, blocks=_row_blocks(y.shape[0], y.shape[2]))(flat(x), flat(y), flat(mask), *dims,
+                                                                               signed_mask)
         if top_mask is not None:
             convert(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
-        K.launch(lk.ave_forward, y.size)(flat(x), flat(y), *dims, geom.method == "stochastic")
+        K.launch(lk.ave_forward, 0, blocks=_row_blocks(y.shape[0], y.shape[2]))(flat(x), flat(y), *dims,
+                                                                               geom.method == "stochastic")
     else:
         pooling.pool_forward(x, y, mask, geom, top_mask, signed_mask)  # its error
 
@@ -170,10 +180,10 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
     if not dx.size:
         return
     if geom.method == "max":
-        K.launch(lk.max_backward, dx.size)(flat(dy), flat(mask), flat(dx), *dims, relu_slope is not None,
-                                           scalar(dx, relu_slope or 0.0))
+        K.launch(lk.max_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(
+            flat(dy), flat(mask), flat(dx), *dims, relu_slope is not None, scalar(dx, relu_slope or 0.0))
     elif geom.method == "ave":
-        K.launch(lk.ave_backward, dx.size)(flat(dy), flat(dx), *dims)
+        K.launch(lk.ave_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(flat(dy), flat(dx), *dims)
     else:
         pooling.pool_backward(dy, mask, dx, geom, relu_slope)  # its error
 

@@ -123,8 +123,15 @@ class Handle:
             plan = self._convs[key] = ConvPlan(self, *key[:4], dtype, nhwc=bool(nhwc))
         return plan
 
-    def has_conv_plan(self, x_shape, w_shape, y_shape, geom: ConvGeometry, dtype, nhwc: bool) -> bool:
-        return (tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, np.dtype(dtype).str, bool(nhwc)) in self._convs
+    def existing_conv_plan(self, x_shape, w_shape, y_shape, geom: ConvGeometry) -> "ConvPlan | None":
+        """The plan of these shapes made last, whatever its operands' type and layout (the profiler's: a layer
+        knows its shapes, not the type its working copies or the layout its blobs have); None if none was."""
+        shapes = (tuple(x_shape), tuple(w_shape), tuple(y_shape), geom)
+        found = None
+        for key, plan in self._convs.items():
+            if key[:4] == shapes:
+                found = plan
+        return found
 
     # -- softmax over (outer, channels, inner) ----------------------------------------------------
     def softmax_forward(self, x, y, dims) -> None:

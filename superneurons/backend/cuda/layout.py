@@ -33,7 +33,21 @@ class LayoutUnsupported(TypeError):
 
 
 def layout_of(a: Any) -> str | None:
-    """NHWC, NCHW, or None where the two coincide (not 4-D, one channel, 1x1 planes)."""
+    """NHWC, NCHW, or None where the two coincide (not 4-D, one channel, 1x1 planes). Kept on the array
+    object (the pool hands out the same view objects every iteration; every op call of a channels-last net asks)."""
+    try:
+        return a.__dict__["_sn_layout"]
+    except (KeyError, AttributeError):
+        pass
+    layout = _layout(a)
+    try:
+        a._sn_layout = layout
+    except AttributeError:
+        pass
+    return layout
+
+
+def _layout(a: Any) -> str | None:
     if getattr(a, "ndim", 0) != 4 or not hasattr(a, "strides"):
         return None
     _n, c, h, w = a.shape

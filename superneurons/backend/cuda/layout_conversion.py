@@ -60,26 +60,42 @@ def _buffer(slot: int, like: Any, layout: str) -> Any:
     return make(buf.gpu_data, like.shape, like.dtype, layout)
 
 
-def _arrays(value: Any, out: list) -> None:
-    if getattr(value, "ndim", 0) == 4 and hasattr(value, "strides"):
-        out.append(value)
-    elif isinstance(value, (list, tuple)) and not hasattr(value, "dtype"):
-        for v in value:
-            _arrays(v, out)
+def _layouts(values, out: set) -> None:
+    """Add the layouts of the 4-D arrays among `values` (and in lists among them) to `out`."""
+    for v in values:
+        if v.__class__ in _PLAIN:
+            continue
+        if isinstance(v, (list, tuple)):
+            _layouts(v, out)
+        else:
+            out.add(layout_of(v))
 
 
-def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str) -> Any:
+_PLAIN = frozenset({int, float, bool, str, type(None), np.float32, np.float64})
+
+
+# Positional arguments the ops with a channels-last path only read: their converted copies are not written back
+# (the first convolution's input batch, forward and backward).
+READ_ONLY = {"conv_forward": (0, 1), "conv_relu_forward": (0, 1), "conv_backward": (0, 1, 2), "pool_forward": (0,),
+             "pool_backward": (0, 1)}
+
+
+def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str, read_only: tuple[int, ...] = ()) -> Any:
     """Run `fn` with every 4-D array not stored in `target` layout replaced by a copy in it, then write the
-    copies back. Arrays over the same memory share one copy (an op given a tensor twice sees one array)."""
+    copies back, but for the positional arguments `read_only` names. Arrays over the same memory share one copy
+    (an op given a tensor twice sees one array)."""
     copies: dict[tuple, tuple[Any, Any]] = {}
+    written: set[tuple] = set()
 
-    def swap(a: Any) -> Any:
+    def swap(a: Any, reading: bool = False) -> Any:
         if isinstance(a, (list, tuple)) and not hasattr(a, "dtype"):
-            return type(a)(swap(x) for x in a)
+            return type(a)(swap(x, reading) for x in a)
         layout = layout_of(a)
         if layout is None or layout == target:
             return a
         key = (a.device_ctypes_pointer.value, a.size, a.dtype.str)
+        if not reading:
+            written.add(key)
         entry = copies.get(key)
         if entry is None:
             copy = _buffer(len(copies), a, target)
@@ -87,9 +103,11 @@ def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str) -> Any:
             entry = copies[key] = (a, copy)
         return entry[1]
 
-    result = fn(*(swap(a) for a in args), **{k: swap(v) for k, v in kwargs.items()})
-    for original, copy in copies.values():
-        convert(copy, original)
+    swapped = [swap(a, k in read_only) for k, a in enumerate(args)]
+    result = fn(*swapped, **{k: swap(v) for k, v in kwargs.items()})
+    for key, (original, copy) in copies.items():
+        if key in written:
+            convert(copy, original)
     return result
 
 
@@ -99,10 +117,11 @@ def layout_converting(name: str, fn: Callable, channels_last_fn: Callable | None
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        arrays: list = []
-        _arrays(args, arrays)
-        _arrays(tuple(kwargs.values()), arrays)
-        layouts = {layout_of(a) for a in arrays} - {None}
+        layouts: set = set()
+        _layouts(args, layouts)
+        if kwargs:
+            _layouts(kwargs.values(), layouts)
+        layouts.discard(None)
         if NHWC not in layouts:
             return fn(*args, **kwargs)
         if elementwise and len(layouts) == 1:
@@ -114,7 +133,7 @@ def layout_converting(name: str, fn: Callable, channels_last_fn: Callable | None
                 if len(layouts) == 1:
                     return path(*args, **kwargs)
                 _note(name, "NCHW operands to NHWC copies")
-                return on_copies(path, args, kwargs, NHWC)
+                return on_copies(path, args, kwargs, NHWC, READ_ONLY.get(name, ()))
             except LayoutUnsupported as e:
                 _note(name, f"{e}: NHWC operands to NCHW copies")
                 return on_copies(fn, args, kwargs, NCHW)

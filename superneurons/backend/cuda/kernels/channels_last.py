@@ -3,10 +3,11 @@ per-channel sums and passes of bias, Scale and the fused BatchNorm.
 
 An NHWC tensor is (rows, channels) in memory, rows = N*H*W: channel c of row r is element r * C + c. Per-channel
 elementwise passes need no kernel of their own (the NCHW kernels over an (outer, dim, inner) view take
-(rows, C, 1)); per-channel sums do, since the NCHW kernels walk one channel's plane per block, which in NHWC
+(rows, C, 1)), but the passes here run without a division per element; per-channel sums do, since the NCHW kernels walk one channel's plane per block, which in NHWC
 would read one element per row. Here consecutive threads take consecutive channels of a row (loads coalesce)
 and each thread sums its channel over a run of rows, then adds into float64 sums with one atomic per thread
-and sum. Pooling runs one thread per element, the channel fastest, so a warp's window loads are contiguous;
+and sum. Pooling runs a block per image row, its threads over the row's elements, the channel fastest, so a warp's window
+loads are contiguous;
 its max mask holds the same plane index (row * W + column) as the NCHW kernels' (kernels/pooling.py), so a
 mask means the same in either layout.
 """
@@ -17,6 +18,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
+from superneurons.backend.cuda.kernels import BLOCK, MAX_BLOCKS
 from superneurons.backend.cuda.kernels.elementwise import leaky
 from superneurons.backend.cuda.kernels.fused import input_grad, normalize_store, normalized, pre_relu_grad
 from superneurons.backend.cuda.kernels.pooling import _chosen, _mask_entry, _out_range, _through_relu
@@ -94,20 +96,52 @@ def sums_finish(sums, out, accumulate):
             out[c] = sums[c]
 
 
+# ---- per-channel elementwise passes over (rows, dim): no division per element ----------------------------
+# A block takes `rows_per_block(dim)` rows at a time, thread t channel t % dim of row t // dim (both computed once
+# per thread), so a thread keeps its channel's constants in registers and steps rows by additions; channels past
+# BLOCK take several trips (`lane_channels`). The NCHW kernels' (i // inner) % dim costs two 64-bit divisions per
+# element, which a bandwidth-bound pass cannot afford.
+@cuda.jit(device=True, inline=True)
+def lane(dim):
+    """(first row offset, channel, row step within the block's rows, whether the thread has a lane)."""
+    t = cuda.threadIdx.x
+    if dim > BLOCK:
+        return 0, t, 1, True
+    per = BLOCK // dim
+    sub = t // dim
+    return sub, t - sub * dim, per, sub < per
+
+
+def blocks_for(rows: int, dim: int) -> int:
+    """The grid of the row-block kernels: enough blocks for every row, at most kernels.MAX_BLOCKS."""
+    per = max(1, BLOCK // dim) if dim <= BLOCK else 1
+    return max(1, min(-(-rows // per), MAX_BLOCKS))
+
+
 @cuda.jit
-def bias_relu(y, b, dim, slope):
-    """y = leaky(y + b[c], slope) in place (the fused Convolution + ReLU's pass)."""
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        y[i] = leaky(y[i] + b[i % dim], slope)
+def bias_relu(y, b, rows, dim, relu, slope):
+    """y = y + b[c] (relu: leaky(., slope)) in place: the conv bias and the fused Convolution + ReLU's pass."""
+    sub, c0, per, active = lane(dim)
+    if active:
+        for c in range(c0, dim, BLOCK):
+            bias = b[c]
+            for r in range(cuda.blockIdx.x * per + sub, rows, cuda.gridDim.x * per):
+                i = r * dim + c
+                v = y[i] + bias
+                y[i] = leaky(v, slope) if relu else v
 
 
 # ---- the fused BatchNorm + Scale (+ ReLU) (kernels/fused.py has the math) -------------------------
 @cuda.jit
-def bn_forward_apply(x, mean, inv, gamma, beta, x_hat, y, dim, keep, relu, slope):
+def bn_forward_apply(x, mean, inv, gamma, beta, x_hat, y, rows, dim, keep, relu, slope):
     """x_hat = (x - mean) * inv (stored if `keep`); y = relu(gamma * x_hat + beta); y may be x."""
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        c = i % dim
-        normalize_store(x[i], i, mean[c], inv[c], gamma[c], beta[c], x_hat, y, keep, relu, slope)
+    sub, c0, per, active = lane(dim)
+    if active:
+        for c in range(c0, dim, BLOCK):
+            mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
+            for r in range(cuda.blockIdx.x * per + sub, rows, cuda.gridDim.x * per):
+                i = r * dim + c
+                normalize_store(x[i], i, mu, s, g, b, x_hat, y, keep, relu, slope)
 
 
 @cuda.jit
@@ -132,114 +166,130 @@ def bn_backward_sums(kept, mean, inv, from_x, gamma, beta, dy, sums, rows, dim, 
 
 
 @cuda.jit
-def bn_backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, dim, m, batch, relu, slope):
+def bn_backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, rows, dim, m, batch, relu, slope):
     """dx = gamma * inv * (dy' - sum(dy')/m - x_hat * sum(dy' x_hat)/m) (batch statistics) or gamma * inv * dy'
     (global); dx may be dy."""
-    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
-        c = i % dim
-        g, b = gamma[c], beta[c]
-        avg_dy = 0.0
-        avg_dyh = 0.0
-        if batch:
-            avg_dy = sums[c] / m
-            avg_dyh = sums[dim + c] / m
-        h = normalized(kept[i], mean[c], inv[c], from_x)
-        dx[i] = input_grad(h, dy[i], g, b, g * inv[c], avg_dy, avg_dyh, relu, slope)
+    sub, c0, per, active = lane(dim)
+    if active:
+        for c in range(c0, dim, BLOCK):
+            g, b, mu, s = gamma[c], beta[c], mean[c], inv[c]
+            k = g * s
+            avg_dy = 0.0
+            avg_dyh = 0.0
+            if batch:
+                avg_dy = sums[c] / m
+                avg_dyh = sums[dim + c] / m
+            for r in range(cuda.blockIdx.x * per + sub, rows, cuda.gridDim.x * per):
+                i = r * dim + c
+                h = normalized(kept[i], mu, s, from_x)
+                dx[i] = input_grad(h, dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
 
 
-# ---- pooling, one thread per element, the channel fastest ------------------------------------------
+# ---- pooling: a block per image row, its threads over the row's (column, channel) elements -------------------
+# One division per element (t // c) where a thread per element decoded four coordinates; the window's rows are
+# the block's, computed once per row.
 @cuda.jit
-def max_forward(x, y, mask, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        ch = i % c
-        rest = i // c
-        qw = rest % ow
-        rest = rest // ow
-        qh = rest % oh
-        n = rest // oh
+def max_forward(x, y, mask, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
+    width = ow * c
+    for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
+        img = row // oh
+        qh = row - img * oh
         h0 = qh * sh - ph
-        w0 = qw * sw - pw
-        h1 = min(h0 + kh, h)
-        w1 = min(w0 + kw, w)
-        best = -math.inf
-        arg = -1
-        for r in range(max(h0, 0), h1):
-            for s in range(max(w0, 0), w1):
-                v = x[((n * h + r) * w + s) * c + ch]
-                if v > best:
-                    best = v
-                    arg = r * w + s
-        y[i] = best
-        mask[i] = _mask_entry(arg, best, signed)
+        r0 = max(h0, 0)
+        r1 = min(h0 + kh, h)
+        src = img * h * w * c
+        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
+            qw = t // c
+            ch = t - qw * c
+            w0 = qw * sw - pw
+            s0 = max(w0, 0)
+            s1 = min(w0 + kw, w)
+            best = -math.inf
+            arg = -1
+            for r in range(r0, r1):
+                at_row = src + r * w * c + ch
+                for s in range(s0, s1):
+                    v = x[at_row + s * c]
+                    if v > best:
+                        best = v
+                        arg = r * w + s
+            o = row * width + t
+            y[o] = best
+            mask[o] = _mask_entry(arg, best, signed)
 
 
 @cuda.jit
-def max_backward(dy, mask, dx, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
-    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
-        ch = i % c
-        rest = i // c
-        s = rest % w
-        rest = rest // w
-        r = rest % h
-        n = rest // h
+def max_backward(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
+    width = w * c
+    for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
+        img = row // h
+        r = row - img * h
         lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
-        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-        me = r * w + s
-        grad = 0.0
-        positive = False
-        for qh in range(lo_h, hi_h):
-            for qw in range(lo_w, hi_w):
-                o = ((n * oh + qh) * ow + qw) * c + ch
-                pixel, above = _chosen(mask[o], relu)
-                if pixel == me:
-                    grad += dy[o]
-                    positive = above
-        dx[i] = _through_relu(grad, positive, relu, slope)
+        out = img * oh * ow * c
+        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
+            s = t // c
+            ch = t - s * c
+            lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
+            me = r * w + s
+            grad = 0.0
+            positive = False
+            for qh in range(lo_h, hi_h):
+                for qw in range(lo_w, hi_w):
+                    o = out + (qh * ow + qw) * c + ch
+                    pixel, above = _chosen(mask[o], relu)
+                    if pixel == me:
+                        grad += dy[o]
+                        positive = above
+            dx[row * width + t] = _through_relu(grad, positive, relu, slope)
 
 
 @cuda.jit
-def ave_forward(x, y, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, stochastic):
+def ave_forward(x, y, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, stochastic):
     """Average (divisor: the window clipped to the padded input) or Caffe's TEST stochastic, in float32."""
-    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        ch = i % c
-        rest = i // c
-        qw = rest % ow
-        rest = rest // ow
-        qh = rest % oh
-        n = rest // oh
+    width = ow * c
+    for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
+        img = row // oh
+        qh = row - img * oh
         h0 = qh * sh - ph
-        w0 = qw * sw - pw
         h1 = min(h0 + kh, h + ph)
-        w1 = min(w0 + kw, w + pw)
-        total = float32(0.0)
-        squares = float32(0.0)
-        for r in range(max(h0, 0), min(h1, h)):
-            for s in range(max(w0, 0), min(w1, w)):
-                v = x[((n * h + r) * w + s) * c + ch]
-                total += v
-                squares += v * v
-        if stochastic:
-            y[i] = squares / (FLT_MIN32 + total)
-        else:
-            y[i] = total / float32((h1 - h0) * (w1 - w0))
+        src = img * h * w * c
+        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
+            qw = t // c
+            ch = t - qw * c
+            w0 = qw * sw - pw
+            w1 = min(w0 + kw, w + pw)
+            total = float32(0.0)
+            squares = float32(0.0)
+            for r in range(max(h0, 0), min(h1, h)):
+                at_row = src + r * w * c + ch
+                for s in range(max(w0, 0), min(w1, w)):
+                    v = x[at_row + s * c]
+                    total += v
+                    squares += v * v
+            o = row * width + t
+            if stochastic:
+                y[o] = squares / (FLT_MIN32 + total)
+            else:
+                y[o] = total / float32((h1 - h0) * (w1 - w0))
 
 
 @cuda.jit
-def ave_backward(dy, dx, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
-    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
-        ch = i % c
-        rest = i // c
-        s = rest % w
-        rest = rest // w
-        r = rest % h
-        n = rest // h
+def ave_backward(dy, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+    width = w * c
+    for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
+        img = row // h
+        r = row - img * h
         lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
-        lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-        grad = float32(0.0)
-        for qh in range(lo_h, hi_h):
-            h0 = qh * sh - ph
-            rows = min(h0 + kh, h + ph) - h0
-            for qw in range(lo_w, hi_w):
-                w0 = qw * sw - pw
-                grad += dy[((n * oh + qh) * ow + qw) * c + ch] / float32(rows * (min(w0 + kw, w + pw) - w0))
-        dx[i] = grad
+        out = img * oh * ow * c
+        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
+            s = t // c
+            ch = t - s * c
+            lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
+            grad = float32(0.0)
+            for qh in range(lo_h, hi_h):
+                h0 = qh * sh - ph
+                rows = min(h0 + kh, h + ph) - h0
+                for qw in range(lo_w, hi_w):
+                    w0 = qw * sw - pw
+                    grad += dy[out + (qh * ow + qw) * c + ch] / float32(rows * (min(w0 + kw, w + pw) - w0))
+            dx[row * width + t] = grad

@@ -153,8 +153,9 @@ def conv_algorithm(x_shape, w_shape, y_shape, geom: ConvGeometry, dtype) -> str:
     profiler; '-' for a direction not run yet, '~' after a name that was ranked by heuristics, not measured;
     `engN` is engine N of cuDNN's graph API; `nhwc ` first where the shape ran channels last."""
     h = current().cudnn
-    nhwc = h.has_conv_plan(x_shape, w_shape, y_shape, geom, dtype, True)
-    plan = h.conv_plan(tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype, nhwc)
+    plan = h.existing_conv_plan(x_shape, w_shape, y_shape, geom) or h.conv_plan(
+        tuple(x_shape), tuple(w_shape), tuple(y_shape), geom, dtype)
+    nhwc = plan.nhwc
 
     def name(table, direction):
         choice = plan.last[direction]
