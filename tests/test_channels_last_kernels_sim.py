@@ -169,13 +169,13 @@ def _pooled(size: int, k: int, stride: int, pad: int) -> int:
 
 
 @simulated
-@pytest.mark.parametrize("method,kernel,stride,pad,relu", POOLS)
-def test_pooling_matches_the_cpu(rng, method, kernel, stride, pad, relu):
+@pytest.mark.parametrize("method,kernel,stride,pad,relu,shape", [(*p, (2, 3, 7, 6)) for p in POOLS] + [
+    (*POOLS[1], (1, 96, 5, 4)), (*POOLS[4], (1, 96, 5, 4)), (*POOLS[0], (1, 300, 3, 4))])
+def test_pooling_matches_the_cpu(rng, method, kernel, stride, pad, relu, shape):
     ops = _ops()
     geom = PoolGeometry(method, kernel, stride, pad)
-    shape = (2, 3, 7, 6)
     oh, ow = (_pooled(d, k, st, p) for d, k, st, p in zip(shape[2:], kernel, stride, pad))
-    top = (2, 3, oh, ow)
+    top = (shape[0], shape[1], oh, ow)
     x = rng.standard_normal(shape).astype(np.float32)
     dy = rng.standard_normal(top).astype(np.float32)
     y, dx = np.zeros(top, np.float32), np.zeros(shape, np.float32)

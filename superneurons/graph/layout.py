@@ -46,6 +46,11 @@ class BlobLayouts:
         return bool(self.blobs)
 
 
+def _permuted(shape) -> bool:
+    """Whether a 4-D filter (K, C, R, S) is stored differently KRSC than KCRS."""
+    return len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
+
+
 def wanted(graph) -> bool:
     """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: where it stores half types)."""
     choice = settings.get("SUPERNEURONS_LAYOUT")
@@ -86,7 +91,9 @@ def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
         if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
             out.layers.add(node.name)
             layer = node.layer
-            # cuDNN's NHWC convolutions want the filter KRSC: a float32 layer gets working copies to hold it
-            if layer.data_typed_params and not any("_copy" in name for name in layer.buffers):
+            # cuDNN's NHWC convolutions want the filter KRSC: a float32 layer gets working copies to hold it,
+            # unless its filter is 1x1 (or of one input channel), where KRSC and KCRS are the same bytes
+            if layer.data_typed_params and not any("_copy" in name for name in layer.buffers) and any(
+                    _permuted(layer.params[k].shape) for k in layer.data_typed_params if k < len(layer.params)):
                 layer.use_working_copies(FLOAT32)
     return out

@@ -49,15 +49,28 @@ def _log(name: str, why: str) -> None:
                      f"converts layouts ({why})\n")
 
 
+_views: dict[tuple, Any] = {}  # (slot, shape, dtype, layout) -> the array over that slot's buffer
+
+
 def _buffer(slot: int, like: Any, layout: str) -> Any:
+    """Slot `slot`'s buffer as an array shaped like `like` in `layout`: the same object for the same request
+    (kernel launches and flat views are cached per array object; a new header per call costs numba's slow
+    launch path, ~0.3 ms)."""
+    key = (slot, tuple(like.shape), like.dtype.str, layout)
+    view = _views.get(key)
+    if view is not None:
+        return view
     from numba import cuda
 
-    key = (slot, like.dtype.str)
-    buf = _buffers.get(key)
+    buf_key = (slot, like.dtype.str)
+    buf = _buffers.get(buf_key)
     if buf is None or buf.size < like.nbytes:
-        _buffers.pop(key, None)
-        buf = _buffers[key] = cuda.device_array(max(int(like.nbytes), 1), np.uint8)
-    return make(buf.gpu_data, like.shape, like.dtype, layout)
+        _buffers.pop(buf_key, None)
+        for k in [k for k in _views if (k[0], k[2]) == buf_key]:
+            del _views[k]  # over the buffer being replaced
+        buf = _buffers[buf_key] = cuda.device_array(max(int(like.nbytes), 1), np.uint8)
+    view = _views[key] = make(buf.gpu_data, like.shape, like.dtype, layout)
+    return view
 
 
 def _layouts(values, out: set) -> None:

@@ -21,7 +21,7 @@ from numba import cuda, float32, float64
 from superneurons.backend.cuda.kernels import BLOCK, MAX_BLOCKS
 from superneurons.backend.cuda.kernels.elementwise import leaky
 from superneurons.backend.cuda.kernels.fused import input_grad, normalize_store, normalized, pre_relu_grad
-from superneurons.backend.cuda.kernels.pooling import _chosen, _mask_entry, _out_range, _through_relu
+from superneurons.backend.cuda.kernels.pooling import _chosen, _mask_entry, _out_range, _rows_holding, _through_relu
 
 FLT_MIN32 = np.float32(1.1754943508222875e-38)
 
@@ -185,12 +185,14 @@ def bn_backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, rows, 
                 dx[i] = input_grad(h, dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
 
 
-# ---- pooling: a block per image row, its threads over the row's (column, channel) elements -------------------
-# One division per element (t // c) where a thread per element decoded four coordinates; the window's rows are
-# the block's, computed once per row.
+# ---- pooling: a block per image row; its threads in (column, channel) lanes as the passes above -------------
+# The window's rows are the block's (computed once per row); a thread's columns step by its lane's stride, so the
+# output windows holding a column advance by comparisons (pooling._rows_holding), with no division per element.
 @cuda.jit
 def max_forward(x, y, mask, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
-    width = ow * c
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
     for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
         img = row // oh
         qh = row - img * oh
@@ -198,98 +200,108 @@ def max_forward(x, y, mask, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
         r0 = max(h0, 0)
         r1 = min(h0 + kh, h)
         src = img * h * w * c
-        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
-            qw = t // c
-            ch = t - qw * c
-            w0 = qw * sw - pw
-            s0 = max(w0, 0)
-            s1 = min(w0 + kw, w)
-            best = -math.inf
-            arg = -1
-            for r in range(r0, r1):
-                at_row = src + r * w * c + ch
-                for s in range(s0, s1):
-                    v = x[at_row + s * c]
-                    if v > best:
-                        best = v
-                        arg = r * w + s
-            o = row * width + t
-            y[o] = best
-            mask[o] = _mask_entry(arg, best, signed)
+        out = row * ow * c
+        for ch in range(c0, c, BLOCK):
+            for qw in range(sub, ow, per):
+                w0 = qw * sw - pw
+                s0 = max(w0, 0)
+                s1 = min(w0 + kw, w)
+                best = -math.inf
+                arg = -1
+                for r in range(r0, r1):
+                    at_row = src + r * w * c + ch
+                    for s in range(s0, s1):
+                        v = x[at_row + s * c]
+                        if v > best:
+                            best = v
+                            arg = r * w + s
+                o = out + qw * c + ch
+                y[o] = best
+                mask[o] = _mask_entry(arg, best, signed)
 
 
 @cuda.jit
 def max_backward(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
-    width = w * c
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
     for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
         img = row // h
         r = row - img * h
         lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
         out = img * oh * ow * c
-        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
-            s = t // c
-            ch = t - s * c
-            lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-            me = r * w + s
-            grad = 0.0
-            positive = False
-            for qh in range(lo_h, hi_h):
-                for qw in range(lo_w, hi_w):
-                    o = out + (qh * ow + qw) * c + ch
-                    pixel, above = _chosen(mask[o], relu)
-                    if pixel == me:
-                        grad += dy[o]
-                        positive = above
-            dx[row * width + t] = _through_relu(grad, positive, relu, slope)
+        at = row * w * c
+        for ch in range(c0, c, BLOCK):
+            lo_w = 0
+            hi_w = 0
+            for s in range(sub, w, per):
+                lo_w, hi_w = _rows_holding(s, lo_w, hi_w, ow, kw, sw, pw)
+                me = r * w + s
+                grad = 0.0
+                positive = False
+                for qh in range(lo_h, hi_h):
+                    for qw in range(lo_w, hi_w):
+                        o = out + (qh * ow + qw) * c + ch
+                        pixel, above = _chosen(mask[o], relu)
+                        if pixel == me:
+                            grad += dy[o]
+                            positive = above
+                dx[at + s * c + ch] = _through_relu(grad, positive, relu, slope)
 
 
 @cuda.jit
 def ave_forward(x, y, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, stochastic):
     """Average (divisor: the window clipped to the padded input) or Caffe's TEST stochastic, in float32."""
-    width = ow * c
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
     for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
         img = row // oh
         qh = row - img * oh
         h0 = qh * sh - ph
         h1 = min(h0 + kh, h + ph)
         src = img * h * w * c
-        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
-            qw = t // c
-            ch = t - qw * c
-            w0 = qw * sw - pw
-            w1 = min(w0 + kw, w + pw)
-            total = float32(0.0)
-            squares = float32(0.0)
-            for r in range(max(h0, 0), min(h1, h)):
-                at_row = src + r * w * c + ch
-                for s in range(max(w0, 0), min(w1, w)):
-                    v = x[at_row + s * c]
-                    total += v
-                    squares += v * v
-            o = row * width + t
-            if stochastic:
-                y[o] = squares / (FLT_MIN32 + total)
-            else:
-                y[o] = total / float32((h1 - h0) * (w1 - w0))
+        out = row * ow * c
+        for ch in range(c0, c, BLOCK):
+            for qw in range(sub, ow, per):
+                w0 = qw * sw - pw
+                w1 = min(w0 + kw, w + pw)
+                total = float32(0.0)
+                squares = float32(0.0)
+                for r in range(max(h0, 0), min(h1, h)):
+                    at_row = src + r * w * c + ch
+                    for s in range(max(w0, 0), min(w1, w)):
+                        v = x[at_row + s * c]
+                        total += v
+                        squares += v * v
+                o = out + qw * c + ch
+                if stochastic:
+                    y[o] = squares / (FLT_MIN32 + total)
+                else:
+                    y[o] = total / float32((h1 - h0) * (w1 - w0))
 
 
 @cuda.jit
 def ave_backward(dy, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
-    width = w * c
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
     for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
         img = row // h
         r = row - img * h
         lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
         out = img * oh * ow * c
-        for t in range(cuda.threadIdx.x, width, cuda.blockDim.x):
-            s = t // c
-            ch = t - s * c
-            lo_w, hi_w = _out_range(s, pw, kw, sw, ow)
-            grad = float32(0.0)
-            for qh in range(lo_h, hi_h):
-                h0 = qh * sh - ph
-                rows = min(h0 + kh, h + ph) - h0
-                for qw in range(lo_w, hi_w):
-                    w0 = qw * sw - pw
-                    grad += dy[out + (qh * ow + qw) * c + ch] / float32(rows * (min(w0 + kw, w + pw) - w0))
-            dx[row * width + t] = grad
+        at = row * w * c
+        for ch in range(c0, c, BLOCK):
+            lo_w = 0
+            hi_w = 0
+            for s in range(sub, w, per):
+                lo_w, hi_w = _rows_holding(s, lo_w, hi_w, ow, kw, sw, pw)
+                grad = float32(0.0)
+                for qh in range(lo_h, hi_h):
+                    h0 = qh * sh - ph
+                    rows = min(h0 + kh, h + ph) - h0
+                    for qw in range(lo_w, hi_w):
+                        w0 = qw * sw - pw
+                        grad += dy[out + (qh * ow + qw) * c + ch] / float32(rows * (min(w0 + kw, w + pw) - w0))
+                dx[at + s * c + ch] = grad
