@@ -8,7 +8,7 @@
 #   LAYOUT_PARTS="time" LAYOUT_NETS="vgg16" bash tools/gpu/layout.sh
 set -u
 source tools/gpu/env.sh || exit 1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 PARTS=${LAYOUT_PARTS:-tests time}
 NETS=${LAYOUT_NETS:-resnet50 vgg16}
 PRECISIONS=${LAYOUT_PRECISIONS:-bf16 fp32}
@@ -31,7 +31,7 @@ for part in $PARTS; do
                     SUPERNEURONS_LAYOUT=$layout timeout ${LAYOUT_TIME_TIMEOUT:-75} python -m superneurons time \
                         --model "models/$net/${net}_dummy.prototxt" --gpu 0 --iterations "$ITERATIONS" \
                         --precision "$precision" > "$log" 2>&1
-                    grep -E "Average Forward-Backward|img/s|converts|copies|rror" "$log" | head -8
+                    grep -E "Average Forward-Backward|img/s|converts|copies|rror" "$log" | grep -v "^I1\|^W1" | head -8
                 done
             done
         done ;;
@@ -41,8 +41,9 @@ for part in $PARTS; do
             echo "== speed_zoo ours, SUPERNEURONS_LAYOUT=$layout, --precisions ${PRECISIONS// /,}"
             SUPERNEURONS_LAYOUT=$layout timeout ${LAYOUT_SPEED_TIMEOUT:-150} python -m tools.bench.speed_zoo \
                 --nets "${NETS// /,}" --no-torch --precisions "${PRECISIONS// /,}" --iterations 10 --warmup 3 \
-                --out "$OUT/speed_$layout" --time-limit ${LAYOUT_SPEED_LIMIT:-120} > "$OUT/speed_$layout.log" 2>&1
-            grep -E "img/s|ResNet|VGG|rror" "$OUT/speed_$layout.log" | tail -12
+                --out "/tmp/speed_$layout" --time-limit ${LAYOUT_SPEED_LIMIT:-120} > "$OUT/speed_$layout.log" 2>&1
+            cp "/tmp/speed_$layout/speed_zoo.json" "$OUT/speed_$layout.json" 2>/dev/null
+            grep -E "^(ResNet|VGG)|rror" "$OUT/speed_$layout.log" | tail -12
         done ;;
     torch)
         echo "== PyTorch, same prototxt: fp32 channels_last and bf16 autocast channels_last"
