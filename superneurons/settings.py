@@ -110,8 +110,8 @@ _DECLARED = (
     Setting("SUPERNEURONS_LAYOUT", CHOICE, "nchw",
             "Memory layout of 4-D activations on the GPU: `nchw` everywhere (Caffe's), `nhwc` (channels last, "
             "where cuDNN's tensor-core convolutions run without transposes) for the blobs whose producer and "
-            "readers all have a channels-last path, `auto`: nhwc where the net stores half types "
-            "(graph/layout.py). Users, pycaffe and caffemodels see N,C,H,W whatever this says; the CPU keeps "
+            "readers all have a channels-last path, `auto`: nhwc for the storage types measured faster so "
+            "(graph/layout.py: none yet on an H200). Users, pycaffe and caffemodels see N,C,H,W whatever this says; the CPU keeps "
             "NCHW.", choices=("nchw", "nhwc", "auto")),
     Setting("SUPERNEURONS_CONV_BIAS_SUM", CHOICE, "auto",
             "Convolution bias gradients: `cudnn` (cudnnConvolutionBackwardBias), `own` (the per-channel sum "

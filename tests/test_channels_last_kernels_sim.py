@@ -60,6 +60,18 @@ def test_convert_both_ways_and_cast(rng, shape):
 
 
 @simulated
+def test_convert_axpy(rng):
+    """y (NCHW) += alpha * x (NHWC): a weight gradient left in its KRSC copy added into the KCRS master's."""
+    shape = (4, 3, 2, 5)
+    x, y = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    n, c, h, w = shape
+    d = cuda.to_device(y.reshape(-1).copy())
+    src = cuda.to_device(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).reshape(-1))
+    K.launch(lk.convert_axpy, y.size)(np.float32(0.5), src, d, c, h * w, True, False)
+    np.testing.assert_allclose(d.copy_to_host().reshape(shape), y + np.float32(0.5) * x, rtol=1e-6, atol=1e-6)
+
+
+@simulated
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 16, 3, 3)])
 def test_channel_sums(rng, shape):
     ops = _ops()

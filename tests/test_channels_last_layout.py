@@ -51,8 +51,10 @@ def test_nchw_unless_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
         settings.get("SUPERNEURONS_LAYOUT")
 
 
-def test_auto_is_nhwc_for_half_nets_only(monkeypatch):
+def test_auto_is_nhwc_for_the_types_measured_faster(monkeypatch):
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
+    assert _nhwc_blobs(_graph(VGG, "fp32")) == set() == _nhwc_blobs(_graph(VGG, "bf16"))  # none measured faster
+    monkeypatch.setattr(layout, "AUTO_CHANNELS_LAST", frozenset({"bfloat16"}))
     assert _nhwc_blobs(_graph(VGG, "fp32")) == set()
     assert _nhwc_blobs(_graph(VGG, "bf16")) == {"conv1", "pool1", "conv2"}
 

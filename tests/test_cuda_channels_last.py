@@ -121,7 +121,8 @@ def test_an_nhwc_net_computes_what_the_cpu_computes(gpu, nhwc, precision, monkey
 
 def test_which_ops_convert_layouts(gpu, nhwc):
     """Only where the layout changes: the first convolution reads the data layer's NCHW batch, and the pooling
-    whose top the InnerProduct flattens writes NCHW. Everything else runs on NHWC arrays as they are."""
+    whose top the InnerProduct flattens writes NCHW. Everything else runs on NHWC arrays as they are (a weight
+    gradient left in its KRSC copy goes into the KCRS master gradient in one pass, channels_last_ops.copy / axpy)."""
     from superneurons.backend.cuda import layout_conversion
 
     before = layout_conversion.conversions()

@@ -51,10 +51,16 @@ def _permuted(shape) -> bool:
     return len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
 
 
+# The storage types (Precision.name()) whose nets `auto` keeps channels last: those measured faster so. On one
+# H200 (2026-11-28, `python -m tools.bench.speed_zoo --nets resnet50,vgg16 --no-torch --precisions bf16,fp32`
+# under each SUPERNEURONS_LAYOUT, docs/ARCHITECTURE.md) NHWC trained slower in all four cases, so none yet.
+AUTO_CHANNELS_LAST: frozenset[str] = frozenset()
+
+
 def wanted(graph) -> bool:
-    """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: where it stores half types)."""
+    """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: where its type is in AUTO_CHANNELS_LAST)."""
     choice = settings.get("SUPERNEURONS_LAYOUT")
-    return choice == "nhwc" or (choice == "auto" and graph.precision.half)
+    return choice == "nhwc" or (choice == "auto" and graph.precision.name() in AUTO_CHANNELS_LAST)
 
 
 def choose(graph, layouts=(NCHW,)) -> BlobLayouts:

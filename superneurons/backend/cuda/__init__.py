@@ -80,7 +80,7 @@ class CudaBackend:
         key = id(ops)
         wrapped = self._layout_ops.get(key)
         if wrapped is None:
-            wrapped = self._layout_ops[key] = with_layout_conversion(ops)
+            wrapped = self._layout_ops[key] = with_layout_conversion(ops, half=ops is self.ops)
         return wrapped
 
     def set_workspace_source(self, source) -> None:

@@ -61,6 +61,17 @@ def copy(src, dst) -> None:
         convert(src, dst)
 
 
+def axpy(alpha: float, x, y) -> None:
+    """y += alpha * x across layouts (a weight gradient left in its KRSC working copy, added into the KCRS
+    master gradient): one pass."""
+    if layout_of(x) == layout_of(y) or x.ndim != 4:
+        basic.axpy(alpha, x, y)
+    elif y.size:
+        _n, c, h, w = y.shape
+        K.launch(lk.convert_axpy, y.size)(scalar(y, alpha), flat(x), flat(y), c, h * w, layout_of(x) == "NHWC",
+                                          layout_of(y) == "NHWC")
+
+
 def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
     rows = _rows(y, outer, dim, inner)
     if y.size:
@@ -189,5 +200,5 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
 
 
 # The ops these functions stand in for (layout.py looks them up by the op's name).
-NAMES = ("copy", "add_bias", "bias_backward", "channel_mul", "channel_mul_grad", "bn_batch_stats", "bn_normalize",
+NAMES = ("copy", "axpy", "add_bias", "bias_backward", "channel_mul", "channel_mul_grad", "bn_batch_stats", "bn_normalize",
          "bn_backward", "bn_affine_forward", "bn_affine_backward", "pool_forward", "pool_backward")

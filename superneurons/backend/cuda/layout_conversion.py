@@ -29,7 +29,7 @@ ELEMENTWISE = frozenset({
 })
 # Ops that read arguments' layouts themselves (ops/conv.py) or have a path in channels_last_ops.py.
 SELF_AWARE = frozenset({"conv_forward", "conv_backward", "conv_relu_forward"})
-DIRECT = frozenset({"copy"})  # its channels-last path takes mixed layouts itself (one conversion pass)
+DIRECT = frozenset({"copy", "axpy"})  # their channels-last paths take mixed layouts themselves (one pass)
 UNWRAPPED = frozenset({"reshape", "download", "upload", "pin_host", "upload_pinned", "upload_async", "conv_algorithm"})
 
 _logged: set = set()
@@ -73,18 +73,28 @@ def _buffer(slot: int, like: Any, layout: str) -> Any:
     return view
 
 
-def _layouts(values, out: set) -> None:
-    """Add the layouts of the 4-D arrays among `values` (and in lists among them) to `out`."""
+_BITS = {None: 0, NCHW: 2, NHWC: 1}
+
+
+def _layout_bits(values) -> int:
+    """Bit 1: an NHWC array among `values` (or in a list among them); bit 2: an NCHW one. Every op call of a
+    channels-last net asks, so this stays a loop of dictionary lookups (layouts are kept on the arrays)."""
+    bits = 0
     for v in values:
-        if v.__class__ in _PLAIN:
+        cls = v.__class__
+        if cls in _PLAIN:
             continue
-        if isinstance(v, (list, tuple)):
-            _layouts(v, out)
-        else:
-            out.add(layout_of(v))
+        if cls is list or cls is tuple:
+            bits |= _layout_bits(v)
+            continue
+        try:
+            bits |= _BITS[v.__dict__["_sn_layout"]]
+        except (KeyError, AttributeError):
+            bits |= _BITS[layout_of(v)]
+    return bits
 
 
-_PLAIN = frozenset({int, float, bool, str, type(None), np.float32, np.float64})
+_PLAIN = frozenset({int, float, bool, str, type(None), np.float32, np.float64, np.int32, np.int64, np.bool_})
 
 
 # Positional arguments the ops with a channels-last path only read: their converted copies are not written back
@@ -127,23 +137,22 @@ def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str, read_only: t
 def layout_converting(name: str, fn: Callable, channels_last_fn: Callable | None) -> Callable:
     elementwise = name in ELEMENTWISE
     path = fn if name in SELF_AWARE else channels_last_fn
+    direct = path is not None and name in DIRECT
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        layouts: set = set()
-        _layouts(args, layouts)
+        bits = _layout_bits(args)
         if kwargs:
-            _layouts(kwargs.values(), layouts)
-        layouts.discard(None)
-        if NHWC not in layouts:
+            bits |= _layout_bits(kwargs.values())
+        if not bits & 1:  # no NHWC array
             return fn(*args, **kwargs)
-        if elementwise and len(layouts) == 1:
+        if elementwise and bits == 1:
             return fn(*args, **kwargs)
-        if path is not None and name in DIRECT:
+        if direct:
             return path(*args, **kwargs)
         if path is not None:
             try:
-                if len(layouts) == 1:
+                if bits == 1:
                     return path(*args, **kwargs)
                 _note(name, "NCHW operands to NHWC copies")
                 return on_copies(path, args, kwargs, NHWC, READ_ONLY.get(name, ()))
@@ -163,11 +172,14 @@ def _note(name: str, why: str) -> None:
         _log(name, why)
 
 
-def with_layout_conversion(ops: SimpleNamespace) -> SimpleNamespace:
+def with_layout_conversion(ops: SimpleNamespace, half: bool = True) -> SimpleNamespace:
+    """`ops` wrapped (see the module docstring); `half`: the net stores half types, so the channels-last paths
+    run on float32 copies where their kernels refuse half arrays, as `ops` do (half_math.py)."""
     def path(name: str):
         if name not in channels_last_ops.NAMES:
             return None
-        return half_fallback(name, getattr(channels_last_ops, name))  # half arrays its kernels refuse: float32 copies
+        fn = getattr(channels_last_ops, name)
+        return half_fallback(name, fn) if half else fn
 
     return SimpleNamespace(**{name: fn if name in UNWRAPPED else layout_converting(name, fn, path(name))
                               for name, fn in vars(ops).items()})

@@ -58,6 +58,13 @@ def convert_cast(alpha, src, dst, c, hw, src_nhwc, dst_nhwc):
         dst[i] = alpha * src[_source(i, c, hw, src_nhwc, dst_nhwc)]
 
 
+@cuda.jit
+def convert_axpy(alpha, src, dst, c, hw, src_nhwc, dst_nhwc):
+    """dst += alpha * src across layouts."""
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] += alpha * src[_source(i, c, hw, src_nhwc, dst_nhwc)]
+
+
 # ---- per-channel sums over (rows, dim) ------------------------------------------------------------
 SUM, SUM_SQUARES, DOT = 0, 1, 2  # sums[c] (and sums[dim + c]) of x / x and x*x / x*y
 
