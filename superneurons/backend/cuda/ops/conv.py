@@ -26,7 +26,9 @@ def _nhwc(*arrays) -> bool:
 
 
 def _plan(x, w, y, geom: ConvGeometry, nhwc: bool = False):
-    return current().cudnn.conv_plan(x.shape, w.shape, y.shape, geom, x.dtype, nhwc)
+    if nhwc:
+        return current().cudnn.conv_plan(x.shape, w.shape, y.shape, geom, x.dtype, nhwc=True)
+    return current().cudnn.conv_plan(x.shape, w.shape, y.shape, geom, x.dtype)
 
 
 def conv_forward(x, w, b, y, geom: ConvGeometry, workspace=None) -> None:
