@@ -97,6 +97,10 @@ _DECLARED = (
             "Rank convolution engines by timing them on the real operands at their first call (graph API: the "
             "heuristics' first 8 precompiled plans; legacy API: cudnnFind*), as PyTorch's cudnn.benchmark; 0 "
             "takes cuDNN's heuristic ranking, as does SUPERNEURONS_CUDNN_DETERMINISTIC=1."),
+    Setting("SUPERNEURONS_CUDNN_MEASURED", INT, 8,
+            "Graph API: how many of the heuristics' precompiled plans SUPERNEURONS_CUDNN_FIND times per convolution "
+            "direction (at least 1); more may find an engine the first eight lack (NHWC's 1x1 convolutions, "
+            "docs/ARCHITECTURE.md) at the cost of a longer first iteration."),
     Setting("SUPERNEURONS_CUDNN_GRAPH", FLAG, True,
             "Run ungrouped convolutions through cuDNN's graph API (prebuilt plans); 0 uses the legacy calls."),
     Setting("SUPERNEURONS_CUDNN_DETERMINISTIC", FLAG, False,

@@ -164,3 +164,35 @@ def test_training_reaches_the_cpu_weights(tmp_path, precision):
         err_nhwc = float(np.abs(nhwc_gpu[key] - want).max()) / scale
         err_nchw = float(np.abs(nchw_gpu[key] - want).max()) / scale
         assert err_nhwc <= max(tol, 2 * err_nchw), (key, err_nhwc, err_nchw)
+
+
+def test_pycaffe_reads_and_writes_nchw(tmp_path, nhwc, rng):
+    """pycaffe's blobs of an NHWC net are N,C,H,W: a write into a channels-last blob reaches the device in that
+    order (the next layer reads it), reads match the CPU net's, and the caffemodel the GPU net saves holds the
+    CPU net's KCRS weights."""
+    import superneurons as caffe
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    caffe.set_mode_cpu()
+    cpu = caffe.Net(str(path), caffe.TRAIN)
+    cpu.save(str(tmp_path / "w.caffemodel"))
+    caffe.set_mode_gpu()
+    caffe.set_device(0)
+    try:
+        gpu = caffe.Net(str(path), str(tmp_path / "w.caffemodel"), caffe.TRAIN)
+        assert gpu._net.layout.by_key["sum"].layout == "NHWC" and gpu._net.layout.by_key["conv4"].layout == "NHWC"
+        x = rng.standard_normal(gpu.blobs["sum"].data.shape).astype(np.float32)
+        for net in (cpu, gpu):  # conv4 reads sum: run from there on the values written
+            net.blobs["sum"].data[...] = x
+            net.forward(start="conv4", end="pool3")
+        np.testing.assert_array_equal(gpu.blobs["sum"].data, x)
+        for blob in ("conv4", "pool2", "pool3"):  # TF32 convolutions on the GPU: ~1e-3 of the values
+            np.testing.assert_allclose(gpu.blobs[blob].data, cpu.blobs[blob].data, rtol=2e-2, atol=2e-2, err_msg=blob)
+        gpu.save(str(tmp_path / "g.caffemodel"))
+        caffe.set_mode_cpu()
+        back = caffe.Net(str(path), str(tmp_path / "g.caffemodel"), caffe.TRAIN)
+        for name in ("conv1", "conv2", "conv4"):
+            np.testing.assert_array_equal(back.params[name][0].data, cpu.params[name][0].data)  # KCRS kept
+    finally:
+        caffe.set_mode_cpu()

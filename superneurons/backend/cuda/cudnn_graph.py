@@ -12,7 +12,7 @@ returns the first plan whose workspace fits, building further plans only when th
 fit. A plan keeps one finalized variant pack per (a, b, out, workspace) pointer set, so a steady-state call is
 one dict lookup and one cudnnBackendExecute. With SUPERNEURONS_CUDNN_FIND=1, `measure` instead times the first
 MEASURED_PLANS precompiled candidates on the real operands at the direction's first call, as PyTorch's
-cudnn.benchmark does, and ranks those by time.
+cudnn.benchmark does, and ranks those by time (SUPERNEURONS_CUDNN_MEASURED sets how many).
 
 Enum values are cuDNN's (cudnn_graph.h, stable since 9.0). Any failure while building raises `Unsupported`;
 the caller then uses the legacy API for that direction.
@@ -56,7 +56,8 @@ _OPERATIONS = (
 )
 ALIGNMENT = 16  # bytes: every operand (and the workspace) must be this aligned to take the graph path
 _PACK_CACHE_LIMIT = 256  # variant packs per plan (memory modes other than baseline move tensors around)
-MEASURED_PLANS = 8  # candidates timed per direction when measuring (engines compiled at run time never are)
+MEASURED_PLANS = 8  # candidates timed per direction when measuring (SUPERNEURONS_CUDNN_MEASURED's default; engines
+# compiled at run time never are)
 MEASURE_RUNS = 3  # timed executions per candidate, after one untimed
 
 
@@ -342,7 +343,7 @@ class GraphDirection:
         accumulates), and rank them fastest first, ahead of the candidates not timed."""
         from numba import cuda
 
-        built, compiled = first_precompiled(self._plans, MEASURED_PLANS)
+        built, compiled = first_precompiled(self._plans, max(1, settings.get("SUPERNEURONS_CUDNN_MEASURED")))
         self.choices = Candidates(self._plans, built + compiled)
         available = workspace_source.available()
         fits = [p for p in built if p.workspace <= available]
