@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable
 
-from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, seeds_first, simulate
+from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, StepInfo, seeds_first, simulate
 from superneurons.memory.offload import (apply_offload, backward_reads, checkpoint_steps, checkpoint_tensors,
                                         delay_prefetches, first_needed, plan_offload)
 
@@ -39,69 +39,94 @@ SPEED, MEMORY = "speed", "memory"
 
 
 def droppable(program: Program, live: Liveness, kept: set[str]) -> set[str]:
-    """Forward outputs that can be freed after forward and rebuilt exactly by replay."""
+    """Forward outputs that can be freed after forward and rebuilt exactly by replay.
+
+    A candidate is replayable when every forward step that writes it can be replayed exactly in backward
+    (`_replay_until`) until the last step that may have to rebuild it (`_needed_until`). Dropping one
+    candidate makes every step that reads or writes it unreplayable, which may disqualify others: the
+    candidates are checked in key order, pass after pass, until a pass drops none. The per-step verdicts
+    are kept across passes and only the steps touching a disqualified candidate change, so a pass costs
+    O(candidates), not O(candidates x their writers' uses): a Slice of T time steps has T tops and T + 1
+    uses, and rescanning its uses per top made planning an unrolled recurrent net take minutes."""
     steps = program.steps
+    nf = program.n_forward
     cand = {k for k, ws in program.writers.items() if k not in kept and k in live.first}
-    # The forward steps that read each candidate without writing it, indexed once: scanning every step per
-    # candidate made planning a 6000-layer ResNet take minutes.
+    # The forward steps that read each candidate without writing it, and every forward step using it.
     readers: dict[str, list[int]] = {}
-    for st in steps[:program.n_forward]:
+    users: dict[str, list[int]] = {}
+    for st in steps[:nf]:
         for k in st.uses:
-            if k in cand and k not in st.writes:
-                readers.setdefault(k, []).append(st.index)
+            if k in cand:
+                users.setdefault(k, []).append(st.index)
+                if k not in st.writes:
+                    readers.setdefault(k, []).append(st.index)
+    until = {w: _replay_until(program, live, steps[w], cand, kept) for x in cand for w in program.writers[x]}
+    fixed = set()  # candidates that can never be replayed, whatever else is dropped
+    for x in cand:
+        writers = program.writers[x]
+        # A data layer's output cannot be replayed; a reader that saw an intermediate (pre in-place) value
+        # cannot be reproduced by a replay of all the writers.
+        if any(steps[w].node.layer.is_data for w in writers) or any(r < writers[-1] for r in readers.get(x, ())):
+            fixed.add(x)
     changed = True
     while changed:
         changed = False
         need = _needed_until(program, live, cand)
         for x in sorted(cand):
-            if not _replayable(program, live, x, cand, kept, steps, readers.get(x, ()), need[x]):
+            if x in fixed or min(until[w] for w in program.writers[x]) < need[x]:
                 cand.discard(x)
                 changed = True
+                for w in users.get(x, ()):
+                    # Its replay would now read (or have to rebuild) a tensor that is neither dropped nor kept.
+                    until[w] = -1
     return cand
+
+
+def _replay_until(program: Program, live: Liveness, step: StepInfo, cand: set[str], kept: set[str]) -> int:
+    """The last step at which forward `step` can still be replayed exactly, every droppable candidate being
+    dropped: the last use of the kept tensors it reads (-1: never)."""
+    until = len(program.steps)
+    writes = set(step.writes)
+    for y in step.uses:
+        written = y in writes
+        if not written and program.writers.get(y, [step.index])[-1] > step.index:
+            # A later layer rewrites the input in place (a TanH on a Flatten view of it): a replay in
+            # backward would read that value, not the one this step read.
+            return -1
+        if written:
+            if y not in cand:
+                return -1  # a writer's tops are rebuilt together or not at all
+        elif program.tensors[y].kind != "diff" and y not in cand:
+            if y not in kept:
+                return -1  # nothing brings the replay's input back
+            until = min(until, live.last.get(y, -1))  # the replay's input is gone after its last use
+    return until
 
 
 def _needed_until(program: Program, live: Liveness, cand: set[str]) -> dict[str, int]:
     """The last step at which each candidate may have to be rebuilt: its own last use, or the last use of a
     candidate whose replay reads it (softmax(pool(conv)): rebuilding the softmax for its backward replays
     the pooling too, so the convolution's output must still be there then, not only at the pooling's last
-    use). Likewise through in-place writers: rebuilding a Scale's input copy replays the BatchNorm before it."""
+    use). Likewise through in-place writers: rebuilding a Scale's input copy replays the BatchNorm before it.
+    Propagated step by step, the later steps first (dependents before their inputs), until nothing rises."""
     steps = program.steps
     need = {x: live.backward_last.get(x, live.forward_last.get(x, 0)) for x in cand}
-    order = sorted(cand, key=lambda x: program.writers[x][0], reverse=True)  # dependents before their inputs
+    writing = sorted({w for x in cand for w in program.writers[x]}, reverse=True)
     changed = True
     while changed:
         changed = False
-        for z in order:
-            for w in program.writers[z]:
-                for y in steps[w].uses:  # what the replay reads, and what it rebuilds with z (an in-place writer's
-                    if y in cand and need[y] < need[z]:  # input comes from replaying the writers before it)
-                        need[y] = need[z]
-                        changed = True
+        for w in writing:
+            st = steps[w]
+            # What a replay of this step reads, and what it rebuilds with the candidates it writes (an
+            # in-place writer's input comes from replaying the writers before it).
+            rebuilt = max((need[z] for z in st.writes if z in cand), default=None)
+            if rebuilt is None:
+                continue
+            for y in st.uses:
+                if y in cand and need[y] < rebuilt:
+                    need[y] = rebuilt
+                    changed = True
     return need
-
-
-def _replayable(program: Program, live: Liveness, x: str, cand: set[str], kept: set[str], steps,
-                readers: Iterable[int], need_until: int) -> bool:
-    writers = program.writers[x]
-    if any(steps[w].node.layer.is_data for w in writers):
-        return False
-    last_writer = writers[-1]
-    if any(r < last_writer for r in readers):
-        return False  # someone read an intermediate (pre in-place) value: a replay cannot reproduce it
-    for w in writers:
-        for y in steps[w].uses:
-            if y not in steps[w].writes and program.writers.get(y, [w])[-1] > w:
-                # A later layer rewrites the input in place (a TanH on a Flatten view of it): a replay in
-                # backward would read that value, not the one this writer read.
-                return False
-            kind = program.tensors[y].kind
-            if y in steps[w].writes:
-                if y not in cand:
-                    return False  # a writer's tops are rebuilt together or not at all
-            elif kind != "diff" and y not in cand:
-                if y not in kept or live.last.get(y, -1) < need_until:
-                    return False  # the replay's input would be gone by then
-    return True
 
 
 class RecomputePlanner:
