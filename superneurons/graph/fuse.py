@@ -15,6 +15,8 @@ A pass knows a layer's class by its type name, registered for that class (layers
 """
 from __future__ import annotations
 
+import bisect
+from collections import Counter
 from typing import TYPE_CHECKING, cast
 
 from superneurons.graph.fusions import ConcatSlice, Fusions, Match
@@ -78,19 +80,20 @@ def fuse_batch_norm_chains(nodes: list["Node"], shapes: dict[str, tuple[int, ...
     `Fusions.internal_blobs`) and the BatchNorm writes y into the blob the net names; without a producer to
     split from (in place on a net input, say) the fused layer keeps x_hat instead, which forward writes
     beside y: one pass more."""
+    touchers = _Touchers(nodes)
     for i, bn in enumerate(nodes):
         if bn.layer.type_name != "BatchNorm" or len(bn.tops) != 1:
             continue
         blob = bn.tops[0]
-        j = _next_toucher(nodes, i, blob)
+        j = touchers.next(i, blob)
         if j is None or not _is_fusable_scale(bn, nodes[j], blob):
             continue
         scale = nodes[j]
-        k = _next_toucher(nodes, j, blob)
+        k = touchers.next(j, blob)
         relu = nodes[k] if k is not None and _is_fusable_relu(bn, nodes[k], blob) else None
         # Nets of the TEST phase never run backward (runtime.Net(train=phase == TRAIN)): keep nothing.
         keep = bn.need_backward and bn.layer.phase == pb.TRAIN
-        separate = keep and _separate_input(nodes, i, shapes, fusions)
+        separate = keep and _separate_input(nodes, touchers, i, shapes, fusions)
         members = [n for n in (scale, relu) if n is not None]
         fused = BatchNormScaleReLU(cast("BatchNorm", bn.layer), cast("Scale", scale.layer),
                                    cast("ReLU", relu.layer) if relu is not None else None, keep,
@@ -99,7 +102,8 @@ def fuse_batch_norm_chains(nodes: list["Node"], shapes: dict[str, tuple[int, ...
                     {bn.name: fused, **{n.name: Absorbed(n.layer, forward=True, backward=True) for n in members}})
 
 
-def _separate_input(nodes: list["Node"], i: int, shapes: dict[str, tuple[int, ...]], fusions: Fusions) -> bool:
+def _separate_input(nodes: list["Node"], touchers: _Touchers, i: int, shapes: dict[str, tuple[int, ...]],
+                    fusions: Fusions) -> bool:
     """Take BatchNorm node `i` out of place where the layer before it on its blob made the blob: that
     producer's top and the BatchNorm's bottom become a new blob, `<blob>/bn_input`. The BatchNorm then
     keeps its input for backward instead of writing x_hat beside y (one pass less forward, the same bytes
@@ -109,7 +113,7 @@ def _separate_input(nodes: list["Node"], i: int, shapes: dict[str, tuple[int, ..
     blob = bn.tops[0]
     if not _in_place_on(bn, blob):
         return False
-    j = _previous_toucher(nodes, i, blob)
+    j = touchers.previous(i, blob)
     if j is None:
         return False
     producer = nodes[j]
@@ -123,6 +127,7 @@ def _separate_input(nodes: list["Node"], i: int, shapes: dict[str, tuple[int, ..
         name = f"{blob}/bn_input{n}"
     producer.tops[producer.tops.index(blob)] = name
     bn.bottoms[0] = name
+    touchers.renamed(nodes, (j, i), blob, name)
     shapes[name] = shapes[blob]
     fusions.internal_blobs[name] = blob
     return True
@@ -151,6 +156,7 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"], fusions: Fusions) -> N
     its own step that propagates to its bottom, in place, whose output a max Pooling with one top (no mask
     top, which holds Caffe's plain argmax) is the only and last reader of, and only where the pooling shrinks
     the activation: recompute may keep the argmax buffer where it used to keep the activation."""
+    touchers = _Touchers(nodes)
     for i, relu in enumerate(nodes):
         if relu.layer.type_name != "ReLU" or len(relu.tops) != 1 or not relu.need_backward \
                 or not relu.propagate_down[0]:
@@ -159,8 +165,8 @@ def fuse_relu_backward_into_max_pool(nodes: list["Node"], fusions: Fusions) -> N
         relu_layer = cast("ReLU", relu.layer)
         if not _in_place_on(relu, blob) or relu_layer.slope < 0 or fusions.backward_owner(relu.name) is not None:
             continue
-        j = _next_toucher(nodes, i, blob)
-        if j is None or _next_toucher(nodes, j, blob) is not None:
+        j = touchers.next(i, blob)
+        if j is None or touchers.next(j, blob) is not None:
             continue  # the pooling must be the blob's last reader
         pool = nodes[j]
         if pool.layer.type_name != "Pooling" or cast("Pooling", pool.layer).geom.method != "max" \
@@ -183,17 +189,19 @@ def find_concat_slices(nodes: list["Node"], fusions: Fusions) -> None:
     batch under 12 GiB fell from 1784 to 1624 by the planner with it on in every mode). Only for a ReLU whose
     backward runs in its own step, in place on a blob it writes last before the Concat, which reads it once
     and is its last reader, with negative_slope >= 0, both running backward into that bottom."""
+    touchers = _Touchers(nodes)
     for i, concat in enumerate(nodes):
         if concat.layer.type_name != "Concat" or not concat.need_backward or len(concat.tops) != 1 \
                 or concat.tops[0] in concat.bottoms:
             continue
         layer = cast("Concat", concat.layer)
         taken = []
+        reads = Counter(concat.bottoms)
         for j, blob in enumerate(concat.bottoms):
-            if not concat.propagate_down[j] or concat.bottoms.count(blob) != 1 \
-                    or _next_toucher(nodes, i, blob) is not None:
+            if not concat.propagate_down[j] or reads[blob] != 1 \
+                    or touchers.next(i, blob) is not None:
                 continue  # the Concat must read the blob once, and last
-            k = _previous_toucher(nodes, i, blob)
+            k = touchers.previous(i, blob)
             if k is None:
                 continue
             relu = nodes[k]
@@ -213,30 +221,43 @@ def find_concat_slices(nodes: list["Node"], fusions: Fusions) -> None:
 def _trailing_relus(nodes: list["Node"], owns) -> list[tuple["Node", "Node"]]:
     """(node, ReLU) for every node that `owns` accepts whose one top the ReLU touches next, in place."""
     found = []
+    touchers = _Touchers(nodes)
     for i, node in enumerate(nodes):
         if not owns(node) or len(node.tops) != 1:
             continue
         blob = node.tops[0]
-        j = _next_toucher(nodes, i, blob)
+        j = touchers.next(i, blob)
         if j is not None and _is_fusable_relu(node, nodes[j], blob):
             found.append((node, nodes[j]))
     return found
 
 
-def _next_toucher(nodes: list["Node"], i: int, blob: str) -> int | None:
-    """The first node after `i` in route order that reads or writes `blob`."""
-    for j in range(i + 1, len(nodes)):
-        if blob in nodes[j].bottoms or blob in nodes[j].tops:
-            return j
-    return None
+class _Touchers:
+    """The route indexes of the nodes that read or write each blob, ascending: the next or previous node on a
+    blob is a bisection, not a scan of the route (which made fusing an unrolled recurrent net quadratic)."""
 
+    def __init__(self, nodes: list["Node"]):
+        self.at: dict[str, list[int]] = {}
+        for i, n in enumerate(nodes):
+            for blob in dict.fromkeys([*n.bottoms, *n.tops]):
+                self.at.setdefault(blob, []).append(i)
 
-def _previous_toucher(nodes: list["Node"], i: int, blob: str) -> int | None:
-    """The last node before `i` in route order that reads or writes `blob`."""
-    for j in range(i - 1, -1, -1):
-        if blob in nodes[j].bottoms or blob in nodes[j].tops:
-            return j
-    return None
+    def next(self, i: int, blob: str) -> int | None:
+        """The first node after `i` in route order that reads or writes `blob`."""
+        at = self.at.get(blob, [])
+        k = bisect.bisect_right(at, i)
+        return at[k] if k < len(at) else None
+
+    def previous(self, i: int, blob: str) -> int | None:
+        """The last node before `i` in route order that reads or writes `blob`."""
+        at = self.at.get(blob, [])
+        k = bisect.bisect_left(at, i)
+        return at[k - 1] if k else None
+
+    def renamed(self, nodes: list["Node"], changed: tuple[int, ...], old: str, new: str) -> None:
+        """Nodes `changed` (ascending) now name `new` where they named `old`."""
+        self.at[new] = list(changed)
+        self.at[old] = [i for i in self.at[old] if i not in changed or old in nodes[i].bottoms or old in nodes[i].tops]
 
 
 def _in_place_on(node: "Node", blob: str) -> bool:

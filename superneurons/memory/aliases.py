@@ -66,12 +66,15 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
     seeded = set(seeds)
     consumers: dict[str, list[int]] = {}  # blob -> route indexes of the nodes reading it
     first_seen: dict[str, int] = {}  # blob -> first route index naming it (as top or bottom)
+    # node -> the bottoms its backward writes a gradient of (a set: a Concat of T time steps reads T blobs)
+    propagated: dict[str, set[str]] = {}
     for i, n in enumerate(nodes):
         for b in n.bottoms:
             consumers.setdefault(b, []).append(i)
             first_seen.setdefault(b, i)
         for t in n.tops:
             first_seen.setdefault(t, i)
+        propagated[n.name] = {b for b, pd in zip(n.bottoms, propagate_down[n.name]) if pd}
 
     def rewritten(blob: str, after: int) -> bool:
         """Some consumer after route index `after` overwrites `blob`'s gradient in every backward pass (an
@@ -81,7 +84,7 @@ def diff_aliases(graph: Graph, need_backward: dict[str, bool], propagate_down: d
             node = nodes[c]
             if c <= after or not need_backward[node.name] or blob in node.tops:
                 continue
-            if not any(pd and b == blob for b, pd in zip(node.bottoms, propagate_down[node.name])):
+            if blob not in propagated[node.name]:
                 continue
             if not node.layer.shares_diff or any(rewritten(t, c) for t in node.tops):
                 return True

@@ -13,6 +13,7 @@ running it is O(actions) per step.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,3 +266,16 @@ def simulate(program: Program, schedule: Schedule, run_extra: list[int] | None =
                 live.discard(arg)
                 cur -= sizes[arg]
     return Trace(out_b, out_c, out_r)
+
+
+class OverLimit:
+    """Which steps of a trace exceed a byte limit, asked of a range of steps in O(1) (a prefix count of the
+    steps over it): the planners ask it for every tensor's span, and scanning each span made planning a
+    long unrolled recurrent net quadratic in its steps."""
+
+    def __init__(self, trace: list[int], limit: int):
+        self._before = list(itertools.accumulate((b > limit for b in trace), initial=0))
+
+    def within(self, start: int, stop: int) -> bool:
+        """Whether a step of range(start, stop) exceeds the limit."""
+        return stop > start and self._before[stop] > self._before[start]

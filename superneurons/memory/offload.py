@@ -17,7 +17,7 @@ import bisect
 from typing import Any, Hashable, Iterable
 
 from superneurons.errors import UserError
-from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, Program, Schedule, simulate
+from superneurons.memory.liveness import OFFLOAD, PREFETCH, Liveness, OverLimit, Program, Schedule, simulate
 from superneurons.memory.pool import HeapPool, format_bytes, round_up
 from superneurons.memory.tensors import DATA, tensor_key
 
@@ -99,9 +99,20 @@ def one_checkpoint_ahead(program: Program, types: Iterable[str]):
 
 
 def apply_offload(schedule: Schedule, moves: dict[str, tuple[int, int]]) -> None:
-    for k, (off, back) in moves.items():
+    for k, (off, _back) in moves.items():
         schedule.after[off].append((OFFLOAD, k))
-        schedule.before[back].insert(0, (PREFETCH, k))
+    _prefetch_first(schedule, moves)
+
+
+def _prefetch_first(schedule: Schedule, moves: dict[str, tuple[int, int]]) -> None:
+    """Put each move's prefetch first before its `back` step, the later in `moves` the earlier. Each step's
+    list is extended once: inserting one by one shifted the first backward step's list, which holds every
+    tensor brought back there, once per tensor."""
+    at: dict[int, list[tuple[str, Any]]] = {}
+    for k, (_off, back) in moves.items():
+        at.setdefault(back, []).append((PREFETCH, k))
+    for back, acts in at.items():
+        schedule.before[back][:0] = reversed(acts)
 
 
 def delay_prefetches(program: Program, schedule: Schedule, moves: dict[str, tuple[int, int]],
@@ -110,15 +121,15 @@ def delay_prefetches(program: Program, schedule: Schedule, moves: dict[str, tupl
     to its use (`due[k]`) over `limit` bytes is brought back just before its use instead. The copy is then
     less hidden, but the plan stays at `limit` where it can (`moves` is updated in place)."""
     while True:
-        peak = simulate(program, schedule).bytes
-        late = {k: (off, back) for k, (off, back) in moves.items()
-                if back < due[k] and max(peak[back:due[k]]) > limit}
+        over = OverLimit(simulate(program, schedule).bytes, limit)
+        late = {k: (off, due[k]) for k, (off, back) in moves.items() if over.within(back, due[k])}
         if not late:
             return
-        for k, (off, back) in late.items():
-            schedule.before[back].remove((PREFETCH, k))
-            schedule.before[due[k]].insert(0, (PREFETCH, k))
-            moves[k] = (off, due[k])
+        gone = {(PREFETCH, k) for k in late}
+        for back in {moves[k][1] for k in late}:
+            schedule.before[back] = [a for a in schedule.before[back] if a not in gone]
+        moves.update(late)
+        _prefetch_first(schedule, late)
 
 
 class HostMemoryError(UserError):

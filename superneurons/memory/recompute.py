@@ -31,7 +31,8 @@ from __future__ import annotations
 import bisect
 from typing import Iterable
 
-from superneurons.memory.liveness import ALLOC, FREE, RUN, Liveness, Program, Schedule, StepInfo, seeds_first, simulate
+from superneurons.memory.liveness import (ALLOC, FREE, RUN, Liveness, OverLimit, Program, Schedule, StepInfo,
+                                         seeds_first, simulate)
 from superneurons.memory.offload import (apply_offload, backward_reads, checkpoint_steps, checkpoint_tensors,
                                         delay_prefetches, first_needed, plan_offload)
 
@@ -60,7 +61,7 @@ def droppable(program: Program, live: Liveness, kept: set[str]) -> set[str]:
                 users.setdefault(k, []).append(st.index)
                 if k not in st.writes:
                     readers.setdefault(k, []).append(st.index)
-    until = {w: _replay_until(program, live, steps[w], cand, kept) for x in cand for w in program.writers[x]}
+    until = {w: _replay_until(program, live, steps[w], cand, kept) for w in {w for x in cand for w in program.writers[x]}}
     fixed = set()  # candidates that can never be replayed, whatever else is dropped
     for x in cand:
         writers = program.writers[x]
@@ -196,9 +197,9 @@ class RecomputePlanner:
         strategy = {g: SPEED for g in segs}
         for _ in range(len(segs) + 1):
             sched, spans = self._build(strategy)
-            trace = simulate(self.p, sched)
+            over = OverLimit(simulate(self.p, sched).bytes, self.limit)
             worse = [g for g, span in spans.items()
-                     if strategy[g] == SPEED and span and max(trace.bytes[s] for s in span) > self.limit]
+                     if strategy[g] == SPEED and any(over.within(a, b) for a, b in span)]
             if not worse:
                 break
             for g in worse:
@@ -218,9 +219,9 @@ class RecomputePlanner:
                 if p.tensors[k].kind == "diff" and k not in p.pinned:
                     uses.setdefault(k, []).append(st.index)
         parked: dict[str, tuple[int, int]] = {}
+        over = OverLimit(trace, self.limit)
         for k, at in uses.items():
-            waits = [(b - a, a, b) for a, b in zip(at, at[1:])
-                     if b > a + 1 and max(trace[a + 1:b]) > self.limit]
+            waits = [(b - a, a, b) for a, b in zip(at, at[1:]) if over.within(a + 1, b)]
             if waits:
                 _, a, b = max(waits)
                 parked[k] = (a, b)
@@ -236,7 +237,7 @@ class RecomputePlanner:
             last[k] = live.forward_last[k]  # dropped once forward is done with it
         sched = live.schedule(last)
         on = set(p.resident)
-        spans: dict[int, set[int]] = {}
+        spans: dict[int, list[tuple[int, int]]] = {}  # segment -> the step ranges it keeps rebuilt tensors over
         reads_at: dict[str, int] = {}  # kept tensor -> earliest step a replay reads it
         extra = 0
         for s in range(len(p.steps)):
@@ -255,12 +256,12 @@ class RecomputePlanner:
                     runs = self._closure(targets, on)
                     extra += len(runs)
                     replay += self._replay(runs, targets, on, reads_at, s)
-                    span = spans.setdefault(g, set())
+                    span = spans.setdefault(g, [])
                     for k in targets:
                         # speed: keep until the last backward use; memory: only for this step
                         until = self.bwd_uses[k][-1] if strategy[g] == SPEED else s
                         sched.after[until].append((FREE, k))
-                        span.update(range(s, until + 1))
+                        span.append((s, until + 1))
                 sched.before[s][:0] = replay
             for op, k in sched.before[s]:
                 if op == ALLOC:
