@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import pytest
 
@@ -191,3 +192,27 @@ def test_alexnet_budget_picks_auto_mode_or_says_what_is_needed(capsys, tmp_path)
     assert main(["memory", "--model", ALEXNET, "--batch", "200", "--gpu-memory", "1G"]) == 1
     err = capsys.readouterr().err
     assert "cannot hold even the recompute plan" in err and "'norm1' (backward)" in err and "1161600000" in err
+
+
+def _plan_seconds(steps: int) -> float:
+    """CPU seconds to build and plan (every mode) an LSTM unrolled over `steps` time steps; the best of two."""
+    from superneurons.graph.build import build_graph
+    from superneurons.proto import superneurons_pb2 as pb
+    from tools.bench.recurrent import lstm_net
+
+    best = float("inf")
+    for _ in range(2):
+        start = time.process_time()
+        make_plan(build_graph(lstm_net(steps, 2, 4, 4), pb.TRAIN), train=True)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def test_planning_an_unrolled_lstm_takes_time_linear_in_its_steps():
+    # Each time step is ~6 layers and the unrolled net has one Slice and one Concat over all steps: a planner
+    # pass that rescans them per step, or scans the route per layer, is quadratic (or worse) in T. Linear
+    # planning takes ~8x as long at 8x the steps (on a loaded 2-core machine, 0.15 s and 1.3 s), quadratic ~64x;
+    # the bound leaves room for noise. CPU time, so other processes on the machine do not count.
+    _plan_seconds(8)  # imports
+    small, large = _plan_seconds(64), _plan_seconds(512)
+    assert large < 24 * small, f"T=64: {small:.3f} s, T=512: {large:.3f} s ({large / small:.1f}x for 8x the steps)"
