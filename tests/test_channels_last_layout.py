@@ -127,3 +127,36 @@ def test_bytes_are_the_same_in_either_layout(monkeypatch):
     after = {s.key: s.nbytes for s in declare_tensors(graph, train=True, layouts=layout.choose(graph, GPU_LAYOUTS)).specs}
     assert before == after
     assert np.dtype(BFLOAT16).itemsize == 2
+
+
+def test_the_profiler_counts_each_layers_layout_conversions():
+    """`superneurons time` shows, per layer, the op calls that converted layouts (a backend that counts them:
+    CudaBackend.layout_conversions); here a CPU backend given a counter that the InnerProduct's forward bumps."""
+    from superneurons.backend.cpu import CpuBackend
+    from superneurons.commands.time import memory_column, to_json
+    from superneurons.runtime.net import Net
+    from superneurons.runtime.profiler import Profiler
+
+    backend, count = CpuBackend(), [0]
+    backend.layout_conversions = lambda: count[0]
+    net = Net(_graph(VGG), backend)
+    fc = next(n.layer for n in net.graph.nodes if n.name == "fc")
+    plain = fc.forward
+
+    def forward(bottom, top):
+        count[0] += 1
+        plain(bottom, top)
+
+    fc.forward = forward
+    profile = Profiler(net).run(3)
+    by_name = {t.name: t for t in profile.layers}
+    assert by_name["fc"].layout_conversions == 3
+    assert all(t.layout_conversions == 0 for name, t in by_name.items() if name != "fc")
+    assert "layout conversions 1" in memory_column(by_name["fc"], 3)
+    assert memory_column(by_name["conv2"], 3) == "-" or "layout" not in memory_column(by_name["conv2"], 3)
+
+    class Args:
+        iterations, memory = 3, "baseline"
+
+    row = next(r for r in to_json(profile, "t", Args)["layers"] if r["name"] == "fc")
+    assert row["layout_conversions"] == 1

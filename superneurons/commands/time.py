@@ -117,7 +117,7 @@ def to_json(profile, name: str, args) -> dict:
                     "forward_live_bytes": t.forward_live_bytes, "backward_live_bytes": t.backward_live_bytes,
                     "algo": t.algo,
                     "forward_memory_ms": mean(t.forward_memory_ms), "backward_memory_ms": mean(t.backward_memory_ms),
-                    "replay_ms": t.replay_ms / n,
+                    "replay_ms": t.replay_ms / n, "layout_conversions": t.layout_conversions / n,
                     "forward_actions": per_iter(t.forward_actions),
                     "backward_actions": per_iter(t.backward_actions)} for t in profile.layers],
         "summary": profile.summary(), "peak_bytes": profile.peak_bytes, "pool_bytes": profile.pool_bytes,
@@ -146,6 +146,8 @@ def format_actions(actions: dict[str, int], iterations: int) -> str:
 def memory_column(t, iterations: int) -> str:
     f, b = format_actions(t.forward_actions, iterations), format_actions(t.backward_actions, iterations)
     parts = ([f"F: {f}"] if f else []) + ([f"B: {b}"] if b else [])
+    if t.layout_conversions:  # op calls that converted NCHW <-> NHWC arrays (graph/layout.py)
+        parts.append(f"layout conversions {_count(t.layout_conversions / max(1, iterations))}")
     return "; ".join(parts) or "-"
 
 

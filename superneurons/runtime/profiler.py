@@ -43,6 +43,9 @@ class LayerTiming:
     forward_actions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_COUNTERS, 0))
     backward_actions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_COUNTERS, 0))
     replay_ms: float = 0.0  # total time this layer's forward ran as a recomputation replay
+    # Op calls of this layer's steps that converted arrays between memory layouts (graph/layout.py), summed over
+    # the timed iterations (0 on a backend that keeps one layout).
+    layout_conversions: int = 0
 
     @property
     def forward_avg(self) -> float:
@@ -98,18 +101,23 @@ class Profiler:
         self.sync = net.backend.synchronize if net.backend.asynchronous else None
         self.timings = {n.name: LayerTiming(n.name, n.layer.type_name) for n in net.graph.nodes}
         self._layer_ms = 0.0   # the current iteration's sums
+        # The backend's count of layout conversions so far, where it has one (channels-last tensors on the GPU).
+        self._conversions = getattr(net.backend, "layout_conversions", None)
         self._memory_ms = 0.0
 
     def _wrap(self, layer: Any, timing: LayerTiming) -> None:
         pool, sync, ctx = self.net.pool, self.sync, self.net.ctx
         fwd, bwd = layer.forward, layer.backward
         clock = time.perf_counter
+        conversions = self._conversions or (lambda: 0)
 
         def forward(bottom, top):
             if sync:
                 sync()
+            c0 = conversions()
             t0 = clock()
             fwd(bottom, top)
+            timing.layout_conversions += conversions() - c0
             if sync:
                 sync()
             ms = (clock() - t0) * 1e3
@@ -123,8 +131,10 @@ class Profiler:
         def backward(top, top_diff, propagate_down, bottom, bottom_diff, **kwargs):
             if sync:
                 sync()
+            c0 = conversions()
             t0 = clock()
             bwd(top, top_diff, propagate_down, bottom, bottom_diff, **kwargs)  # e.g. `accumulate` (a split blob)
+            timing.layout_conversions += conversions() - c0
             if sync:
                 sync()
             ms = (clock() - t0) * 1e3

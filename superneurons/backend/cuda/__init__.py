@@ -83,6 +83,12 @@ class CudaBackend:
             wrapped = self._layout_ops[key] = with_layout_conversion(ops, half=ops is self.ops)
         return wrapped
 
+    def layout_conversions(self) -> int:
+        """Op calls so far that converted arrays between NCHW and NHWC (layout_conversion.py; the profiler's)."""
+        from superneurons.backend.cuda.layout_conversion import conversions
+
+        return sum(conversions().values())
+
     def set_workspace_source(self, source) -> None:
         """Where convolutions take cuDNN workspace from (a base.WorkspaceSource); None: the default
         FixedWorkspace (one private buffer of at most `workspace_limit` bytes)."""
