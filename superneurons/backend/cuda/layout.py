@@ -1,18 +1,18 @@
 """Channels-last (NHWC) tensors on the GPU: which layout an array has, and the conversion between layouts.
 
-A net whose graph/layout.py decision stores some 4-D blobs NHWC runs its ops through layout_conversion.py's `with_layout_conversion`.
-Its arrays keep the logical shape (N, C, H, W); an NHWC one has strides (H*W*C, 1, W*C, C) (device.make), and
+A net whose graph/layout.py decision stores some 4-D blobs NHWC runs its ops through layout_conversion.py's
+`with_layout_conversion`. Its arrays keep the logical shape (N, C, H, W); an NHWC one has strides (H*W*C, 1, W*C, C) (device.make), and
 `flat` gives its memory in (N, H, W, C) order. For each call the wrapper looks at the 4-D arrays:
 - none stored channels last: the op runs as it is;
 - an elementwise op (`ELEMENTWISE`) whose 4-D arrays share one layout: as it is (flat views line up);
 - an op with a channels-last path (ops/conv.py's, and channels_last_ops.py's for pooling, bias, Scale and
-  BatchNorm) runs it;
-  a 4-D array of the other layout among its arguments is converted to an NHWC copy first (the first convolution
-  reads the data layer's NCHW batch; its weight may be the float32 master) and written back afterwards;
+  BatchNorm) runs it; a 4-D array of the other layout among its arguments is converted to an NHWC copy first
+  (the first convolution reads the data layer's NCHW batch) and, unless the op only reads it, written back;
+- copy and axpy across layouts (a weight master and its KRSC working copy) convert in their one pass;
 - any other op, or a path that refuses its arguments (`LayoutUnsupported`, raised before any work: a Scale over
   other axes): on NCHW copies of its NHWC arrays, written back afterwards.
-Copies live in buffers of layout_conversion.py, beside the pool (like half_math's). The first conversion of each op and
-argument layouts logs one line, and `conversions()` counts them per op for the profiler.
+Copies live in buffers of layout_conversion.py, beside the pool (like half_math's). The first conversion of each
+op and reason logs one line, and `conversions()` counts them per op for the profiler.
 
 A 4-D array whose layouts coincide in memory (one channel, or 1x1 planes) counts as either.
 """
