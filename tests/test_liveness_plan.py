@@ -142,8 +142,9 @@ def test_l_i_counts_inputs_outputs_buffers_and_diffs():
     s = next(st for st in p.steps if st.node.name == "fa" and st.phase == "backward")
     # InnerProduct backward: bottom (fc1 view -> root fc1), top diff, bottom diff (the Split's first top
     # gradient; the second top, read later in forward and so written first in backward, is the one that
-    # shares the Split's bottom gradient's memory: root fc1@diff).
-    assert set(s.uses) == {"fc1", "fa@diff", "fc1_relu1_0_split_0@diff"}
+    # shares the Split's bottom gradient's memory: root fc1@diff), and the net's scratch region, which every
+    # step counts (the bias gradient sums into it).
+    assert set(s.uses) == {"fc1", "fa@diff", "fc1_relu1_0_split_0@diff", "#scratch"}
     assert p.root["fc1_relu1_0_split_1@diff"] == "fc1@diff"
     assert plan.layer_bytes[s.index] == sum(p.tensors[k].nbytes for k in s.uses)
 
@@ -168,8 +169,10 @@ def test_alexnet_batch_200_json(capsys):
     assert m["baseline"] > m["liveness"] > m["offload"] > m["recompute"]
     lmax = doc["max_layer"]
     assert (lmax["name"], lmax["phase"]) == ("norm1", "backward")
-    # LRN1 backward: bottom, top, scale buffer, top diff, bottom diff, 200x96x55x55 floats each.
-    assert lmax["bytes"] == 5 * 200 * 96 * 55 * 55 * 4
+    # LRN1 backward: bottom, top, scale buffer, top diff, bottom diff, 200x96x55x55 floats each, and the net's
+    # scratch region, which every step counts: fc6's and fc7's bias gradients sum 4096 channels in pairs of float64.
+    assert doc["scratch_bytes"] == 2 * 4096 * 8
+    assert lmax["bytes"] == 5 * 200 * 96 * 55 * 55 * 4 + doc["scratch_bytes"]
     assert lmax["bytes"] <= m["recompute"] <= 1.05 * lmax["bytes"]
     assert doc["modes"]["recompute"]["extra_forward_steps"] > 0
     assert doc["modes"]["offload"]["offloaded_bytes"] > 0
@@ -191,7 +194,7 @@ def test_alexnet_budget_picks_auto_mode_or_says_what_is_needed(capsys, tmp_path)
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert main(["memory", "--model", ALEXNET, "--batch", "200", "--gpu-memory", "1G"]) == 1
     err = capsys.readouterr().err
-    assert "cannot hold even the recompute plan" in err and "'norm1' (backward)" in err and "1161600000" in err
+    assert "cannot hold even the recompute plan" in err and "'norm1' (backward)" in err and str(1161600000 + 2 * 4096 * 8) in err
 
 
 def _plan_seconds(steps: int) -> float:

@@ -141,6 +141,8 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
              f"Parameters + gradients + solver history (resident, not below): {format_bytes(plan.param_bytes)}; "
              f"streamed from the host instead, each step holds only its own (recompute then peaks at "
              f"{_mib(plan.streamed_peak('recompute'))} with them)",
+             f"Scratch of the ops' float64 sums (resident, counted in every step below): "
+             f"{format_bytes(doc['scratch_bytes'])}",
              f"max(l_i) = {_mib(mx['bytes'])} at {mx['name']} ({mx['phase']})",
              "pool needed: the smallest --gpu-memory the mode trains in (parameters resident, or streamed where "
              "that needs less); a smaller pool is refused at setup", ""]

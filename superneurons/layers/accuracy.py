@@ -2,6 +2,7 @@
 ties with the true class count against it). An optional second top holds the accuracy of each class."""
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import Layer, canonical_axis, register
 from superneurons.layers.softmax import axis_split
 from superneurons.layers.softmax_loss import check_label_count, run_label_op
@@ -33,8 +34,11 @@ class Accuracy(Layer):
     def backward_needs(self):
         return frozenset()
 
+    def scratch_entries(self):
+        return need.accuracy_sums(self.dims[1])
+
     def forward(self, bottom, top):
         ops = self.ops
         run_label_op(self, ops.accuracy_forward, ops.reshape(bottom[0], self.dims),
                      ops.reshape(bottom[1], self.label_dims), self.top_k, self.ignore_label, top[0],
-                     top[1] if len(top) > 1 else None)
+                     top[1] if len(top) > 1 else None, scratch=self.ctx.scratch)

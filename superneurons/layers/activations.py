@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, NEEDS_TOP, Layer, count, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -191,6 +192,9 @@ class PReLU(Layer):
     def backward_needs(self):
         return frozenset() if self.saved_x is not None else frozenset({NEEDS_BOTTOM})
 
+    def scratch_entries(self):
+        return need.row_sums(self.dims[1])  # the slope gradient's per-channel sums
+
     def forward(self, bottom, top):
         if self.saved_x is not None:
             self.ops.copy(bottom[0], self.saved_x.array)
@@ -199,6 +203,7 @@ class PReLU(Layer):
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         x = self.saved_x.array if self.saved_x is not None else bottom[0]
         # The slope's gradient first: in place, the bottom diff is the top diff.
-        self.ops.prelu_backward(x, self.slope.data, top_diff[0], None, self.slope.diff, *self.dims)
+        self.ops.prelu_backward(x, self.slope.data, top_diff[0], None, self.slope.diff, *self.dims,
+                                scratch=self.ctx.scratch)
         if propagate_down[0]:
             self.ops.prelu_backward(x, self.slope.data, top_diff[0], bottom_diff[0], None, *self.dims)

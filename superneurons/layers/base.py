@@ -181,6 +181,13 @@ class Layer:
         """Check bottoms, declare params and buffers, return the top shapes."""
         raise NotImplementedError
 
+    def scratch_entries(self) -> int:
+        """The float64 entries this layer's ops sum into at once, in forward or backward (backend/scratch.py, one
+        function per kind of sum, from the layer's shapes). The Net plans one scratch region of the largest need
+        of its layers (memory/tensors.py: `#scratch`) and the layers pass it to those ops (`scratch=`, from
+        `self.ctx.scratch`). Default: none."""
+        return 0
+
     def backward_needs(self) -> frozenset[str]:
         """Which of NEEDS_BOTTOM / NEEDS_TOP the backward reads. Default: both (always safe)."""
         return frozenset({NEEDS_BOTTOM, NEEDS_TOP})

@@ -9,6 +9,7 @@ graph/fuse.py may fuse it with the Scale (and ReLU) after it: layers/fused/batch
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, count, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -48,6 +49,9 @@ class BatchNorm(Layer):
         self.shape = tuple(shape)
         return [shape]
 
+    def scratch_entries(self):
+        return need.row_sums(self.channels)  # the batch statistics' and the backward's per-channel sums
+
     def backward_needs(self):
         if self.use_global_stats or self.saved_x is not None:
             return frozenset()
@@ -63,7 +67,7 @@ class BatchNorm(Layer):
         else:
             if self.saved_x is not None:
                 ops.copy(x, self.saved_x.array)
-            ops.bn_batch_stats(x, mean, var, *dims)
+            ops.bn_batch_stats(x, mean, var, *dims, scratch=self.ctx.scratch)
             if not self.ctx.recomputing:  # a replayed forward has folded this batch in already
                 ops.bn_running_update(self.mean_sum.data, self.var_sum.data, self.scale_factor.data, mean, var,
                                       self.maf, self.var_correction)
@@ -78,4 +82,5 @@ class BatchNorm(Layer):
             ops.channel_mul(top_diff[0], self.inv_std.array, bottom_diff[0], *dims)
         else:
             x = self.saved_x.array if self.saved_x is not None else bottom[0]
-            ops.bn_backward(x, self.mean.array, self.inv_std.array, top_diff[0], bottom_diff[0], *dims)
+            ops.bn_backward(x, self.mean.array, self.inv_std.array, top_diff[0], bottom_diff[0], *dims,
+                            scratch=self.ctx.scratch)

@@ -5,6 +5,7 @@ viewed as (N, everything else)): a row picked twice gets both gradients, a row n
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, count, register
 
@@ -28,9 +29,12 @@ class BatchReindex(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})  # the indices say where each row's gradient goes
 
+    def scratch_entries(self):
+        return need.total()  # the count of bad indices (the gather and scatter take no bias)
+
     def _run(self, op, *args):
         try:
-            op(*args)
+            op(*args, scratch=self.ctx.scratch)
         except UserError as e:
             raise self.fail(f"{e} in bottom {self.param.bottom[1]!r} (the batch has {self.rows} items)") from None
 

@@ -5,6 +5,7 @@ default), or, with two bottoms, the second bottom itself (which then gets a grad
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import Layer, canonical_axis, count, register
 
 
@@ -38,6 +39,9 @@ class Bias(Layer):
     def backward_needs(self):
         return frozenset()  # the gradient is the top diff itself
 
+    def scratch_entries(self):
+        return need.row_sums(self.dims[1])
+
     def forward(self, bottom, top):
         ops = self.ops
         if not self.in_place:
@@ -48,9 +52,9 @@ class Bias(Layer):
         ops = self.ops
         dy = top_diff[0]
         if self.bias is not None:
-            ops.bias_backward(dy, self.bias.diff, *self.dims)
+            ops.bias_backward(dy, self.bias.diff, *self.dims, scratch=self.ctx.scratch)
         elif propagate_down[1]:
             ops.fill(bottom_diff[1], 0.0)
-            ops.bias_backward(dy, bottom_diff[1], *self.dims)
+            ops.bias_backward(dy, bottom_diff[1], *self.dims, scratch=self.ctx.scratch)
         if propagate_down[0] and not self.in_place:
             ops.copy(dy, bottom_diff[0])

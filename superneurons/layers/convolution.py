@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from superneurons.backend import scratch as need
 from superneurons.backend.geometry import ConvGeometry, Pair
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
 
@@ -121,6 +122,9 @@ class Convolution(Layer):
         # dW needs the input; dx needs only dy and W (a parameter, always resident).
         return frozenset({NEEDS_BOTTOM})
 
+    def scratch_entries(self):
+        return need.row_sums(self.m) if self.bias is not None else 0  # the bias gradient's per-channel sums
+
     def forward(self, bottom, top):
         b = self.bias.data if self.bias is not None else None
         self.refresh_working_copies()
@@ -136,8 +140,8 @@ class Convolution(Layer):
         dw, overwrite_dw = self.param_gradient(0)
         if self.gradient_in_copy(0):  # dw overwrites the backward's copy of W: compute dx, which reads W, first
             self.ops.conv_backward(x, w, dy, dx, None, db, self.geom, accumulate_dx=0 in accumulate,
-                                   workspace=self.ctx.workspace)
+                                   workspace=self.ctx.workspace, scratch=self.ctx.scratch)
             dx = db = None
         self.ops.conv_backward(x, w, dy, dx, dw, db, self.geom, accumulate_dx=0 in accumulate,
-                               overwrite_dw=overwrite_dw, workspace=self.ctx.workspace)
+                               overwrite_dw=overwrite_dw, workspace=self.ctx.workspace, scratch=self.ctx.scratch)
         self.add_param_gradient(0)

@@ -8,6 +8,7 @@ Output size: OH = stride * (H - 1) + dilation * (kh - 1) + 1 - 2 * pad.
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, count, register
 from superneurons.layers.convolution import read_conv_param
 
@@ -39,6 +40,9 @@ class Deconvolution(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})  # the weight gradient correlates the bottom with the top diff
 
+    def scratch_entries(self):
+        return need.row_sums(self.m) if self.bias is not None else 0
+
     def _shapes(self):
         return (self.n, self.c, self.h, self.w), (self.n, self.m, self.oh, self.ow)
 
@@ -59,7 +63,7 @@ class Deconvolution(Layer):
         dy = ops.reshape(top_diff[0], y_shape)
         x = ops.reshape(bottom[0], x_shape)
         if self.bias is not None:
-            ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow)
+            ops.bias_backward(dy, self.bias.diff, self.n, self.m, self.oh * self.ow, scratch=self.ctx.scratch)
         self.refresh_working_copies(backward=True)
         if propagate_down[0]:  # dx first: the weight gradient may overwrite the half copy of W it reads
             ops.conv_forward(dy, self.param_operand(0, backward=True), None, ops.reshape(bottom_diff[0], x_shape), self.geom,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 from superneurons.layers.base import register
 from superneurons.layers.fillers import fill, random_spec
@@ -91,12 +92,15 @@ class DummyData(SourceLayer):
             if j in self.row_sums:
                 self._unit_rows(out, self.row_sums[j].array)
 
+    def scratch_entries(self):
+        return max((need.row_sums(buf.shape[0]) for buf in self.row_sums.values()), default=0)
+
     def _unit_rows(self, out, sums) -> None:
         """Scale each row (axis 0) of `out` to sum 1, as Caffe's positive_unitball filler does."""
         ops = self.ops
         rows = sums.size
         inner = out.size // rows
-        ops.reduction_forward(out, sums, "SUM", 1.0, rows, inner)
+        ops.reduction_forward(out, sums, "SUM", 1.0, rows, inner, scratch=self.ctx.scratch)
         ops.power_forward(sums, sums, -1.0, 1.0, 0.0)
         ops.channel_mul(out, sums, out, 1, rows, inner)
 

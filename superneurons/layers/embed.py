@@ -2,6 +2,7 @@
 num_output. The indices get no gradient; the table (and bias) do."""
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, register
 
@@ -23,9 +24,12 @@ class Embed(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})  # the indices pick the rows that get gradient
 
+    def scratch_entries(self):
+        return max(need.total(), need.row_sums(self.weight.shape[1]) if self.bias is not None else 0)
+
     def _run(self, op, *args):
         try:
-            op(*args)
+            op(*args, scratch=self.ctx.scratch)
         except UserError as e:
             raise self.fail(f"{e} in bottom {self.param.bottom[0]!r}") from None
 

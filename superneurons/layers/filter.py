@@ -10,6 +10,7 @@ the Net hands the layers after the Filter those first rows only, each layer set 
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import Layer, count, register
 
 
@@ -48,6 +49,9 @@ class Filter(Layer):
     def backward_needs(self):
         return frozenset()  # the positions buffer says where each row's gradient goes
 
+    def scratch_entries(self):
+        return need.total()  # the gather's count of bad positions
+
     def forward(self, bottom, top):
         ops = self.ops
         rows = bottom[-1].shape[0]  # fewer than `capacity` when the bottoms come from another Filter
@@ -56,7 +60,7 @@ class Filter(Layer):
         picked = positions[:n]
         for x, y, inner in zip(bottom, top, self.inner):
             ops.embed_forward(picked, ops.reshape(x, (rows, inner)), None,
-                              ops.reshape(y, (self.capacity, inner))[:n])
+                              ops.reshape(y, (self.capacity, inner))[:n], scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         ops = self.ops
@@ -67,4 +71,4 @@ class Filter(Layer):
                 continue
             ops.fill(dx, 0.0)
             ops.embed_backward(picked, ops.reshape(dy, (self.capacity, inner))[:n],
-                               ops.reshape(dx, (dx.shape[0], inner)), None)
+                               ops.reshape(dx, (dx.shape[0], inner)), None, scratch=self.ctx.scratch)

@@ -1,6 +1,7 @@
 """InnerProduct: y = x W^T + b over the axes from `axis` on (Caffe's fully connected layer)."""
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
 
 
@@ -28,6 +29,9 @@ class InnerProduct(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM})
 
+    def scratch_entries(self):
+        return need.row_sums(self.n) if self.bias is not None else 0
+
     def forward(self, bottom, top):
         ops = self.ops
         x = ops.reshape(bottom[0], (self.m, self.k))
@@ -46,7 +50,7 @@ class InnerProduct(Layer):
         else:  # W is (n, k): dW += dy^T x
             ops.gemm(True, False, 1.0, dy, x, 1.0, self.weight.diff)
         if self.bias is not None:
-            ops.bias_backward(dy, self.bias.diff, self.m, self.n, 1)
+            ops.bias_backward(dy, self.bias.diff, self.m, self.n, 1, scratch=self.ctx.scratch)
         if propagate_down[0]:
             dx = ops.reshape(bottom_diff[0], (self.m, self.k))
             self.refresh_working_copies(backward=True)

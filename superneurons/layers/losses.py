@@ -4,6 +4,7 @@ Top 0 is the scalar loss; the top diff the backward reads holds the loss weight 
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 from superneurons.io.binaryproto import read_blob
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
@@ -38,8 +39,12 @@ class EuclideanLoss(_Loss):
         self.a_shape = a
         return [()]
 
+    def scratch_entries(self):
+        return need.row_sums(1)  # the squared differences' sum
+
     def forward(self, bottom, top):
-        self.ops.euclidean_loss_forward(bottom[0], self.ops.reshape(bottom[1], self.a_shape), top[0])
+        self.ops.euclidean_loss_forward(bottom[0], self.ops.reshape(bottom[1], self.a_shape), top[0],
+                                        scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         ops = self.ops
@@ -68,14 +73,18 @@ class SigmoidCrossEntropyLoss(_Loss):
         self.x_shape = x
         return [()]
 
+    def scratch_entries(self):
+        return need.loss_stats()
+
     def forward(self, bottom, top):
         self.ops.sigmoid_ce_loss_forward(bottom[0], self.ops.reshape(bottom[1], self.x_shape), top[0],
-                                         self.ignore_label, self.normalization)
+                                         self.ignore_label, self.normalization, scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0]:
             self.ops.sigmoid_ce_loss_backward(bottom[0], self.ops.reshape(bottom[1], self.x_shape), top_diff[0],
-                                              bottom_diff[0], self.ignore_label, self.normalization)
+                                              bottom_diff[0], self.ignore_label, self.normalization,
+                                              scratch=self.ctx.scratch)
 
 
 @register("HingeLoss")
@@ -89,9 +98,13 @@ class HingeLoss(_Loss):
         self.norm = pb.HingeLossParameter.Norm.Name(self.param.hinge_loss_param.norm)
         return [()]
 
+    def scratch_entries(self):
+        return need.loss_stats()
+
     def forward(self, bottom, top):
         ops = self.ops
-        run_label_op(self, ops.hinge_loss_forward, ops.reshape(bottom[0], self.dims), bottom[1], top[0], self.norm)
+        run_label_op(self, ops.hinge_loss_forward, ops.reshape(bottom[0], self.dims), bottom[1], top[0], self.norm,
+                     scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0]:
@@ -116,17 +129,22 @@ class ContrastiveLoss(_Loss):
                             f"{a[0] if a else 0} pairs (one per pair)")
         p = self.param.contrastive_loss_param
         self.margin, self.legacy = float(p.margin), bool(p.legacy_version)
+        self.pairs = int(a[0])
         return [()]
 
+    def scratch_entries(self):
+        return need.contrastive_loss(self.pairs)
+
     def forward(self, bottom, top):
-        self.ops.contrastive_loss_forward(bottom[0], bottom[1], bottom[2], top[0], self.margin, self.legacy)
+        self.ops.contrastive_loss_forward(bottom[0], bottom[1], bottom[2], top[0], self.margin, self.legacy,
+                                          scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0] or propagate_down[1]:
             self.ops.contrastive_loss_backward(bottom[0], bottom[1], bottom[2], top_diff[0],
                                                bottom_diff[0] if propagate_down[0] else None,
                                                bottom_diff[1] if propagate_down[1] else None, self.margin,
-                                               self.legacy)
+                                               self.legacy, scratch=self.ctx.scratch)
 
 
 @register("MultinomialLogisticLoss")
@@ -139,10 +157,13 @@ class MultinomialLogisticLoss(_Loss):
         self._per_sample_labels(*bottom_shapes)
         return [()]
 
+    def scratch_entries(self):
+        return need.loss_stats()
+
     def forward(self, bottom, top):
         ops = self.ops
         run_label_op(self, ops.multinomial_logistic_loss_forward, ops.reshape(bottom[0], self.dims), bottom[1],
-                     top[0])
+                     top[0], scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0]:
@@ -195,6 +216,9 @@ class InfogainLoss(_Loss):
         self.prob = self.add_buffer("prob", scores)
         return [()] + ([scores] if len(self.param.top) > 1 else [])
 
+    def scratch_entries(self):
+        return need.infogain_loss(self.dims[1])
+
     def _matrix(self, bottom):
         if self.h is None:
             return bottom[2]
@@ -206,7 +230,7 @@ class InfogainLoss(_Loss):
         prob = ops.reshape(self.prob.array, self.dims)
         ops.softmax_forward(ops.reshape(bottom[0], self.dims), prob)
         run_label_op(self, ops.infogain_loss_forward, prob, ops.reshape(bottom[1], self.label_dims),
-                     self._matrix(bottom), top[0], self.ignore_label, self.normalization)
+                     self._matrix(bottom), top[0], self.ignore_label, self.normalization, scratch=self.ctx.scratch)
         if len(top) > 1:
             ops.copy(self.prob.array, top[1])
 
@@ -215,4 +239,5 @@ class InfogainLoss(_Loss):
             ops = self.ops
             run_label_op(self, ops.infogain_loss_backward, ops.reshape(self.prob.array, self.dims),
                          ops.reshape(bottom[1], self.label_dims), self._matrix(bottom), top_diff[0],
-                         ops.reshape(bottom_diff[0], self.dims), self.ignore_label, self.normalization)
+                         ops.reshape(bottom_diff[0], self.dims), self.ignore_label, self.normalization,
+                         scratch=self.ctx.scratch)

@@ -2,6 +2,7 @@
 across channels. The backward reads only the output and the saved standard deviations (in-place safe)."""
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_TOP, Layer, count, register
 
 
@@ -25,11 +26,15 @@ class MVN(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_TOP}) if self.normalize else frozenset()
 
+    def scratch_entries(self):
+        return need.row_sums(self.dims[0])
+
     def forward(self, bottom, top):
         self.ops.mvn_forward(bottom[0], top[0], self.sigma.array if self.sigma is not None else None, *self.dims,
-                             self.eps)
+                             self.eps, scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0]:
             self.ops.mvn_backward(top[0] if self.normalize else None, top_diff[0], bottom_diff[0],
-                                  self.sigma.array if self.sigma is not None else None, *self.dims)
+                                  self.sigma.array if self.sigma is not None else None, *self.dims,
+                                  scratch=self.ctx.scratch)

@@ -1,6 +1,7 @@
 """Reduction (SUM, ASUM, SUMSQ, MEAN over every axis from `axis` on, times `coeff`) and ArgMax."""
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -25,8 +26,12 @@ class Reduction(Layer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM}) if self.op in ("ASUM", "SUMSQ") else frozenset()
 
+    def scratch_entries(self):
+        return need.row_sums(self.outer)
+
     def forward(self, bottom, top):
-        self.ops.reduction_forward(bottom[0], top[0], self.op, self.coeff, self.outer, self.inner)
+        self.ops.reduction_forward(bottom[0], top[0], self.op, self.coeff, self.outer, self.inner,
+                                   scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if propagate_down[0]:

@@ -6,6 +6,7 @@ per-channel scale and shift (graph/fuse.py may then fuse them).
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, canonical_axis, count, register
 from superneurons.proto import superneurons_pb2 as pb
 
@@ -47,6 +48,9 @@ class Scale(Layer):
         self.saved_x = self.add_buffer("x", shape) if self.in_place and self.phase == pb.TRAIN else None
         return [shape]
 
+    def scratch_entries(self):
+        return need.row_sums(self.dim)  # the bias's and the multiplier's per-channel sums, one after the other
+
     def backward_needs(self):
         if self.scale is None:
             return frozenset({NEEDS_BOTTOM})  # the scale bottom multiplies the top diff
@@ -70,10 +74,10 @@ class Scale(Layer):
         x = self.saved_x.array if self.saved_x is not None else bottom[0]
         # Param and scale-bottom gradients first: in place, bottom_diff[0] is dy and is overwritten last.
         if self.bias is not None:
-            ops.bias_backward(dy, self.bias.diff, *dims)
+            ops.bias_backward(dy, self.bias.diff, *dims, scratch=self.ctx.scratch)
         if self.scale is not None:
-            ops.channel_mul_grad(x, dy, self.scale.diff, *dims, accumulate=True)
+            ops.channel_mul_grad(x, dy, self.scale.diff, *dims, accumulate=True, scratch=self.ctx.scratch)
         elif propagate_down[1]:
-            ops.channel_mul_grad(x, dy, bottom_diff[1], *dims, accumulate=False)
+            ops.channel_mul_grad(x, dy, bottom_diff[1], *dims, accumulate=False, scratch=self.ctx.scratch)
         if propagate_down[0]:
             ops.channel_mul(dy, self._multiplier(bottom), bottom_diff[0], *dims)

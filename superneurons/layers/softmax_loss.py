@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 from superneurons.layers.base import NEEDS_BOTTOM, Layer, Shape, canonical_axis, count, register
 from superneurons.layers.softmax import axis_split
@@ -32,11 +33,11 @@ def check_label_count(layer: Layer, label_shape: Shape, dims: tuple[int, int, in
             f"in 0..{channels - 1}")
 
 
-def run_label_op(layer: Layer, op: Callable, *args) -> Any:
+def run_label_op(layer: Layer, op: Callable, *args, **kwargs) -> Any:
     """Run a backend op that reads labels; a label outside the classes (UserError from the op) names this layer.
     Returns what the op returns."""
     try:
-        return op(*args)
+        return op(*args, **kwargs)
     except UserError as e:
         raise layer.fail(f"{e} in label blob {layer.param.bottom[1]!r}") from None
 
@@ -64,12 +65,15 @@ class SoftmaxWithLoss(Layer):
         # The label bottom (the probabilities are in our own buffer); the contract cannot name one bottom.
         return frozenset({NEEDS_BOTTOM})
 
+    def scratch_entries(self):
+        return need.loss_stats()
+
     def forward(self, bottom, top):
         ops = self.ops
         prob = ops.reshape(self.prob.array, self.dims)
         ops.softmax_forward(ops.reshape(bottom[0], self.dims), prob)
         check = run_label_op(self, ops.softmax_loss_forward, prob, ops.reshape(bottom[1], self.label_dims), top[0],
-                             self.ignore_label, self.normalization)
+                             self.ignore_label, self.normalization, scratch=self.ctx.scratch)
         if check is not None:  # the GPU's verdict on the labels arrives later: the Net asks for it with the loss
             self.ctx.defer(lambda: run_label_op(self, check))
         if len(top) > 1:
@@ -81,4 +85,5 @@ class SoftmaxWithLoss(Layer):
             # top_diff[0] holds the loss weight (the Net fills it); the op scales by it / normalizer.
             run_label_op(self, ops.softmax_loss_backward, ops.reshape(self.prob.array, self.dims),
                          ops.reshape(bottom[1], self.label_dims), top_diff[0],
-                         ops.reshape(bottom_diff[0], self.dims), self.ignore_label, self.normalization)
+                         ops.reshape(bottom_diff[0], self.dims), self.ignore_label, self.normalization,
+                         scratch=self.ctx.scratch)

@@ -98,12 +98,16 @@ class Program:
             node: [(key, for_backward) for key, _name, for_backward in bufs]
             for node, bufs in layout.buffer_keys.items()}
         self.backward_only: set[str] = layout.backward_only  # buffers no forward step uses
+        # The net's float64 scratch region (tensors.py): the ops that sum, in any step and in the solver, share it,
+        # so it is in the pool for the whole run and every step counts it.
+        self.scratch: tuple[str, ...] = (layout.scratch,) if layout.scratch is not None else ()
         self.steps: list[StepInfo] = []
         self.seeds: list[str] = []
         self._build_steps(train, plan_backward)
         self.n_forward = len(graph.nodes)
         # Inputs written by data layers (or by the caller, for Input) live in the pool for the whole run.
         self.resident = {self.root[self.data_key[t]] for n in graph.nodes if n.layer.is_data for t in n.tops}
+        self.resident.update(self.scratch)
         # What the caller reads after forward (losses, outputs) stays until the next iteration starts.
         out_blobs = list(graph.outputs) + [t for t, _w in graph.loss_blobs]
         self.pinned = {self.root[self.data_key[b]] for b in out_blobs if b in self.data_key} - self.resident
@@ -137,6 +141,7 @@ class Program:
             uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
             buffers = tuple(k for k, _fb in self.buffer_keys[node.name] if k not in self.backward_only)
             uses += buffers
+            uses += self.scratch
             view = node.layer.views_bottom_data
             # A forward step (re)writes its tops and every buffer it keeps: a replay rebuilds them together.
             tops = () if view else tuple(r[data[t]] for t in node.tops)
@@ -161,6 +166,7 @@ class Program:
             uses += [r[diff[t]] for t in self.graph.top_gradient_blobs(node) if t in diff]
             written = self.graph.bottom_gradients_written(node, self.propagate_down[node.name])
             uses += [r[diff[b]] for b, w in zip(node.bottoms, written) if w and b in diff]
+            uses += self.scratch
             self.steps.append(StepInfo(len(self.steps), BACKWARD, node, i, tuple(dict.fromkeys(uses))))
 
     # -- helpers -------------------------------------------------------------------------------------

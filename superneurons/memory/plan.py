@@ -251,6 +251,7 @@ def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "net": p.graph.name, "batch": batch, "budget_bytes": None, "precision": p.graph.precision.name(),
         "param_bytes": plan.param_bytes,
+        "scratch_bytes": scratch_bytes(plan),
         "streamed_param_peaks": {m: plan.streamed_peak(m) for m in plan.traces if m != "baseline"},
         "checkpoint_types": list(plan.checkpoint_types),
         "max_layer": {"name": p.steps[s_max].node.name, "phase": p.steps[s_max].phase, "bytes": b_max},
@@ -263,6 +264,12 @@ def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
         ],
     }
     return doc
+
+
+def scratch_bytes(plan: MemoryPlan) -> int:
+    """Pool bytes of the net's float64 scratch region (memory/tensors.py: `#scratch`): resident, so in every step's
+    live bytes and every l_i."""
+    return sum(plan.program.tensors[k].nbytes for k in plan.program.scratch)
 
 
 def live_at(plan: MemoryPlan, mode: str, step: int) -> list[str]:

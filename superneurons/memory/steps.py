@@ -30,9 +30,19 @@ class RunContext:
     # Where convolutions borrow their workspace (memory/workspace.py: the Net's pool, so the plan holds it);
     # None: the backend's own buffer.
     workspace: Any = None
+    # The net's float64 scratch region (memory/tensors.py: `#scratch`): a pool tensor, placed at setup, whose array
+    # the layers and the solver pass to the ops that sum (`scratch=`, backend/scratch.py); None outside a Net (the
+    # ops then take memory of their own).
+    scratch_tensor: "Tensor | None" = None
     # Checks of the input a layer queued without waiting for the device (SoftmaxWithLoss' labels on the GPU):
     # the Net runs them once it has read the loss, each raising the UserError its layer would have raised.
     deferred_checks: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def scratch(self) -> Any:
+        """The scratch region's array as it is now (a compaction may have moved it), or None."""
+        t = self.scratch_tensor
+        return t.array if t is not None else None
 
     def defer(self, check: Callable[[], None]) -> None:
         self.deferred_checks.append(check)

@@ -21,8 +21,8 @@ adjacent in the pool.
 A `TensorSpec` is the one description of a tensor: key, shape, element type (`dtype`), memory layout,
 role (activation, gradient, parameter, history, scratch, workspace) and owner (the layer that declares
 it: the producer of an activation, the first layer whose backward writes a gradient, the layer of a
-buffer or parameter). Its byte count is `superneurons.dtypes.tensor_bytes`, which everything that sizes
-memory calls.
+buffer or parameter; none for the net's float64 scratch region `#scratch`, which the ops that sum share).
+Its byte count is `superneurons.dtypes.tensor_bytes`, which everything that sizes memory calls.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import Iterable, cast
 
 import numpy as np
 
+from superneurons.backend import scratch as need
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
@@ -49,6 +50,8 @@ ROLE_OF_KIND = {DATA: ACTIVATION, DIFF: GRADIENT, BUFFER: SCRATCH, PARAM: PARAME
 # Memory layouts (graph/layout.py): NCHW is Caffe's order (2-D and 1-D blobs are its leading dimensions); a 4-D
 # tensor a backend keeps channels last is NHWC, its shape still (N, C, H, W).
 NCHW, NHWC = "NCHW", "NHWC"
+# The net's float64 scratch region (backend/scratch.py): a buffer no layer owns, spelled `#scratch`.
+SCRATCH_OWNER, SCRATCH_NAME = "", "scratch"
 
 
 def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
@@ -115,6 +118,7 @@ class TensorLayout:
     params: list[ParamSlot] = field(default_factory=list)  # every layer's parameters, in route order
     history: list[list[str]] = field(default_factory=list)  # per solver history set, per learnable owned parameter
     aliases: DiffAliases = field(default_factory=DiffAliases)
+    scratch: str | None = None  # the key of the net's scratch region (`scratch_entries`)
 
     def root(self, key: str) -> str:
         """The key of the tensor that owns `key`'s memory (itself unless it is a view)."""
@@ -153,6 +157,13 @@ class TensorLayout:
 def top_is_view(layer) -> bool:
     """Whether `layer`'s tops are reshaped views of its bottom 0 rather than tensors of their own."""
     return layer.views_bottom_data
+
+
+def scratch_entries(graph: Graph) -> int:
+    """The float64 entries of the net's scratch region: the most any step's layer sums into at once
+    (`Layer.scratch_entries`), and at least the one sum the solver's norms and checks take. One region serves
+    every op that sums, one op after the other on the device, so the plan holds it for the whole run."""
+    return max([need.total()] + [graph.step_layer(n).scratch_entries() for n in graph.nodes])
 
 
 def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool] | None = None,
@@ -236,6 +247,7 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
             out.params.append(ParamSlot(node.name, k, value, grad, decl.learnable))
             if train:
                 gradients.append((decl.learnable, node.name, k, decl.shape))
+    out.scratch = out.add(BUFFER, SCRATCH_OWNER, SCRATCH_NAME, (scratch_entries(graph),), need.DTYPE)
     # Parameter gradients side by side, learnable ones first, in the order backward finishes them (the
     # reverse of the route): placed in this order, the gradients a data-parallel bucket reduces are one
     # run of pool memory, reduced in place by one call (parallel/reducer.py).

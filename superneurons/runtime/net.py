@@ -121,6 +121,9 @@ class Net:
         self.learnable: list[ParamDecl] = wired.learnable  # the solver's list
         self.history: list[list[Tensor]] = wired.history  # per solver history set, one per learnable param
         self._by_name = {n.name: n for n in self.graph.nodes}
+        # The ops that sum take their float64 scratch from this pool tensor (placed at setup, planned).
+        by_key = {t.key: t for t in self.tensors}
+        self.ctx.scratch_tensor = by_key[self.layout.scratch] if self.layout.scratch is not None else None
 
     def baseline_bytes(self) -> int:
         return baseline_bytes(self.tensors)

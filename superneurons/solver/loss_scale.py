@@ -75,8 +75,9 @@ class LossScale:
 class NonFiniteWatch(StepHooks):
     """Remembers the first forward step of a pass whose output holds Inf or NaN (`first`), for the message."""
 
-    def __init__(self, ops: Any):
+    def __init__(self, ops: Any, ctx: Any):
         self.ops = ops
+        self.ctx = ctx  # the net's RunContext: its scratch region is where the sums add up
         self.first: str | None = None
 
     def before_forward(self, i: int, step: Any) -> None:
@@ -86,7 +87,7 @@ class NonFiniteWatch(StepHooks):
     def after_forward(self, i: int, step: Any) -> None:
         if self.first is None:
             for t in step.tops:
-                if t.array is not None and not math.isfinite(self.ops.sumsq(t.array)):
+                if t.array is not None and not math.isfinite(self.ops.sumsq(t.array, scratch=self.ctx.scratch)):
                     self.first = step.node.name
                     return
 

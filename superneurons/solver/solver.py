@@ -87,7 +87,7 @@ class Solver:
         # Where float16 storage runs without adaptive scaling, an Inf or NaN loss stops the run naming the layer.
         self._watch: NonFiniteWatch | None = None
         if self.net.graph.precision.float16 and not self.loss_scale.adaptive:
-            self._watch = NonFiniteWatch(self.ops)
+            self._watch = NonFiniteWatch(self.ops, self.net.ctx)
             self.net.add_hooks(self._watch)
         # One launch for the whole update and one for clearing the gradients, where it applies (else None:
         # the per-parameter ops; solver/fused_update.py says when: float32 masters; a loss scale is divided out
@@ -291,7 +291,7 @@ class Solver:
             total = 0.0
             for decl in self.net.learnable:
                 store.acquire([decl.diff_tensor])
-                total += self.ops.sumsq(decl.diff)
+                total += self.ops.sumsq(decl.diff, scratch=self.net.ctx.scratch)
                 store.release([decl.diff_tensor])
             clip_scale = self._clip_scale(math.sqrt(total) / self.loss_scale.scale)
         for i, decl in enumerate(self.net.learnable):
@@ -318,24 +318,24 @@ class Solver:
                             for k, d in enumerate(node.layer.params)}
         layer, k = self._owners[id(decl)]
         n = max(1, count(decl.shape))
-        self.log.info(f"    [Update] Layer {layer}, param {k} data: {num(self.ops.asum(decl.data) / n)}; "
-                      f"diff: {num(self.ops.asum(decl.diff) / n)}")
+        data, diff = (self.ops.asum(a, scratch=self.net.ctx.scratch) / n for a in (decl.data, decl.diff))
+        self.log.info(f"    [Update] Layer {layer}, param {k} data: {num(data)}; diff: {num(diff)}")
 
     def clip_gradients(self) -> float:
         """The scale of every diff, clip / ||all diffs||_2 when that norm exceeds clip_gradients, else 1; the
         update applies it (Caffe: before iter_size)."""
         if float(self.param.clip_gradients) < 0:
             return 1.0
-        total = sum(self.ops.sumsq(decl.diff) for decl in self.net.learnable)
+        total = sum(self.ops.sumsq(decl.diff, scratch=self.net.ctx.scratch) for decl in self.net.learnable)
         return self._clip_scale(math.sqrt(total) / self.loss_scale.scale)
 
     def _gradients_finite(self, store: Any) -> bool:
         """Whether every weight gradient of this iteration is finite (streamed ones brought in to be summed)."""
         if not store.offloaded:  # one check over them all: one read back from the device per iteration
-            return self.ops.all_finite([decl.diff for decl in self.net.learnable])
+            return self.ops.all_finite([decl.diff for decl in self.net.learnable], scratch=self.net.ctx.scratch)
         for decl in self.net.learnable:  # streamed: each brought in to be checked
             store.acquire([decl.diff_tensor])
-            finite = self.ops.all_finite([decl.diff])
+            finite = self.ops.all_finite([decl.diff], scratch=self.net.ctx.scratch)
             store.release([decl.diff_tensor])
             if not finite:
                 return False

@@ -6,7 +6,11 @@ let liveness free the input. Scalars are cast to the array's dtype so float32 st
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from superneurons.backend import scratch as need
 
 __all__ = ["relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
            "prelu_forward", "prelu_backward", "elu_forward", "elu_backward", "absval_forward", "absval_backward",
@@ -60,8 +64,9 @@ def prelu_forward(x: np.ndarray, slope: np.ndarray, y: np.ndarray, outer: int, c
 
 
 def prelu_backward(x: np.ndarray, slope: np.ndarray, dy: np.ndarray, dx: np.ndarray | None,
-                   dslope: np.ndarray | None, outer: int, channels: int, inner: int) -> None:
+                   dslope: np.ndarray | None, outer: int, channels: int, inner: int, scratch: Any = None) -> None:
     """dslope += sum of dy * x where x <= 0 (per channel, or in total when shared); dx = dy * (1 or slope)."""
+    need.check(scratch, need.row_sums(channels) if dslope is not None else 0, "prelu_backward")
     x3 = x.reshape(outer, channels, inner)
     dy3 = dy.reshape(outer, channels, inner)
     neg = x3 <= 0

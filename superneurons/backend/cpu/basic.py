@@ -1,7 +1,11 @@
 """Elementwise and BLAS-like operations every layer and solver builds on."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from superneurons.backend import scratch as need
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
            "sumsq", "dot", "all_finite", "upload", "download"]
@@ -55,8 +59,9 @@ def add_bias(y: np.ndarray, b: np.ndarray, outer: int, dim: int, inner: int) -> 
     y.reshape(outer, dim, inner)[...] += b.reshape(1, dim, 1)
 
 
-def bias_backward(dy: np.ndarray, db: np.ndarray, outer: int, dim: int, inner: int) -> None:
+def bias_backward(dy: np.ndarray, db: np.ndarray, outer: int, dim: int, inner: int, scratch: Any = None) -> None:
     """db[dim] += sum of dy viewed as (outer, dim, inner) over outer and inner."""
+    need.check(scratch, need.row_sums(dim), "bias_backward")
     db += dy.reshape(outer, dim, inner).sum(axis=(0, 2), dtype=db.dtype).reshape(db.shape)
 
 
@@ -65,20 +70,24 @@ def reshape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.reshape(shape)
 
 
-def asum(x: np.ndarray) -> float:
+def asum(x: np.ndarray, scratch: Any = None) -> float:
+    need.check(scratch, need.total(), "asum")
     return float(np.abs(x, dtype=np.float64).sum())
 
 
-def sumsq(x: np.ndarray) -> float:
+def sumsq(x: np.ndarray, scratch: Any = None) -> float:
+    need.check(scratch, need.total(), "sumsq")
     return float(np.dot(x.ravel().astype(np.float64), x.ravel().astype(np.float64)))
 
 
-def all_finite(arrays: list) -> bool:
+def all_finite(arrays: list, scratch: Any = None) -> bool:
     """Whether every value of every array is finite (the loss scaler's overflow check, one call per iteration)."""
+    need.check(scratch, need.total(), "all_finite")
     return all(bool(np.isfinite(a).all()) for a in arrays)
 
 
-def dot(x: np.ndarray, y: np.ndarray) -> float:
+def dot(x: np.ndarray, y: np.ndarray, scratch: Any = None) -> float:
+    need.check(scratch, need.total(), "dot")
     return float(np.dot(x.ravel().astype(np.float64), y.ravel().astype(np.float64)))
 
 

@@ -5,7 +5,11 @@ Its running statistics are sums with a scale factor: mean = mean_sum / scale_fac
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from superneurons.backend import scratch as need
 
 __all__ = ["bn_batch_stats", "bn_running_update", "bn_global_stats", "bn_normalize", "bn_backward"]
 
@@ -14,8 +18,10 @@ def _view(x: np.ndarray, outer: int, channels: int, inner: int) -> np.ndarray:
     return x.reshape(outer, channels, inner)
 
 
-def bn_batch_stats(x: np.ndarray, mean: np.ndarray, var: np.ndarray, outer: int, channels: int, inner: int) -> None:
+def bn_batch_stats(x: np.ndarray, mean: np.ndarray, var: np.ndarray, outer: int, channels: int, inner: int,
+                   scratch: Any = None) -> None:
     """mean, var[channels] = mean and biased variance of x over outer and inner."""
+    need.check(scratch, need.row_sums(channels), "bn_batch_stats")
     x3 = _view(x, outer, channels, inner)
     np.mean(x3, axis=(0, 2), out=mean)
     centered = x3 - mean.reshape(1, channels, 1)
@@ -62,11 +68,12 @@ def bn_normalized(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, y: np.nd
 
 
 def bn_backward(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, dy: np.ndarray, dx: np.ndarray,
-                outer: int, channels: int, inner: int) -> None:
+                outer: int, channels: int, inner: int, scratch: Any = None) -> None:
     """Gradient through batch statistics, with x_hat = (x - mean) * inv_std and averages over outer, inner:
 
     dx = inv_std * (dy - avg(dy) - x_hat * avg(dy * x_hat)).  `dx` may be `dy` (in place).
     """
+    need.check(scratch, need.row_sums(channels), "bn_backward")
     per_channel = (1, channels, 1)
     x_hat = (_view(x, outer, channels, inner) - mean.reshape(per_channel)) * inv_std.reshape(per_channel)
     backward_from_x_hat(x_hat, inv_std, dy, dx, outer, channels, inner)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from superneurons.backend import scratch as need
 from superneurons.backend.cpu.activation import relu_forward
 from superneurons.backend.geometry import ConvGeometry
 
@@ -46,9 +47,10 @@ def conv_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarr
 
 def conv_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray | None,
                   db: np.ndarray | None, geom: ConvGeometry, accumulate_dx: bool = False,
-                  overwrite_dw: bool = False, workspace: Any = None) -> None:
+                  overwrite_dw: bool = False, workspace: Any = None, scratch: Any = None) -> None:
     """dx = conv^T(dy, w) (overwritten, or added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
     `overwrite_dw`); db += sum of dy per output channel. None skips one."""
+    need.check(scratch, need.row_sums(w.shape[0]) if db is not None else 0, "conv_backward")
     if overwrite_dw and dw is not None:
         dw.fill(0)  # then the chunks add up exactly as they do into a cleared dw
     G = geom.group

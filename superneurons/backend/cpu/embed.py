@@ -1,8 +1,11 @@
 """Embedding lookup: rows of a (input_dim, num_output) table picked by integer-valued indices."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 
 __all__ = ["embed_forward", "embed_backward", "select_nonzero"]
@@ -18,8 +21,9 @@ def _indices(idx: np.ndarray, input_dim: int) -> np.ndarray:
     return ind
 
 
-def embed_forward(idx: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray) -> None:
+def embed_forward(idx: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray, scratch: Any = None) -> None:
     """y (count(idx), num_output) = w[idx] (+ b)."""
+    need.check(scratch, need.total(), "embed_forward")
     ind = _indices(idx, w.shape[0])
     y2 = y.reshape(ind.size, w.shape[1])
     np.take(w, ind, axis=0, out=y2)
@@ -27,8 +31,9 @@ def embed_forward(idx: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.nd
         y2 += b.reshape(1, -1)
 
 
-def embed_backward(idx: np.ndarray, dy: np.ndarray, dw: np.ndarray, db: np.ndarray | None) -> None:
+def embed_backward(idx: np.ndarray, dy: np.ndarray, dw: np.ndarray, db: np.ndarray | None, scratch: Any = None) -> None:
     """dw[idx] += dy rows (repeated indices add up); db += the sum of dy rows."""
+    need.check(scratch, need.row_sums(dw.shape[1]) if db is not None else 0, "embed_backward")
     ind = _indices(idx, dw.shape[0])
     dy2 = dy.reshape(ind.size, dw.shape[1])
     np.add.at(dw, ind, dy2)

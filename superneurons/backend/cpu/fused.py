@@ -13,8 +13,11 @@ same order, so on the CPU a fused net trains bit-identically to the unfused one;
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from superneurons.backend import scratch as need
 from superneurons.backend.cpu.activation import relu_backward, relu_forward
 from superneurons.backend.cpu.basic import add_bias, bias_backward
 from superneurons.backend.cpu.batch_norm import (backward_from_x_hat, bn_batch_stats, bn_global_stats,
@@ -28,12 +31,13 @@ def bn_affine_forward(x: np.ndarray, y: np.ndarray, x_hat: np.ndarray | None, me
                       inv_std: np.ndarray, gamma: np.ndarray, beta: np.ndarray, mean_sum: np.ndarray,
                       var_sum: np.ndarray, scale_factor: np.ndarray, outer: int, channels: int, inner: int,
                       eps: float, use_global_stats: bool, update_running: bool, moving_average_fraction: float,
-                      var_correction: float, relu_slope: float | None) -> None:
+                      var_correction: float, relu_slope: float | None, scratch: Any = None) -> None:
     """y = relu(gamma * x_hat + beta) with x_hat saved (None: not kept); `y` may be `x`.
 
     With batch statistics mean/var are the batch's and, if `update_running`, folded into the running
     sums; with global statistics they come from the running sums. relu_slope None: no ReLU.
     """
+    need.check(scratch, need.row_sums(channels), "bn_affine_forward")
     dims = (outer, channels, inner)
     if use_global_stats:
         bn_global_stats(mean_sum, var_sum, scale_factor, mean, var)
@@ -52,10 +56,11 @@ def bn_affine_forward(x: np.ndarray, y: np.ndarray, x_hat: np.ndarray | None, me
 def bn_affine_backward(kept: np.ndarray, mean: np.ndarray | None, inv_std: np.ndarray, gamma: np.ndarray,
                        beta: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dgamma: np.ndarray | None,
                        dbeta: np.ndarray | None, outer: int, channels: int, inner: int, use_global_stats: bool,
-                       relu_slope: float | None) -> None:
+                       relu_slope: float | None, scratch: Any = None) -> None:
     """dx = the gradient through ReLU, Scale and BatchNorm (overwritten; may be `dy`; None: skipped);
     dgamma, dbeta += Scale's parameter gradients (None: skipped). `kept` is x_hat (`mean` None) or the
     forward's input x (`mean` the forward's mean)."""
+    need.check(scratch, need.row_sums(channels), "bn_affine_backward")
     dims = (outer, channels, inner)
     x_hat = kept
     if mean is not None:

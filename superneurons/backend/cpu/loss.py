@@ -8,8 +8,11 @@ user's data: it raises UserError, which the layer prefixes with its own name.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from superneurons.backend import scratch as need
 from superneurons.errors import UserError
 
 __all__ = ["softmax_loss_forward", "softmax_loss_backward", "accuracy_forward", "euclidean_loss_forward",
@@ -51,8 +54,9 @@ def loss_normalizer(normalization: str, outer: int, inner: int, valid_count: int
 
 
 def softmax_loss_forward(prob: np.ndarray, label: np.ndarray, loss: np.ndarray, ignore_label: int | None,
-                         normalization: str) -> None:
+                         normalization: str, scratch: Any = None) -> None:
     """loss (0-d) = -sum over counted positions of log(max(prob[label], FLT_MIN)) / normalizer."""
+    need.check(scratch, need.loss_stats(), "softmax_loss_forward")
     outer, channels, inner = prob.shape
     lab, valid = _labels(label, channels, ignore_label)
     p_true = np.take_along_axis(prob, lab[:, None, :], axis=1)[:, 0, :]
@@ -61,11 +65,12 @@ def softmax_loss_forward(prob: np.ndarray, label: np.ndarray, loss: np.ndarray, 
 
 
 def softmax_loss_backward(prob: np.ndarray, label: np.ndarray, loss_diff, dx: np.ndarray,
-                          ignore_label: int | None, normalization: str) -> None:
+                          ignore_label: int | None, normalization: str, scratch: Any = None) -> None:
     """dx = (prob - onehot(label)) * loss_diff / normalizer, zero at ignored positions.
 
     `loss_diff` is the 0-d top diff: the Net writes the loss weight there.
     """
+    need.check(scratch, need.loss_stats(), "softmax_loss_backward")
     outer, channels, inner = prob.shape
     lab, valid = _labels(label, channels, ignore_label)
     np.copyto(dx, prob)
@@ -77,12 +82,13 @@ def softmax_loss_backward(prob: np.ndarray, label: np.ndarray, loss_diff, dx: np
 
 
 def accuracy_forward(scores: np.ndarray, label: np.ndarray, top_k: int, ignore_label: int | None,
-                     accuracy: np.ndarray, per_class: np.ndarray | None = None) -> None:
+                     accuracy: np.ndarray, per_class: np.ndarray | None = None, scratch: Any = None) -> None:
     """Top-k accuracy into `accuracy` (0-d) and, if given, per-class accuracy into `per_class` (channels,).
 
     As in Caffe, a position is correct when fewer than `top_k` other classes score at least as high as
     the true class: ties count against it, so constant scores are never "correct".
     """
+    need.check(scratch, need.accuracy_sums(scores.shape[1]), "accuracy_forward")
     channels = scores.shape[1]
     lab, valid = _labels(label, channels, ignore_label)
     true_score = np.take_along_axis(scores, lab[:, None, :], axis=1)
@@ -100,8 +106,9 @@ def accuracy_forward(scores: np.ndarray, label: np.ndarray, top_k: int, ignore_l
 LOG_THRESHOLD = 1e-20
 
 
-def euclidean_loss_forward(a: np.ndarray, b: np.ndarray, loss: np.ndarray) -> None:
+def euclidean_loss_forward(a: np.ndarray, b: np.ndarray, loss: np.ndarray, scratch: Any = None) -> None:
     """loss = sum((a - b)^2) / (2 N), N = a.shape[0]."""
+    need.check(scratch, need.row_sums(1), "euclidean_loss_forward")
     d = a - b.reshape(a.shape)
     loss[...] = float(np.dot(d.ravel(), d.ravel())) / (2.0 * a.shape[0])
 
@@ -125,9 +132,10 @@ def _sigmoid_valid(target: np.ndarray, ignore_label: int | None) -> np.ndarray:
 
 
 def sigmoid_ce_loss_forward(x: np.ndarray, target: np.ndarray, loss: np.ndarray, ignore_label: int | None,
-                            normalization: str) -> None:
+                            normalization: str, scratch: Any = None) -> None:
     """loss = -sum over counted elements of [t log p + (1 - t) log(1 - p)], p = sigmoid(x), in Caffe's stable
     form x (t - [x >= 0]) - log(1 + exp(x - 2 x [x >= 0])), divided by the normalizer (outer = x.shape[0])."""
+    need.check(scratch, need.loss_stats(), "sigmoid_ce_loss_forward")
     t = target.reshape(x.shape)
     valid = _sigmoid_valid(t, ignore_label)
     pos = x >= 0
@@ -138,8 +146,9 @@ def sigmoid_ce_loss_forward(x: np.ndarray, target: np.ndarray, loss: np.ndarray,
 
 
 def sigmoid_ce_loss_backward(x: np.ndarray, target: np.ndarray, loss_diff, dx: np.ndarray,
-                             ignore_label: int | None, normalization: str) -> None:
+                             ignore_label: int | None, normalization: str, scratch: Any = None) -> None:
     """dx = (sigmoid(x) - t) * w / normalizer, zero where the target is ignored."""
+    need.check(scratch, need.loss_stats(), "sigmoid_ce_loss_backward")
     t = target.reshape(x.shape)
     valid = _sigmoid_valid(t, ignore_label)
     outer = x.shape[0]
@@ -157,8 +166,9 @@ def _hinge_margins(x: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.maximum(0, 1 - sign * x), sign
 
 
-def hinge_loss_forward(x: np.ndarray, label: np.ndarray, loss: np.ndarray, norm: str) -> None:
+def hinge_loss_forward(x: np.ndarray, label: np.ndarray, loss: np.ndarray, norm: str, scratch: Any = None) -> None:
     """loss = sum of margins (L1) or squared margins (L2) / N."""
+    need.check(scratch, need.loss_stats(), "hinge_loss_forward")
     m, _ = _hinge_margins(x, label)
     total = m.sum() if norm == "L1" else (m * m).sum()
     loss[...] = float(total) / x.shape[0]
@@ -181,8 +191,9 @@ def _pair_distances(a: np.ndarray, b: np.ndarray, sim: np.ndarray):
 
 
 def contrastive_loss_forward(a: np.ndarray, b: np.ndarray, sim: np.ndarray, loss: np.ndarray, margin: float,
-                             legacy: bool) -> None:
+                             legacy: bool, scratch: Any = None) -> None:
     """loss = sum over pairs of d^2 (similar) or max(margin - d, 0)^2 (legacy: max(margin - d^2, 0)), / 2N."""
+    need.check(scratch, need.contrastive_loss(a.shape[0]), "contrastive_loss_forward")
     d, d2, similar = _pair_distances(a, b, sim)
     if legacy:
         other = np.maximum(margin - d2, 0)
@@ -192,10 +203,11 @@ def contrastive_loss_forward(a: np.ndarray, b: np.ndarray, sim: np.ndarray, loss
 
 
 def contrastive_loss_backward(a: np.ndarray, b: np.ndarray, sim: np.ndarray, loss_diff, da: np.ndarray | None,
-                              db: np.ndarray | None, margin: float, legacy: bool) -> None:
+                              db: np.ndarray | None, margin: float, legacy: bool, scratch: Any = None) -> None:
     """Caffe's gradient, its 1e-4 guard on the distance included: for bottom a (sign +1) or b (sign -1),
     alpha = sign * w / N; similar: alpha (a - b); dissimilar with a positive margin term: legacy -alpha (a - b),
     else -alpha (margin - d) / (d + 1e-4) (a - b); zero otherwise."""
+    need.check(scratch, need.row_sums(a.shape[0]), "contrastive_loss_backward")
     d, d2, similar = _pair_distances(a, b, sim)
     n = a.shape[0]
     if legacy:
@@ -210,8 +222,10 @@ def contrastive_loss_backward(a: np.ndarray, b: np.ndarray, sim: np.ndarray, los
             np.copyto(out.reshape(g.shape), sign * g)
 
 
-def multinomial_logistic_loss_forward(prob: np.ndarray, label: np.ndarray, loss: np.ndarray) -> None:
+def multinomial_logistic_loss_forward(prob: np.ndarray, label: np.ndarray, loss: np.ndarray,
+                                      scratch: Any = None) -> None:
     """loss = -sum over samples of log(max(prob[i, label_i], 1e-20)) / N; prob is (N, dim)."""
+    need.check(scratch, need.loss_stats(), "multinomial_logistic_loss_forward")
     n, dim = prob.shape
     lab, _ = _labels(label.reshape(n, 1), dim, None)
     p = prob[np.arange(n), lab[:, 0]]
@@ -228,11 +242,12 @@ def multinomial_logistic_loss_backward(prob: np.ndarray, label: np.ndarray, loss
 
 
 def infogain_loss_forward(prob: np.ndarray, label: np.ndarray, infogain: np.ndarray, loss: np.ndarray,
-                          ignore_label: int | None, normalization: str) -> None:
+                          ignore_label: int | None, normalization: str, scratch: Any = None) -> None:
     """loss = -sum over counted positions of sum_l H[label, l] log(max(prob[l], 1e-20)) / normalizer.
 
     prob is the softmax (outer, C, inner), label (outer, inner), H (C, C).
     """
+    need.check(scratch, need.loss_stats(), "infogain_loss_forward")
     outer, channels, inner = prob.shape
     lab, valid = _labels(label, channels, ignore_label)
     h_rows = infogain.reshape(channels, channels)[lab]  # (outer, inner, C)
@@ -242,8 +257,9 @@ def infogain_loss_forward(prob: np.ndarray, label: np.ndarray, infogain: np.ndar
 
 
 def infogain_loss_backward(prob: np.ndarray, label: np.ndarray, infogain: np.ndarray, loss_diff, dx: np.ndarray,
-                           ignore_label: int | None, normalization: str) -> None:
+                           ignore_label: int | None, normalization: str, scratch: Any = None) -> None:
     """d loss / d scores = (prob * sum_l H[label, l] - H[label, :]) * w / normalizer, zero where ignored."""
+    need.check(scratch, need.infogain_loss(prob.shape[1]), "infogain_loss_backward")
     outer, channels, inner = prob.shape
     lab, valid = _labels(label, channels, ignore_label)
     h = infogain.reshape(channels, channels)

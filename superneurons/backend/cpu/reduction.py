@@ -1,15 +1,21 @@
 """Reduction (SUM, ASUM, SUMSQ, MEAN over the trailing axes) and ArgMax (top-k along one axis)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from superneurons.backend import scratch as need
 
 __all__ = ["reduction_forward", "reduction_backward", "argmax_forward"]
 
 REDUCTIONS = ("SUM", "ASUM", "SUMSQ", "MEAN")
 
 
-def reduction_forward(x: np.ndarray, y: np.ndarray, op: str, coeff: float, outer: int, inner: int) -> None:
+def reduction_forward(x: np.ndarray, y: np.ndarray, op: str, coeff: float, outer: int, inner: int,
+                      scratch: Any = None) -> None:
     """y[outer] = coeff * reduce(x viewed as (outer, inner)) over inner."""
+    need.check(scratch, need.row_sums(outer), "reduction_forward")
     x2 = x.reshape(outer, inner)
     out = y.reshape(outer)
     if op == "SUM":

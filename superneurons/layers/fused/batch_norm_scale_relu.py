@@ -9,6 +9,7 @@ alone, so recomputation keeps them bit-identical.
 """
 from __future__ import annotations
 
+from superneurons.backend import scratch as need
 from superneurons.layers.base import NEEDS_BOTTOM, BufferDecl
 from superneurons.layers.batch_norm import BatchNorm
 from superneurons.layers.fused import FusedLayer
@@ -41,6 +42,9 @@ class BatchNormScaleReLU(FusedLayer):
     def backward_needs(self):
         return frozenset({NEEDS_BOTTOM}) if self.keeps_input else frozenset()
 
+    def scratch_entries(self):
+        return need.row_sums(self.bn.channels)
+
     def diff_in_place_bottoms(self):
         """Out of place, backward may still write dx over dy (the kernels read each element of dy before
         writing that element of dx), as it does in place."""
@@ -53,7 +57,7 @@ class BatchNormScaleReLU(FusedLayer):
             self.var.array, self.inv_std.array, scale.scale.data, scale.bias.data, bn.mean_sum.data,
             bn.var_sum.data, bn.scale_factor.data, bn.outer, bn.channels, bn.inner, bn.eps, bn.use_global_stats,
             not self.ctx.recomputing,  # a replayed forward has folded this batch in already
-            bn.maf, bn.var_correction, self.relu_slope)
+            bn.maf, bn.var_correction, self.relu_slope, scratch=self.ctx.scratch)
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         if self.keeps_input:
@@ -66,4 +70,4 @@ class BatchNormScaleReLU(FusedLayer):
         self.ops.bn_affine_backward(kept, mean, self.inv_std.array, scale.scale.data, scale.bias.data,
                                     top_diff[0], bottom_diff[0] if propagate_down[0] else None, scale.scale.diff,
                                     scale.bias.diff, bn.outer, bn.channels, bn.inner, bn.use_global_stats,
-                                    self.relu_slope)
+                                    self.relu_slope, scratch=self.ctx.scratch)

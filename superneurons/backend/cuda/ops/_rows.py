@@ -1,4 +1,5 @@
-"""Shared host helpers of the extra GPU ops: float64 scratch buffers and the row sums of kernels/rows.py.
+"""Shared host helpers of the extra GPU ops: float64 sums in the run's scratch region and the row sums of
+kernels/rows.py.
 
 No `__all__`: collect_ops gathers nothing from here.
 """
@@ -10,27 +11,43 @@ from numba import cuda
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import BLOCK, elementwise as ek, rows as rk
+from superneurons.backend.scratch import row_sums as row_sums_entries
 
-_scratch: dict = {}
 
-
-def scratch(tag: str, n: int):
-    """A float64 device array of `n` entries for one purpose (`tag`), allocated once and reused: all work runs
-    on one stream, so the next op using it starts after the last one finished with it."""
-    key = (tag, n)
-    buf = _scratch.get(key)
-    if buf is None:
-        buf = _scratch[key] = cuda.device_array(max(n, 1), np.float64)
-    return buf
+def take(scratch, n: int, at: int = 0):
+    """float64 entries [at, at + n) of the run's scratch region (`scratch`: the Net's planned `#scratch` tensor,
+    backend/scratch.py), as a view built once per region and kept on it (the kernels' launch cache keys arrays
+    by identity). Without a region (an op called outside a Net: tests, benchmarks) a private array."""
+    n = max(int(n), 1)
+    if scratch is None:
+        return cuda.device_array(n, np.float64)
+    region = flat(scratch)
+    if region.dtype != np.float64 or at + n > region.size:
+        raise RuntimeError(f"scratch entries [{at}, {at + n}) asked for, the net planned {region.size} "
+                           f"{region.dtype} entries: the calling layer's scratch_entries() declares too few")
+    if at == 0 and n == region.size:
+        return region
+    key = ("_sn_take", at, n)
+    try:
+        return region.__dict__[key]
+    except (KeyError, AttributeError):
+        pass
+    view = region[at:at + n]
+    try:
+        region.__dict__[key] = view
+    except AttributeError:
+        pass
+    return view
 
 
 def zero(buf) -> None:
     K.launch(ek.fill, buf.size)(buf, np.float64(0.0))
 
 
-def row_sums(x, y, outer: int, dim: int, inner: int, mode: int, tag: str):
-    """float64 sums[2 * dim] of kernels/rows.py `mode` over the rows of x (and y) viewed as (outer, dim, inner)."""
-    sums = scratch(tag, 2 * dim)
+def row_sums(x, y, outer: int, dim: int, inner: int, mode: int, scratch, at: int = 0):
+    """float64 sums[2 * dim] of kernels/rows.py `mode` over the rows of x (and y) viewed as (outer, dim, inner),
+    in the scratch region's entries from `at` (backend/scratch.py: row_sums(dim) of them)."""
+    sums = take(scratch, row_sums_entries(dim), at)
     m = outer * inner
     fx = flat(x)
     fy = flat(y) if y is not None else fx

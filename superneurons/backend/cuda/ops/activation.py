@@ -177,10 +177,10 @@ def prelu_forward(x, slope, y, outer: int, channels: int, inner: int) -> None:
         K.launch(prelu_forward_kernel, y.size)(flat(x), flat(slope), flat(y), channels, inner)
 
 
-def prelu_backward(x, slope, dy, dx, dslope, outer: int, channels: int, inner: int) -> None:
+def prelu_backward(x, slope, dy, dx, dslope, outer: int, channels: int, inner: int, scratch=None) -> None:
     """dslope += per-channel (or total) sum of dy * x where x <= 0; dx = dy * (1 or slope). None skips one."""
     if dslope is not None:
-        sums = row_sums(x, dy, outer, channels, inner, rk.NEG_DOT, "prelu")
+        sums = row_sums(x, dy, outer, channels, inner, rk.NEG_DOT, scratch)
         finish = rk.scaled_rows if dslope.size == channels else rk.total_into
         K.launch(finish, dslope.size)(sums, flat(dslope), 1.0, True)
     if dx is not None and dx.size:

@@ -8,6 +8,8 @@ from superneurons.backend.cuda.device import bits, channels_last, current, flat,
 from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
 from superneurons.backend.cuda.half_math import Unsupported
+from superneurons.backend.cuda.ops._rows import take
+from superneurons.backend.scratch import total
 from superneurons.dtypes import FLOAT32, HALF_TYPES
 
 __all__ = ["fill", "copy", "axpy", "axpby", "scal", "gemm", "add_bias", "bias_backward", "reshape", "asum",
@@ -71,41 +73,46 @@ def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
         K.launch(ek.channel_add, y.size)(flat(y), flat(b), dim, inner)
 
 
-def bias_backward(dy, db, outer: int, dim: int, inner: int) -> None:
+def bias_backward(dy, db, outer: int, dim: int, inner: int, scratch=None) -> None:
     """db[dim] += sum of dy viewed as (outer, dim, inner) over outer and inner."""
     from superneurons.backend.cuda.ops import scale
 
     if scale.spread():
-        scale.channel_sum(dy, db, outer, dim, inner, True)
+        scale.channel_sum(dy, db, outer, dim, inner, True, scratch)
         return
     K.launch(rk.channel_sum, 0, blocks=dim)(flat(dy), flat(db), outer, dim, inner, True)
 
 
-def _sum(x, y, mode: int) -> float:
-    out = current().scratch(1)
-    fill(out, 0.0)
+def _total(scratch):
+    """The one float64 entry a whole-array sum adds into (backend/scratch.py: total()), zeroed."""
+    out = take(scratch, total())
+    K.launch(ek.fill, 1)(out, np.float64(0.0))
+    return out
+
+
+def _sum(x, y, mode: int, scratch) -> float:
+    out = _total(scratch)
     if x.size:
         K.launch(rk.array_sum, x.size)(flat(x), flat(y), out, mode)
     return float(out.copy_to_host()[0])
 
 
-def asum(x) -> float:
-    return _sum(x, x, 0)
+def asum(x, scratch=None) -> float:
+    return _sum(x, x, 0, scratch)
 
 
-def sumsq(x) -> float:
-    return _sum(x, x, 1)
+def sumsq(x, scratch=None) -> float:
+    return _sum(x, x, 1, scratch)
 
 
-def dot(x, y) -> float:
-    return _sum(x, y, 2)
+def dot(x, y, scratch=None) -> float:
+    return _sum(x, y, 2, scratch)
 
 
-def all_finite(arrays) -> bool:
+def all_finite(arrays, scratch=None) -> bool:
     """Whether every value of every array is finite: their squares summed into one float64 on the device (Inf or
     NaN anywhere makes it so; float32's largest value squared is still finite there), read back once."""
-    out = current().scratch(1)
-    fill(out, 0.0)
+    out = _total(scratch)
     for x in arrays:
         if x.size:
             K.launch(rk.array_sum, x.size)(flat(x), flat(x), out, 1)

@@ -10,9 +10,9 @@ from superneurons.backend.cuda.ops.scale import channel_partials, spread as rk_s
 __all__ = ["bn_batch_stats", "bn_running_update", "bn_global_stats", "bn_normalize", "bn_backward"]
 
 
-def bn_batch_stats(x, mean, var, outer: int, channels: int, inner: int) -> None:
+def bn_batch_stats(x, mean, var, outer: int, channels: int, inner: int, scratch=None) -> None:
     if rk_spread():
-        sums = channel_partials(x, None, None, None, outer, channels, inner, 0)
+        sums = channel_partials(x, None, None, None, outer, channels, inner, 0, scratch)
         K.launch(bk.stats_finish, channels)(sums, flat(mean), flat(var), float(outer * inner))
         return
     K.launch(bk.batch_stats, 0, blocks=channels)(flat(x), flat(mean), flat(var), outer, channels, inner)
@@ -38,9 +38,9 @@ def bn_normalize(x, mean, var, eps: float, inv_std, y, outer: int, channels: int
     K.launch(bk.normalize, y.size)(flat(x), flat(mean), flat(inv_std), flat(y), channels, inner)
 
 
-def bn_backward(x, mean, inv_std, dy, dx, outer: int, channels: int, inner: int) -> None:
+def bn_backward(x, mean, inv_std, dy, dx, outer: int, channels: int, inner: int, scratch=None) -> None:
     if rk_spread():
-        sums = channel_partials(x, dy, mean, inv_std, outer, channels, inner, 3)
+        sums = channel_partials(x, dy, mean, inv_std, outer, channels, inner, 3, scratch)
         K.launch(bk.backward_apply, dx.size)(flat(x), flat(mean), flat(inv_std), sums, flat(dy), flat(dx), channels,
                                              inner, float(outer * inner))
         return

@@ -51,9 +51,10 @@ def conv_forward(x, w, b, y, geom: ConvGeometry, workspace=None) -> None:
 
 
 def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool = False,
-                  overwrite_dw: bool = False, workspace=None) -> None:
+                  overwrite_dw: bool = False, workspace=None, scratch=None) -> None:
     """dx = conv^T(dy, w) (overwritten; added to dx with `accumulate_dx`); dw += corr(x, dy) (dw = it with
-    `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy. None skips one."""
+    `overwrite_dw`, for a dw that holds zeros); db += per-channel sum of dy (our sum's partials in `scratch`, the
+    run's float64 region). None skips one."""
     require_one_type(x, w, dy, dx, dw)
     nhwc = _nhwc(x, w, dy, dx, dw)
     plan = _plan(x, w, dy, geom, nhwc)
@@ -64,7 +65,7 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
 
             bias_backward(dy, db, n, m, oh * ow)
         elif own_bias_sum(m, oh * ow) or dy.dtype != FLOAT32 or db.dtype != FLOAT32:
-            basic.bias_backward(dy, db, n, m, oh * ow)
+            basic.bias_backward(dy, db, n, m, oh * ow, scratch)
         else:
             plan.backward_bias(dy, db)
     with current().workspace_from(workspace):

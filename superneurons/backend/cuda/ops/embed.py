@@ -12,18 +12,19 @@ from superneurons.backend.cpu import embed as cpu_embed
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import embed as ek, rows as rk
-from superneurons.backend.cuda.ops._rows import row_sums, scratch, zero
+from superneurons.backend.cuda.ops._rows import row_sums, take, zero
 from superneurons.backend.cuda.ops.basic import download, upload
+from superneurons.backend.scratch import total
 
 __all__ = ["embed_forward", "embed_backward", "select_nonzero"]
 
 
-def embed_forward(idx, w, b, y) -> None:
+def embed_forward(idx, w, b, y, scratch=None) -> None:
     """y (count(idx), num_output) = w[idx] (+ b)."""
     input_dim, num_output = w.shape
     if not y.size:
         return
-    bad = scratch("embed", 1)
+    bad = take(scratch, total())
     zero(bad)
     K.launch(ek.embed_forward, y.size)(flat(idx), flat(w), flat(b) if b is not None else flat(w), flat(y),
                                        input_dim, num_output, b is not None, bad)
@@ -32,14 +33,14 @@ def embed_forward(idx, w, b, y) -> None:
         raise AssertionError("the GPU found bad embedding indices that the CPU check accepts")
 
 
-def embed_backward(idx, dy, dw, db) -> None:
+def embed_backward(idx, dy, dw, db, scratch=None) -> None:
     """dw[idx] += dy rows (repeated indices add up); db += the sum of dy rows."""
     input_dim, num_output = dw.shape
     if dy.size:
         K.launch(ek.embed_backward, dy.size)(flat(idx), flat(dy), flat(dw), input_dim, num_output)
     if db is not None and dy.size:
         # Column sums of dy viewed as (rows, num_output): the rows of the (rows, num_output, 1) view.
-        sums = row_sums(dy, None, dy.size // num_output, num_output, 1, rk.SUM, "embed")
+        sums = row_sums(dy, None, dy.size // num_output, num_output, 1, rk.SUM, scratch)
         K.launch(rk.scaled_rows, num_output)(sums, flat(db), 1.0, True)
 
 

@@ -11,10 +11,11 @@ from superneurons import settings
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek, fused as fk, reduce as rk
+from superneurons.backend.cuda.ops._rows import take
+from superneurons.backend.scratch import row_sums
 
 __all__ = ["bn_affine_forward", "bn_affine_backward"]
 
-_sums: dict = {}  # channels -> float64 device array of 2 * channels partial sums, reused
 # Planes of at least SUPERNEURONS_BN_ROWS_MIN elements (1024, four blocks) take the plain-sweep kernels
 # (kernels/fused.py says why); on shorter planes a thread's sweep ends after one or two loads, and the general
 # walk, which runs on across planes, keeps four in flight. SUPERNEURONS_BN_ROWS=0 keeps the general walk
@@ -47,12 +48,9 @@ def _kernels(inner: int):
     return fk.stats_partials, fk.forward_apply, fk.backward_partials, fk.backward_apply
 
 
-def _zeroed_sums(channels: int):
-    sums = _sums.get(channels)
-    if sums is None:
-        from numba import cuda
-
-        sums = _sums[channels] = cuda.device_array(2 * channels, np.float64)
+def _zeroed_sums(channels: int, scratch):
+    """The 2 * channels float64 partial sums of the spread passes, in the run's scratch region, zeroed."""
+    sums = take(scratch, row_sums(channels))
     K.launch(ek.fill, sums.size)(sums, np.float64(0.0))
     return sums
 
@@ -63,7 +61,8 @@ def _slope(relu_slope: float | None, like) -> tuple[bool, object]:
 
 def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, var_sum, scale_factor, outer: int,
                       channels: int, inner: int, eps: float, use_global_stats: bool, update_running: bool,
-                      moving_average_fraction: float, var_correction: float, relu_slope: float | None) -> None:
+                      moving_average_fraction: float, var_correction: float, relu_slope: float | None,
+                      scratch=None) -> None:
     if not y.size:
         return
     mode = fk.GLOBAL if use_global_stats else fk.BATCH_UPDATE if update_running else fk.BATCH
@@ -82,7 +81,7 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
     if use_global_stats:
         sums = mean_sum  # unused
     else:
-        sums = _zeroed_sums(channels)
+        sums = _zeroed_sums(channels, scratch)
         K.launch(stats_kernel, 0, blocks=blocks)(flat(x), sums, outer, channels, inner, chunk)
     K.launch(fk.channel_stats, channels)(sums, *stats, *constants)
     K.launch(apply_kernel, 0, blocks=blocks)(flat(x), flat(mean), flat(inv_std), flat(gamma), flat(beta), fh, fy,
@@ -90,7 +89,7 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
 
 
 def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int,
-                       inner: int, use_global_stats: bool, relu_slope: float | None) -> None:
+                       inner: int, use_global_stats: bool, relu_slope: float | None, scratch=None) -> None:
     """`kept`: x_hat (`mean` None) or the forward's input x (backend/cpu/fused.py)."""
     if not dy.size:
         return
@@ -107,7 +106,7 @@ def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, 
         return
     chunk, blocks = rk.chunking(outer, channels, inner, _min_block())
     _, _, sums_kernel, apply_kernel = _kernels(inner)
-    sums = _zeroed_sums(channels)
+    sums = _zeroed_sums(channels, scratch)
     K.launch(sums_kernel, 0, blocks=blocks)(*kept_args, flat(gamma), flat(beta), fdy, sums, outer, channels, inner,
                                             chunk, relu, slope)
     if dx is None:

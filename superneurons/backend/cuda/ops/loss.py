@@ -16,10 +16,11 @@ import numpy as np
 
 from superneurons.backend.cpu import loss as cpu_loss
 from superneurons.backend.cuda import kernels as K
-from superneurons.backend.cuda.device import current, flat
+from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import loss as lk, rows as rk
-from superneurons.backend.cuda.ops._rows import row_sums, scratch, zero
-from superneurons.backend.cuda.ops.basic import download, fill, upload
+from superneurons.backend.cuda.ops._rows import row_sums, take, zero
+from superneurons.backend.cuda.ops.basic import download, upload
+from superneurons.backend.scratch import accuracy_sums, loss_stats, row_sums as row_sums_entries
 
 __all__ = ["softmax_loss_forward", "softmax_loss_backward", "accuracy_forward", "euclidean_loss_forward",
            "euclidean_loss_backward", "sigmoid_ce_loss_forward", "sigmoid_ce_loss_backward", "hinge_loss_forward",
@@ -68,12 +69,12 @@ class LabelCheck:
             raise cpu_loss.bad_labels(int(count), self.channels, float(first))
 
 
-def softmax_loss_forward(prob, label, loss, ignore_label: int | None, normalization: str) -> "LabelCheck | None":
+def softmax_loss_forward(prob, label, loss, ignore_label: int | None, normalization: str,
+                         scratch=None) -> "LabelCheck | None":
     """Queues the loss; returns the LabelCheck to run once the host needs the verdict (None in the simulator,
     where a label outside the classes raises here)."""
     outer, channels, inner = prob.shape
-    stats = current().scratch(5)
-    fill(stats, 0.0)
+    stats = _stats(scratch)
     K.launch(lk.softmax_loss_stats, label.size)(flat(prob), flat(label), stats, channels, inner,
                                                 *_ignore(ignore_label))
     K.launch(lk.softmax_loss_finish, 1)(stats, flat(label), flat(loss), outer, inner,
@@ -88,20 +89,21 @@ def softmax_loss_forward(prob, label, loss, ignore_label: int | None, normalizat
     return LabelCheck(stats, channels)
 
 
-def softmax_loss_backward(prob, label, loss_diff, dx, ignore_label: int | None, normalization: str) -> None:
+def softmax_loss_backward(prob, label, loss_diff, dx, ignore_label: int | None, normalization: str,
+                          scratch=None) -> None:
     outer, channels, inner = prob.shape
-    stats = current().scratch(3)
-    fill(stats, 0.0)
+    stats = _stats(scratch)
     ignore = _ignore(ignore_label)
     K.launch(lk.count_valid, label.size)(flat(label), stats, channels, *ignore)
     K.launch(lk.softmax_loss_grad, dx.size)(flat(prob), flat(label), stats, flat(loss_diff), flat(dx), outer,
                                             channels, inner, *ignore, cpu_loss.NORMALIZATIONS.index(normalization))
 
 
-def accuracy_forward(scores, label, top_k: int, ignore_label: int | None, accuracy, per_class=None) -> None:
+def accuracy_forward(scores, label, top_k: int, ignore_label: int | None, accuracy, per_class=None,
+                     scratch=None) -> None:
     channels, inner = scores.shape[1], scores.shape[2]
-    buf = current().scratch(3 + 2 * channels)
-    fill(buf, 0.0)
+    buf = take(scratch, accuracy_sums(channels))
+    zero(buf)
     stats, hits, seen = buf[:3], buf[3:3 + channels], buf[3 + channels:]
     K.launch(lk.accuracy_stats, label.size)(flat(scores), flat(label), stats, hits, seen, channels, inner,
                                             int(top_k), *_ignore(ignore_label))
@@ -118,8 +120,9 @@ def accuracy_forward(scores, label, top_k: int, ignore_label: int | None, accura
 _NONE = cpu_loss.NORMALIZATIONS.index("NONE")
 
 
-def _stats():
-    stats = scratch("loss_stats", 3)
+def _stats(scratch, at: int = 0):
+    """A loss's float64 running sums (backend/scratch.py: loss_stats()) in the scratch region from `at`, zeroed."""
+    stats = take(scratch, loss_stats(), at)
     zero(stats)
     return stats
 
@@ -139,9 +142,9 @@ def _check_labels(stats, label, channels: int, ignore_label: int | None) -> None
         raise AssertionError("the GPU found labels outside the classes that the CPU check accepts")
 
 
-def euclidean_loss_forward(a, b, loss) -> None:
+def euclidean_loss_forward(a, b, loss, scratch=None) -> None:
     """loss = sum((a - b)^2) / (2 N), N = a.shape[0]."""
-    sums = row_sums(a, b, 1, 1, a.size, rk.SQDIFF, "euclidean")
+    sums = row_sums(a, b, 1, 1, a.size, rk.SQDIFF, scratch)
     K.launch(rk.total_into, 1)(sums, flat(loss), 0.5 / a.shape[0], False)
 
 
@@ -157,14 +160,15 @@ def _outer_inner(x) -> tuple[int, int]:
     return outer, (x.size // outer if outer else 0)
 
 
-def sigmoid_ce_loss_forward(x, target, loss, ignore_label: int | None, normalization: str) -> None:
-    stats = _stats()
+def sigmoid_ce_loss_forward(x, target, loss, ignore_label: int | None, normalization: str, scratch=None) -> None:
+    stats = _stats(scratch)
     _reduce(lk.sigmoid_ce_stats, x.size, flat(x), flat(target), stats, *_ignore(ignore_label))
     _finish(stats, loss, 1.0, cpu_loss.NORMALIZATIONS.index(normalization), *_outer_inner(x))
 
 
-def sigmoid_ce_loss_backward(x, target, loss_diff, dx, ignore_label: int | None, normalization: str) -> None:
-    stats = _stats()
+def sigmoid_ce_loss_backward(x, target, loss_diff, dx, ignore_label: int | None, normalization: str,
+                             scratch=None) -> None:
+    stats = _stats(scratch)
     ignore = _ignore(ignore_label)
     _reduce(lk.target_count, x.size, flat(target), stats, *ignore)
     if dx.size:
@@ -172,9 +176,9 @@ def sigmoid_ce_loss_backward(x, target, loss_diff, dx, ignore_label: int | None,
                                               cpu_loss.NORMALIZATIONS.index(normalization), *_outer_inner(x))
 
 
-def hinge_loss_forward(x, label, loss, norm: str) -> None:
+def hinge_loss_forward(x, label, loss, norm: str, scratch=None) -> None:
     n, dim = x.shape
-    stats = _stats()
+    stats = _stats(scratch)
     _reduce(lk.hinge_stats, x.size, flat(x), flat(label), stats, dim, norm == "L2")
     _check_labels(stats, label, dim, None)
     _finish(stats, loss, 1.0 / n)
@@ -186,30 +190,30 @@ def hinge_loss_backward(x, label, loss_diff, dx, norm: str) -> None:
         K.launch(lk.hinge_grad, dx.size)(flat(x), flat(label), flat(loss_diff), flat(dx), dim, norm == "L2", 1.0 / n)
 
 
-def _pair_d2(a, b, tag: str):
+def _pair_d2(a, b, scratch):
     n = a.shape[0]
-    return row_sums(a, b, 1, n, a.size // n if n else 0, rk.SQDIFF, tag)
+    return row_sums(a, b, 1, n, a.size // n if n else 0, rk.SQDIFF, scratch)
 
 
-def contrastive_loss_forward(a, b, sim, loss, margin: float, legacy: bool) -> None:
-    d2 = _pair_d2(a, b, "contrastive")
-    stats = _stats()
+def contrastive_loss_forward(a, b, sim, loss, margin: float, legacy: bool, scratch=None) -> None:
+    d2 = _pair_d2(a, b, scratch)
+    stats = _stats(scratch, row_sums_entries(a.shape[0]))  # after the pairs' sums
     _reduce(lk.contrastive_stats, sim.size, d2, flat(sim), stats, float(margin), bool(legacy))
     _finish(stats, loss, 0.5 / a.shape[0])
 
 
-def contrastive_loss_backward(a, b, sim, loss_diff, da, db, margin: float, legacy: bool) -> None:
+def contrastive_loss_backward(a, b, sim, loss_diff, da, db, margin: float, legacy: bool, scratch=None) -> None:
     n = a.shape[0]
-    d2 = _pair_d2(a, b, "contrastive")
+    d2 = _pair_d2(a, b, scratch)
     for out, sign in ((da, 1.0), (db, -1.0)):
         if out is not None and out.size:
             K.launch(lk.contrastive_grad, out.size)(flat(a), flat(b), d2, flat(sim), flat(loss_diff), flat(out),
                                                     a.size // n, float(margin), bool(legacy), sign / n)
 
 
-def multinomial_logistic_loss_forward(prob, label, loss) -> None:
+def multinomial_logistic_loss_forward(prob, label, loss, scratch=None) -> None:
     n, dim = prob.shape
-    stats = _stats()
+    stats = _stats(scratch)
     _reduce(lk.multinomial_stats, n, flat(prob), flat(label), stats, dim)
     _check_labels(stats, label, dim, None)
     _finish(stats, loss, 1.0 / n)
@@ -221,9 +225,10 @@ def multinomial_logistic_loss_backward(prob, label, loss_diff, dx) -> None:
         K.launch(lk.multinomial_grad, dx.size)(flat(prob), flat(label), flat(loss_diff), flat(dx), dim, 1.0 / n)
 
 
-def infogain_loss_forward(prob, label, infogain, loss, ignore_label: int | None, normalization: str) -> None:
+def infogain_loss_forward(prob, label, infogain, loss, ignore_label: int | None, normalization: str,
+                          scratch=None) -> None:
     outer, channels, inner = prob.shape
-    stats = _stats()
+    stats = _stats(scratch)
     _reduce(lk.infogain_stats, outer * inner, flat(prob), flat(label), flat(infogain), stats, channels, inner,
             *_ignore(ignore_label))
     _check_labels(stats, label, channels, ignore_label)
@@ -231,12 +236,12 @@ def infogain_loss_forward(prob, label, infogain, loss, ignore_label: int | None,
 
 
 def infogain_loss_backward(prob, label, infogain, loss_diff, dx, ignore_label: int | None,
-                           normalization: str) -> None:
+                           normalization: str, scratch=None) -> None:
     outer, channels, inner = prob.shape
     ignore = _ignore(ignore_label)
-    stats = _stats()
+    stats = _stats(scratch)
     _reduce(lk.label_stats, outer * inner, flat(label), stats, channels, *ignore)
-    h_sums = row_sums(infogain, None, 1, channels, channels, rk.SUM, "infogain")
+    h_sums = row_sums(infogain, None, 1, channels, channels, rk.SUM, scratch, loss_stats())  # after the stats
     if dx.size:
         K.launch(lk.infogain_grad, dx.size)(flat(prob), flat(label), flat(infogain), h_sums, stats, flat(loss_diff),
                                             flat(dx), channels, inner, *ignore,

@@ -19,12 +19,12 @@ def _check(op: str) -> None:
         raise ValueError(f"unknown reduction {op!r}; one of {', '.join(REDUCTIONS)}")
 
 
-def reduction_forward(x, y, op: str, coeff: float, outer: int, inner: int) -> None:
+def reduction_forward(x, y, op: str, coeff: float, outer: int, inner: int, scratch=None) -> None:
     """y[outer] = coeff * reduce(x viewed as (outer, inner)) over inner."""
     _check(op)
     if not y.size:
         return
-    sums = row_sums(x, None, 1, outer, inner, _MODES[op], "reduction")
+    sums = row_sums(x, None, 1, outer, inner, _MODES[op], scratch)
     scale = coeff / inner if op == "MEAN" else coeff
     K.launch(rk.scaled_rows, outer)(sums, flat(y), float(scale), False)
 

@@ -7,25 +7,23 @@ from superneurons import settings
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
+from superneurons.backend.cuda.ops._rows import take
+from superneurons.backend.scratch import row_sums
 
 __all__ = ["channel_mul", "channel_mul_grad"]
 
-# Per-channel reductions split over (channel, chunk of planes) blocks (kernels/reduce.py);
-# SUPERNEURONS_CUDA_SPREAD=0 keeps the one-block-per-channel kernels.
-_sums: dict = {}
+# Per-channel reductions split over (channel, chunk of planes) blocks (kernels/reduce.py), their partial sums
+# in the run's scratch region; SUPERNEURONS_CUDA_SPREAD=0 keeps the one-block-per-channel kernels.
 
 
 def spread() -> bool:
     return settings.get("SUPERNEURONS_CUDA_SPREAD")
 
 
-def channel_partials(x, y, mean, inv, outer: int, dim: int, inner: int, mode: int):
-    """float64 sums[2 * dim] of x (and x*x), x*y, or BatchNorm backward's dy and dy*x_hat (see reduce.py)."""
-    sums = _sums.get(dim)
-    if sums is None:
-        from numba import cuda
-
-        sums = _sums[dim] = cuda.device_array(2 * dim, np.float64)
+def channel_partials(x, y, mean, inv, outer: int, dim: int, inner: int, mode: int, scratch):
+    """float64 sums[2 * dim] of x (and x*x), x*y, or BatchNorm backward's dy and dy*x_hat (see reduce.py), in
+    the scratch region (backend/scratch.py: row_sums(dim) entries)."""
+    sums = take(scratch, row_sums(dim))
     K.launch(ek.fill, sums.size)(sums, np.float64(0.0))
     chunk, blocks = rk.chunking(outer, dim)
     fx = flat(x)
@@ -36,8 +34,8 @@ def channel_partials(x, y, mean, inv, outer: int, dim: int, inner: int, mode: in
     return sums
 
 
-def channel_sum(x, out, outer: int, dim: int, inner: int, accumulate: bool) -> None:
-    sums = channel_partials(x, None, None, None, outer, dim, inner, 1)
+def channel_sum(x, out, outer: int, dim: int, inner: int, accumulate: bool, scratch) -> None:
+    sums = channel_partials(x, None, None, None, outer, dim, inner, 1, scratch)
     K.launch(rk.channel_finish, dim)(sums, flat(out), bool(accumulate))
 
 
@@ -46,9 +44,9 @@ def channel_mul(x, s, y, outer: int, dim: int, inner: int) -> None:
         K.launch(ek.channel_mul, y.size)(flat(x), flat(s), flat(y), dim, inner)
 
 
-def channel_mul_grad(x, dy, ds, outer: int, dim: int, inner: int, accumulate: bool) -> None:
+def channel_mul_grad(x, dy, ds, outer: int, dim: int, inner: int, accumulate: bool, scratch=None) -> None:
     if spread():
-        sums = channel_partials(x, dy, None, None, outer, dim, inner, 2)
+        sums = channel_partials(x, dy, None, None, outer, dim, inner, 2, scratch)
         K.launch(rk.channel_finish, dim)(sums, flat(ds), bool(accumulate))
         return
     K.launch(rk.channel_dot, 0, blocks=dim)(flat(x), flat(dy), flat(ds), outer, dim, inner, bool(accumulate))
