@@ -22,19 +22,15 @@ IN_SIMULATOR = bool(config.ENABLE_CUDASIM)
 simulated = pytest.mark.simulator
 
 
-class _ScratchOnly:
-    """The one Device service simulated ops may use: float64 scratch (no cuDNN, cuBLAS or streams)."""
-
-    def scratch(self, n):
-        from numba import cuda
-        import numpy as np
-
-        return cuda.device_array(n, np.float64)
+class _BareDevice:
+    """A device without cuDNN, cuBLAS or streams, and without memory of its own: simulated ops run through their
+    real module (flat, reshape, scalar, bits work on the simulator's arrays) and take their float64 sums from the
+    scratch region the caller passes (`scratch=`), as a Net's layers do; an op that reached for the device for
+    anything else would fail here."""
 
 
-def activate_scratch_device() -> None:
-    """Make backend/cuda/device.py's current() a device that only lends scratch, so ops whose kernels need no
-    library run under the simulator through their real module (flat, reshape, scalar, bits work on its arrays)."""
+def activate_bare_device() -> None:
+    """Make backend/cuda/device.py's current() a _BareDevice."""
     from superneurons.backend.cuda import device
 
-    device.activate(_ScratchOnly())
+    device.activate(_BareDevice())

@@ -11,7 +11,7 @@ from google.protobuf import text_format
 from superneurons.backend.cpu import CpuBackend
 from superneurons.layers.base import layer_class
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons.memory.steps import RunContext
+from superneurons.memory.steps import RunContext, Tensor
 
 _BACKEND = CpuBackend()
 
@@ -29,7 +29,11 @@ def make_layer(prototxt: str, bottom_shapes, phase=pb.TRAIN, rng=None, dtype=np.
     layer = layer_class(param.type)(param, phase)
     top_shapes = layer.setup([tuple(s) for s in bottom_shapes])
     layer.ops = _BACKEND.ops
-    layer.ctx = RunContext(seed=1234, iteration=iteration)
+    # The scratch region a Net would plan for this layer alone: exactly its declared entries, so an op that sums
+    # into more than the layer declares (backend/scratch.py) fails here, as it would on the GPU.
+    layer.ctx = RunContext(seed=1234, iteration=iteration,
+                           scratch_tensor=Tensor("#scratch", (layer.scratch_entries(),), np.float64, "buffer"))
+    layer.ctx.scratch_tensor.array = np.zeros(layer.scratch_entries(), np.float64)
     for decl in layer.params:
         decl.data = rng.standard_normal(decl.shape).astype(dtype)
         decl.diff = np.zeros(decl.shape, dtype)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import IN_SIMULATOR, activate_scratch_device, simulated  # noqa: E402
+from cudasim import IN_SIMULATOR, activate_bare_device, simulated  # noqa: E402
 
 if IN_SIMULATOR:
-    activate_scratch_device()
+    activate_bare_device()
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda.ops import (activation as g_activation, embed as g_embed,  # noqa: E402

@@ -168,9 +168,9 @@ def test_a_deferred_label_check_stops_the_pass_before_the_update(monkeypatch):
     direct = backend.ops.softmax_loss_forward
     verdicts = []  # when each check ran: the backward steps run before it
 
-    def deferred(*args):
+    def deferred(*args, **kwargs):
         try:
-            direct(*args)
+            direct(*args, **kwargs)
         except UserError as e:
             error = e
         else:
@@ -182,10 +182,11 @@ def test_a_deferred_label_check_stops_the_pass_before_the_update(monkeypatch):
                 raise error
         return check
 
-    def backward_as_on_the_gpu(prob, label, loss_diff, dx, ignore_label, normalization):  # no check: 0 there
+    def backward_as_on_the_gpu(prob, label, loss_diff, dx, ignore_label, normalization, scratch=None):  # no check
         lab = np.asarray(label)
         good = np.where((lab >= 0) & (lab < prob.shape[1]), lab, ignore_label if ignore_label is not None else -1)
-        direct_backward(prob, good, loss_diff, dx, -1 if ignore_label is None else ignore_label, normalization)
+        direct_backward(prob, good, loss_diff, dx, -1 if ignore_label is None else ignore_label, normalization,
+                        scratch=scratch)
 
     direct_backward = backend.ops.softmax_loss_backward
     monkeypatch.setattr(backend.ops, "softmax_loss_forward", deferred)

@@ -1,4 +1,4 @@
-"""The current GPU (handles, scratch, cuDNN workspace source) and zero-copy array views, shared by every CUDA op.
+"""The current GPU (handles, the default cuDNN workspace source) and zero-copy array views, shared by every CUDA op.
 
 Arrays are numba DeviceNDArrays. All of them are C-contiguous views onto pool arenas, so a reshape
 is a new header over the same `gpu_data` and a raw pointer is `device_ctypes_pointer`.
@@ -28,7 +28,10 @@ _current: "Device | None" = None
 class FixedWorkspace:
     """The default source: one private device buffer, grown on demand up to `limit` bytes, never shrunk.
 
-    Everything runs on one stream in order, so the buffer can be reused as soon as a call is queued."""
+    Only convolutions called without a source use it (tests, tools/bench): a Net's layers pass their run's
+    (`RunContext.workspace`, memory/workspace.py's PoolWorkspace over the Net's pool), so a run's workspace is
+    pool memory. Everything runs on one stream in order, so the buffer can be reused as soon as a call is
+    queued."""
 
     def __init__(self, limit: int):
         self.limit = int(limit)
@@ -52,7 +55,9 @@ class FixedWorkspace:
 
 
 class Device:
-    """One GPU: cuDNN and cuBLAS handles on the default stream, the cuDNN workspace source, float64 scratch."""
+    """One GPU: cuDNN and cuBLAS handles on the default stream and the cuDNN workspace source. Nothing here holds
+    device memory a run uses: its workspace and its float64 sums come from the Net's pool, passed with each op
+    call (`workspace=`, `scratch=`)."""
 
     def __init__(self, index: int, tf32: bool, workspace_limit: int):
         cuda.select_device(index)
@@ -60,7 +65,6 @@ class Device:
         self.default_workspace = FixedWorkspace(workspace_limit)
         self.cudnn = cudnn.Handle(0, tf32, self.default_workspace)
         self.cublas = cublas.Handle(0)
-        self._scratch: dict[int, DeviceNDArray] = {}
 
     @property
     def workspace_source(self) -> WorkspaceSource:
@@ -74,7 +78,9 @@ class Device:
     @contextmanager
     def workspace_from(self, source: WorkspaceSource | None) -> Iterator[None]:
         """Convolutions in this block borrow their workspace from `source` (a run's pool: the layers pass their
-        RunContext's); None: from whatever is installed (the default FixedWorkspace)."""
+        RunContext's); None: from whatever is installed (the default FixedWorkspace). The source is the op
+        call's argument: cuDNN's plans read it from the handle only while that call runs, and the one installed
+        before is back when it returns, so a train net and its test nets each borrow from their own pool."""
         if source is None:
             yield
             return
@@ -84,13 +90,6 @@ class Device:
             yield
         finally:
             self.cudnn.workspace_source = before
-
-    def scratch(self, n: int) -> DeviceNDArray:
-        """A float64 device array of `n` entries, reused across calls (allocated once per size)."""
-        buf = self._scratch.get(n)
-        if buf is None:
-            buf = self._scratch[n] = cuda.device_array(n, np.float64)
-        return buf
 
 
 def activate(device: Device) -> None:
