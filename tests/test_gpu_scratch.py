@@ -1,0 +1,66 @@
+"""On the GPU, every device byte a training run uses after its first iteration is pool memory the plan counts:
+the ops' float64 sums come from the net's `#scratch` region (backend/scratch.py), convolutions borrow their
+workspace from the pool (memory/workspace.py), so numba allocates no device array in the loop.
+
+The first iterations are left out: the test net is built (its pool) at the first test pass, cuDNN measures each
+convolution direction at its first call, into a scratch output of its own for the directions that accumulate
+(backend/cuda/cudnn.py), and a half net's ops that refuse half arrays take their float32 copies then
+(backend/cuda/half_math.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from gpu_harness import GPU_ONLY
+from test_solver import Quiet, solver_param
+from superneurons.solver import Solver
+
+pytestmark = GPU_ONLY
+
+W = 'weight_filler { type: "gaussian" std: 0.05 } bias_filler { type: "constant" value: 0.1 }'
+# A convolution whose bias gradient runs our per-channel sum (32 x 32 planes), a fused BatchNorm + Scale + ReLU
+# (several blocks per channel), an InnerProduct with a bias, the loss and, in the test net, Accuracy: every kind
+# of op that sums into the region.
+NET = f"""
+name: "sums"
+layer {{ name: "data" type: "DummyData" top: "x" top: "label"
+  dummy_data_param {{ data_filler {{ type: "gaussian" std: 1 }} data_filler {{ type: "constant" value: 3 }}
+    shape {{ dim: 8 dim: 3 dim: 32 dim: 32 }} shape {{ dim: 8 }} }} }}
+layer {{ name: "conv" type: "Convolution" bottom: "x" top: "conv"
+  convolution_param {{ num_output: 16 kernel_size: 3 pad: 1 {W} }} }}
+layer {{ name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }}
+layer {{ name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param {{ bias_term: true }} }}
+layer {{ name: "relu" type: "ReLU" bottom: "conv" top: "conv" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "conv" top: "ip" inner_product_param {{ num_output: 10 {W} }} }}
+layer {{ name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy" include {{ phase: TEST }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_no_device_array_is_allocated_after_the_first_iterations(gpu, monkeypatch, precision):
+    text = ("base_lr: 0.01 momentum: 0.9 max_iter: 5 clip_gradients: 100 debug_info: true test_iter: 1 "
+            "test_interval: 2 test_initialization: false snapshot_after_train: false")
+    solver = Solver(solver_param(text, net=NET), "s.prototxt", backend=gpu, log=Quiet(), precision=precision)
+    solver.step(3)  # iterations 0-2 and the first test pass: the test net is built, cuDNN's plans measured
+    net = solver.net
+    region = net.ctx.scratch
+    assert net.pool.owns(net.layout.scratch) and region.dtype == np.float64
+    assert region.size == max(2 * 16, 2 * 10, 5)  # the bias and BatchNorm sums of 16 channels lead
+    arena = net.backend.address(net.pool.arena)
+    assert arena <= net.backend.address(region) < arena + net.pool.capacity  # pool memory
+    calls = []
+    real = cuda.device_array
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    for name in ("device_array", "device_array_like", "to_device"):
+        monkeypatch.setattr(cuda, name, counted)
+    solver.step(2)  # iterations 3 and 4, with the second test pass
+    cuda.synchronize()
+    assert calls == []
+    assert np.isfinite(net.backend.to_host(net.data["loss"].array)).all()
