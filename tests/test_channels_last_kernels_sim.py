@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 cuda = pytest.importorskip("numba.cuda")
-from cudasim import activate_scratch_device, simulated  # noqa: E402
+from cudasim import activate_bare_device, simulated  # noqa: E402
 
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda import kernels as K  # noqa: E402
@@ -39,7 +39,7 @@ class Nhwc:
 
 
 def _ops():
-    activate_scratch_device()
+    activate_bare_device()
     from superneurons.backend.cuda import channels_last_ops
 
     return channels_last_ops

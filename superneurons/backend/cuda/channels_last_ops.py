@@ -7,17 +7,16 @@ row). Arguments of other shapes (a Scale over other axes) raise LayoutUnsupporte
 """
 from __future__ import annotations
 
-import numpy as np
-
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import batch_norm as bk, channels_last as lk, fused as fk
 from superneurons.backend.cuda.layout import LayoutUnsupported, convert, layout_of
 from superneurons.backend.cuda.ops import basic, batch_norm, pooling, scale
+from superneurons.backend.cuda.ops._rows import take
 from superneurons.backend.geometry import PoolGeometry, check_signed_mask
+from superneurons.backend.scratch import row_sums
 
 THREADS = 1 << 17  # threads the per-channel sums aim for (each sums its channel over a run of rows)
-_sums: dict[int, object] = {}
 
 
 def _rows(x, outer: int, dim: int, inner: int) -> int:
@@ -32,19 +31,17 @@ def _run(rows: int, dim: int) -> int:
     return max(8, -(-rows * dim // THREADS))
 
 
-def _zeroed(n: int):
-    buf = _sums.get(n)
-    if buf is None:
-        from numba import cuda
-
-        buf = _sums[n] = cuda.device_array(n, np.float64)
+def _zeroed(n: int, scratch):
+    """n float64 entries of the run's scratch region (backend/scratch.py), zeroed."""
+    buf = take(scratch, n)
     basic.fill(buf, 0.0)
     return buf
 
 
-def channel_sums(x, y, rows: int, dim: int, mode: int):
-    """float64 sums[2 * dim] of kernels/channels_last.channel_sums over an NHWC (rows, dim) array."""
-    sums = _zeroed(2 * dim)
+def channel_sums(x, y, rows: int, dim: int, mode: int, scratch):
+    """float64 sums[2 * dim] of kernels/channels_last.channel_sums over an NHWC (rows, dim) array, in the scratch
+    region (row_sums(dim) entries)."""
+    sums = _zeroed(row_sums(dim), scratch)
     run = _run(rows, dim)
     fx = flat(x)
     K.launch(lk.channel_sums, dim * (-(-rows // run)))(fx, flat(y) if y is not None else fx, sums, rows, dim, run,
@@ -78,11 +75,11 @@ def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
         K.launch(lk.bias_relu, 0, blocks=lk.blocks_for(rows, dim))(flat(y), flat(b), rows, dim, False, scalar(y, 0.0))
 
 
-def bias_backward(dy, db, outer: int, dim: int, inner: int) -> None:
+def bias_backward(dy, db, outer: int, dim: int, inner: int, scratch=None) -> None:
     """db += per-channel sum of dy."""
     rows = _rows(dy, outer, dim, inner)
     if dy.size:
-        K.launch(lk.sums_finish, dim)(channel_sums(dy, None, rows, dim, lk.SUM), flat(db), True)
+        K.launch(lk.sums_finish, dim)(channel_sums(dy, None, rows, dim, lk.SUM, scratch), flat(db), True)
 
 
 def bias_relu(y, b, n: int, m: int, plane: int, slope: float) -> None:
@@ -96,18 +93,18 @@ def channel_mul(x, s, y, outer: int, dim: int, inner: int) -> None:
     scale.channel_mul(x, s, y, _rows(x, outer, dim, inner), dim, 1)
 
 
-def channel_mul_grad(x, dy, ds, outer: int, dim: int, inner: int, accumulate: bool) -> None:
+def channel_mul_grad(x, dy, ds, outer: int, dim: int, inner: int, accumulate: bool, scratch=None) -> None:
     rows = _rows(x, outer, dim, inner)
     if x.size:
-        K.launch(lk.sums_finish, dim)(channel_sums(x, dy, rows, dim, lk.DOT), flat(ds), bool(accumulate))
+        K.launch(lk.sums_finish, dim)(channel_sums(x, dy, rows, dim, lk.DOT, scratch), flat(ds), bool(accumulate))
     elif not accumulate:
         basic.fill(ds, 0.0)
 
 
 # ---- BatchNorm --------------------------------------------------------------------------------------
-def bn_batch_stats(x, mean, var, outer: int, channels: int, inner: int) -> None:
+def bn_batch_stats(x, mean, var, outer: int, channels: int, inner: int, scratch=None) -> None:
     rows = _rows(x, outer, channels, inner)
-    sums = channel_sums(x, None, rows, channels, lk.SUM_SQUARES)
+    sums = channel_sums(x, None, rows, channels, lk.SUM_SQUARES, scratch)
     K.launch(bk.stats_finish, channels)(sums, flat(mean), flat(var), float(outer * inner))
 
 
@@ -115,20 +112,21 @@ def bn_normalize(x, mean, var, eps: float, inv_std, y, outer: int, channels: int
     batch_norm.bn_normalize(x, mean, var, eps, inv_std, y, _rows(x, outer, channels, inner), channels, 1)
 
 
-def bn_backward(x, mean, inv_std, dy, dx, outer: int, channels: int, inner: int) -> None:
-    batch_norm.bn_backward(x, mean, inv_std, dy, dx, _rows(x, outer, channels, inner), channels, 1)
+def bn_backward(x, mean, inv_std, dy, dx, outer: int, channels: int, inner: int, scratch=None) -> None:
+    batch_norm.bn_backward(x, mean, inv_std, dy, dx, _rows(x, outer, channels, inner), channels, 1, scratch)
 
 
 def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, var_sum, scale_factor, outer: int,
                       channels: int, inner: int, eps: float, use_global_stats: bool, update_running: bool,
-                      moving_average_fraction: float, var_correction: float, relu_slope: float | None) -> None:
+                      moving_average_fraction: float, var_correction: float, relu_slope: float | None,
+                      scratch=None) -> None:
     rows = _rows(x, outer, channels, inner)
     if not y.size:
         return
     mode = fk.GLOBAL if use_global_stats else fk.BATCH_UPDATE if update_running else fk.BATCH
     stats = (flat(mean_sum), flat(var_sum), flat(scale_factor), flat(mean), flat(var), flat(inv_std))
     constants = (float(outer * inner), float(eps), float(moving_average_fraction), float(var_correction), mode)
-    sums = flat(mean_sum) if use_global_stats else channel_sums(x, None, rows, channels, lk.SUM_SQUARES)
+    sums = flat(mean_sum) if use_global_stats else channel_sums(x, None, rows, channels, lk.SUM_SQUARES, scratch)
     K.launch(fk.channel_stats, channels)(sums, *stats, *constants)
     fy = flat(y)
     fh = flat(x_hat) if x_hat is not None else fy
@@ -138,7 +136,7 @@ def bn_affine_forward(x, y, x_hat, mean, var, inv_std, gamma, beta, mean_sum, va
 
 
 def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, outer: int, channels: int,
-                       inner: int, use_global_stats: bool, relu_slope: float | None) -> None:
+                       inner: int, use_global_stats: bool, relu_slope: float | None, scratch=None) -> None:
     """`kept`: x_hat (`mean` None) or the forward's input x (backend/cpu/fused.py)."""
     rows = _rows(dy, outer, channels, inner)
     if not dy.size:
@@ -148,7 +146,7 @@ def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, 
     from_x = mean is not None
     fmean = flat(mean) if from_x else finv  # the placeholder mean is never read
     run = _run(rows, channels)
-    sums = _zeroed(2 * channels)
+    sums = _zeroed(row_sums(channels), scratch)
     K.launch(lk.bn_backward_sums, channels * (-(-rows // run)))(fkept, fmean, finv, from_x, flat(gamma), flat(beta),
                                                                 fdy, sums, rows, channels, run, relu, slope)
     if dgamma is not None and dbeta is not None:

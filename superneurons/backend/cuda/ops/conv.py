@@ -63,7 +63,7 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
         if nhwc:
             from superneurons.backend.cuda.channels_last_ops import bias_backward
 
-            bias_backward(dy, db, n, m, oh * ow)
+            bias_backward(dy, db, n, m, oh * ow, scratch)
         elif own_bias_sum(m, oh * ow) or dy.dtype != FLOAT32 or db.dtype != FLOAT32:
             basic.bias_backward(dy, db, n, m, oh * ow, scratch)
         else:
