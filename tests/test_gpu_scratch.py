@@ -1,11 +1,12 @@
-"""On the GPU, every device byte a training run uses after its first iteration is pool memory the plan counts:
+"""On the GPU, every device byte a training run uses after its first iterations is pool memory the plan counts:
 the ops' float64 sums come from the net's `#scratch` region (backend/scratch.py), convolutions borrow their
-workspace from the pool (memory/workspace.py), so numba allocates no device array in the loop.
+workspace from the pool (memory/workspace.py), and in a half net the loss computes on planned float32 copies of
+its half bottom (Layer.use_float32_copies), so numba allocates no device array in the loop and no op runs on
+backend/cuda/half_math.py's copies.
 
-The first iterations are left out: the test net is built (its pool) at the first test pass, cuDNN measures each
-convolution direction at its first call, into a scratch output of its own for the directions that accumulate
-(backend/cuda/cudnn.py), and a half net's ops that refuse half arrays take their float32 copies then
-(backend/cuda/half_math.py).
+The first iterations are left out: the test net is built (its pool) at the first test pass, and cuDNN measures
+each convolution direction at its first call, into a scratch output of its own for the directions that
+accumulate (backend/cuda/cudnn.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from numba import cuda
 
 from gpu_harness import GPU_ONLY
 from test_solver import Quiet, solver_param
+from superneurons.backend.cuda import half_math
 from superneurons.solver import Solver
 
 pytestmark = GPU_ONLY
@@ -60,7 +62,11 @@ def test_no_device_array_is_allocated_after_the_first_iterations(gpu, monkeypatc
 
     for name in ("device_array", "device_array_like", "to_device"):
         monkeypatch.setattr(cuda, name, counted)
+    on_copies = []
+    real_copies = half_math.on_float32_copies
+    monkeypatch.setattr(half_math, "on_float32_copies", lambda fn, *a: (on_copies.append(fn.__name__),
+                                                                         real_copies(fn, *a))[1])
     solver.step(2)  # iterations 3 and 4, with the second test pass
     cuda.synchronize()
-    assert calls == []
+    assert calls == [] and on_copies == []
     assert np.isfinite(net.backend.to_host(net.data["loss"].array)).all()

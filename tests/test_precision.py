@@ -213,6 +213,10 @@ def test_the_plan_counts_half_bytes():
     for key, t in programs["bf16"].program.tensors.items():
         if key not in programs["fp32"].program.tensors:  # a half working copy of a weight (or its half gradient)
             spec = layout.by_key[key]
+            if key.endswith("_float32"):  # the loss's float32 copy of its half bottom (or of that one's gradient)
+                assert key.startswith("loss#bottom0_") and spec.dtype == FLOAT32, key
+                assert t.nbytes == round_up(4 * int(np.prod(spec.shape))), key
+                continue
             assert "#param" in key and spec.dtype == BFLOAT16, key
             assert t.nbytes == round_up(2 * int(np.prod(spec.shape))), key
             copies += 1
@@ -225,6 +229,38 @@ def test_the_plan_counts_half_bytes():
             assert t.nbytes == full and layout.by_key[key].dtype != FLOAT16, key
     assert halved >= 10 and copies >= 2
     assert programs["bf16"].param_bytes == programs["fp32"].param_bytes  # master weights stay float32
+
+
+def test_a_float32_layer_computes_on_planned_float32_copies_of_its_half_bottoms(monkeypatch):
+    """The loss (a float32 layer) reads fc2, which bfloat16 stores: the Net casts fc2 into a float32 buffer of the
+    loss's forward step and hands the loss's backward a float32 buffer for fc2's gradient, which it rounds into
+    the bfloat16 gradient after (Layer.use_float32_copies). So the ops see one type (on the GPU none runs on
+    copies of its own outside the pool), the plan holds the copies in those steps alone, and the numbers are the
+    CPU's float32 math on the half arrays, bit for bit."""
+    ref, ref_losses, net = _train(CONV_FAN, "liveness", "bf16")
+    layout = net.layout
+    fwd, diff = "loss#bottom0_forward_float32", "loss#bottom0_diff_float32"
+    # The loss's backward reads its labels and its own probabilities, not fc2: no backward copy of fc2.
+    assert {key for key, _name, _fb in layout.buffer_keys["loss"]} >= {fwd, diff}
+    assert "loss#bottom0_backward_float32" not in layout.by_key
+    assert layout.by_key[fwd].dtype == layout.by_key[diff].dtype == FLOAT32
+    assert layout.by_key[fwd].shape == net.data["fc2"].shape and net.data["fc2"].dtype == BFLOAT16
+    program = make_plan(net.graph, train=True, layout=layout).program
+    steps = [(s.phase, s.node.name) for s in program.steps if fwd in s.uses or diff in s.uses]
+    assert steps == [("forward", "loss"), ("backward", "loss")]  # a buffer of each step alone
+    seen = []
+    for name in ("softmax_forward", "softmax_loss_backward"):
+        real = getattr(net.ops, name)
+        monkeypatch.setattr(net.ops, name, lambda *a, _real=real, **k: (
+            seen.extend(x.dtype for x in a if isinstance(x, np.ndarray) and x.dtype.kind in "fV"), _real(*a, **k))[1])
+    net.forward_backward()
+    assert seen and set(seen) == {np.dtype(FLOAT32)}
+    monkeypatch.undo()
+    # Without the copies, the CPU's ops widen the half arrays themselves: the same numbers.
+    monkeypatch.setattr("superneurons.layers.base.Layer.use_float32_copies", lambda *a: None)
+    got, losses, plain = _train(CONV_FAN, "liveness", "bf16")
+    assert not plain.layer("loss").float32_copies("forward")
+    assert (got, losses) == (ref, ref_losses)
 
 
 def test_resnet50_at_batch_64_peaks_at_most_0_52_of_float32_in_bfloat16_in_every_mode():

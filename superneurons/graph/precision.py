@@ -8,8 +8,10 @@ backend/cpu/__init__.py; a math type of FLOAT16 is computed in float32 as well).
 
 Some layers keep float32 whatever the types say, as PyTorch's autocast keeps its list (`Layer.float32_only`):
 softmax, every loss, Reduction, Accuracy and ArgMax (their outputs are probabilities, losses, metrics and
-indices that half precision would round). LRN and MVN compute in float32 and store their tops in the layer's
-type, since a half convolution usually reads them next. BatchNorm's running statistics are parameters, and
+indices that half precision would round); where such a layer reads half bottoms, it gets float32 copies of
+them (and of their gradients) as planned buffers, which the runtime casts into (`Layer.use_float32_copies`).
+LRN and MVN compute in float32 and store their tops in the layer's type, since a half convolution usually reads
+them next. BatchNorm's running statistics are parameters, and
 parameters (the master weights), their gradients and the solver's history are stored in the solver's
 `solver_data_type` (float32 by default). A data layer writes its first top (the batch) in the net's forward
 type and its other tops (labels) in float32: bfloat16 holds integers exactly only up to 256. For the same
@@ -143,12 +145,19 @@ def resolve(net: pb.NetParameter, nodes, source: str) -> Precision:
     for n in reversed(nodes):
         if n.layer.views_bottom_data and n.bottoms and labels.intersection(n.tops):
             labels.add(n.bottoms[0])
+    shapes: dict[str, tuple] = {}
     for n in nodes:
         layer = n.layer
         where = _where(source, n.name)
         types = layer_precision(net, layer.param, where)
         if layer.float32_only or layer.is_loss:
             types = LayerPrecision(FLOAT32, FLOAT32, types.forward_math, types.backward_math)
+            if not layer.in_place:  # its half bottoms reach its ops as float32 copies the plan holds
+                layer.use_float32_copies(
+                    [(j, shapes[b]) for j, b in enumerate(n.bottoms) if out.data.get(b, FLOAT32) != FLOAT32],
+                    [(j, shapes[b]) for j, b in enumerate(n.bottoms) if out.diff.get(b, FLOAT32) != FLOAT32
+                     and j not in layer.label_bottoms])
+        shapes.update(zip(n.tops, (tuple(s) for s in n.top_shapes)))
         out.layers[n.name] = types
         _check_fillers(layer, types, where)
         if types.forward != FLOAT32 and layer.data_typed_params:

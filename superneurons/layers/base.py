@@ -106,6 +106,15 @@ class BufferDecl:
     in_forward: bool = True
 
 
+# The float32 copies of a float32 layer's half bottoms (`use_float32_copies`): the forward's, the backward's, and
+# the backward's of the bottom's gradient.
+FLOAT32_COPIES = ("forward", "backward", "diff")
+
+
+def _float32_copy_name(j: int, kind: str) -> str:
+    return f"bottom{j}_{kind}_float32"
+
+
 def _copy_name(k: int, backward: bool) -> str:
     """The buffer name of parameter k's half working copy for the forward or the backward step."""
     return f"param{k}_copy_bw" if backward else f"param{k}_copy"
@@ -270,6 +279,31 @@ class Layer:
                 self.add_buffer(_copy_name(k, False), self.params[k].shape, data_type, for_backward=False)
                 if self.phase == pb.TRAIN:
                     self.add_buffer(_copy_name(k, True), self.params[k].shape, data_type, in_forward=False)
+
+    # ---- float32 copies of half bottoms (float32_only layers and losses in a half net) ----------------------
+    def use_float32_copies(self, bottoms, diffs) -> None:
+        """Declare float32 copies of the half bottoms (`bottoms`: (index, shape)) and bottom gradients (`diffs`)
+        of a layer that computes on float32 (`float32_only`, the losses): its ops take operands of one type, so
+        the runtime casts the half arrays into these planned buffers and hands the layer the copies (and rounds a
+        gradient copy back into its half array), instead of the backend making copies outside the pool. Each
+        buffer is of its step alone: the forward's bottoms, the backward's bottoms where it reads them, and the
+        backward's gradients."""
+        for j, shape in bottoms:
+            self.add_buffer(_float32_copy_name(j, "forward"), shape, np.float32, for_backward=False)
+            if self.phase == pb.TRAIN and self.has_backward and self.backward_reads_bottom(j):
+                self.add_buffer(_float32_copy_name(j, "backward"), shape, np.float32, in_forward=False)
+        if self.phase == pb.TRAIN and self.has_backward:
+            for j, shape in diffs:
+                self.add_buffer(_float32_copy_name(j, "diff"), shape, np.float32, in_forward=False)
+
+    def backward_reads_bottom(self, j: int) -> bool:
+        """Whether backward reads bottom j's values (a finer `backward_needs`, for the float32 copies)."""
+        return NEEDS_BOTTOM in self.backward_needs()
+
+    def float32_copies(self, kind: str) -> list[tuple[int, BufferDecl]]:
+        """(bottom index, buffer) of the float32 copies of `kind` (FLOAT32_COPIES) the layer declared."""
+        return [(j, buf) for j in range(len(self.param.bottom))
+                if (buf := self.buffers.get(_float32_copy_name(j, kind))) is not None]
 
     def _copy(self, k: int, backward: bool) -> BufferDecl | None:
         return self.buffers.get(_copy_name(k, backward))

@@ -219,6 +219,9 @@ class InfogainLoss(_Loss):
     def scratch_entries(self):
         return need.infogain_loss(self.dims[1])
 
+    def backward_reads_bottom(self, j):
+        return j in self.label_bottoms  # the probabilities are its own buffer
+
     def _matrix(self, bottom):
         if self.h is None:
             return bottom[2]

@@ -68,6 +68,9 @@ class SoftmaxWithLoss(Layer):
     def scratch_entries(self):
         return need.loss_stats()
 
+    def backward_reads_bottom(self, j):
+        return j in self.label_bottoms  # the probabilities are its own buffer
+
     def forward(self, bottom, top):
         ops = self.ops
         prob = ops.reshape(self.prob.array, self.dims)

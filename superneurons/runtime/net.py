@@ -23,7 +23,7 @@ from superneurons.graph.build import Graph
 from superneurons.graph.layout import choose as choose_layouts
 from superneurons.graph.node import Node
 from superneurons.graph.precision import check_backend, stored_types
-from superneurons.layers.base import ParamDecl
+from superneurons.layers.base import FLOAT32_COPIES, ParamDecl
 from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.interface import MemoryManager, StepHooks
 from superneurons.memory.pool import format_bytes, make_pool
@@ -160,6 +160,11 @@ class Net:
         self.live = LiveRun(graph, graph.live, self.ops) if graph.live is not None else None
         self.backward_steps = [s for s in reversed(self.forward_steps) if self.train and s.node.need_backward]
         self._gradient_sharing = [self._shared_gradients(s) for s in self.backward_steps]
+        # A float32 layer's float32 copies of its half bottoms and their gradients (Layer.use_float32_copies), per
+        # kind; empty for every other layer.
+        self._float32_copies = {kind: {id(n): copies for n in graph.nodes
+                                       if (copies := self._step_layers[id(n)].float32_copies(kind))}
+                                for kind in FLOAT32_COPIES}
         self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in graph.loss_blobs]
         stores = self.param_stores()
         self.streaming = ParamStreaming(stores, graph, self.train, self.backward_steps) if stores else None
@@ -269,6 +274,9 @@ class Net:
                 [t.array for t in step.tops]
             if self.live is not None:
                 layer, bottoms, tops = self.live.forward_args(step.node, layer, bottoms, tops)
+            copies = self._float32_copies["forward"].get(id(step.node))
+            if copies:
+                bottoms = self._as_float32(copies, bottoms)
             layer.forward(bottoms, tops)
         finally:
             ctx.recomputing = outer
@@ -321,7 +329,43 @@ class Net:
         if self.live is not None:
             layer, tops, top_diffs, bottoms, bottom_diffs = self.live.backward_args(
                 step.node, layer, tops, top_diffs, bottoms, bottom_diffs)
+        copies = self._float32_copies["backward"].get(id(step.node))
+        if copies:
+            bottoms = self._as_float32(copies, bottoms)
+        rounded = ()
+        copies = self._float32_copies["diff"].get(id(step.node))
+        if copies:
+            bottom_diffs, rounded = self._float32_gradients(copies, bottom_diffs, top_diffs, accumulate)
         layer.backward(tops, top_diffs, step.node.propagate_down, bottoms, bottom_diffs, **extra)
+        for copy, gradient in rounded:  # the float32 gradients rounded into their half tensors
+            self.ops.copy(copy, gradient)
+
+    def _as_float32(self, copies: list, arrays: list) -> list:
+        """`arrays` with each half array that has a planned float32 copy (bottom j: `copies`) cast into it."""
+        arrays = list(arrays)
+        for j, buf in copies:
+            a = arrays[j]
+            if a is not None and buf.array is not None and a.size == buf.array.size:  # (a live batch's rows: not)
+                self.ops.copy(a, buf.array)
+                arrays[j] = buf.array
+        return arrays
+
+    def _float32_gradients(self, copies: list, bottom_diffs: list, top_diffs: list, accumulate) -> tuple:
+        """`bottom_diffs` with each half gradient that has a planned float32 copy replaced by it (holding the
+        gradient's values where the layer adds into it), and the (copy, gradient) pairs to round back after the
+        layer's backward. A gradient that is also another argument (shared memory) stays as it is."""
+        bottom_diffs = list(bottom_diffs)
+        rounded = []
+        for j, buf in copies:
+            d = bottom_diffs[j]
+            if d is None or buf.array is None or d.size != buf.array.size or \
+                    sum(x is d for x in (*bottom_diffs, *top_diffs)) > 1:
+                continue
+            if j in accumulate:
+                self.ops.copy(d, buf.array)
+            bottom_diffs[j] = buf.array
+            rounded.append((buf.array, d))
+        return bottom_diffs, rounded
 
     def forward_backward(self) -> float:
         """One training pass; the loss is read while the device runs backward (runtime/loss_read.py)."""

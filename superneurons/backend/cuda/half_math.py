@@ -9,9 +9,11 @@ two equal operand types), and a numba kernel that does not compile for a half ty
 way the op then runs once more on float32 copies of its half arrays, and the copies are rounded back into them
 (as the CPU backend runs every op, backend/cpu/half_storage.py); the first such call of each op logs one line.
 
-The copies live in per-argument device buffers kept by this module, beside the pool: on the zoo nets only
-float32 layers reading a half bottom take this path (the losses read the last InnerProduct's output), so they
-are small.
+The copies live in per-argument device buffers kept by this module, beside the pool and outside the plan. A
+float32 layer reading a half bottom (a loss reading the last InnerProduct's output), the case the zoo nets have,
+never comes here: the Net casts its half bottoms and their gradients into float32 buffers the plan holds
+(`Layer.use_float32_copies`), so its ops see one type. What is left is an op refusing the types a layer stores
+on purpose, which the log line names.
 """
 from __future__ import annotations
 
