@@ -114,8 +114,9 @@ def test_a_half_net_computes_what_the_cpu_computes(gpu, precision, name):
 def test_the_hot_ops_take_half_arrays_themselves(gpu):
     """Convolutions, GEMMs (the recurrent layers' included), BatchNorm, pooling, eltwise, LRN, Dropout, LSTM's unit
     and the activations run on half arrays
-    directly, whatever the reason one would not (a kernel that does not compile, a mix of types). Only a float32
-    layer reading a half bottom (the loss reads fc2) may run on float32 copies."""
+    directly, whatever the reason one would not (a kernel that does not compile, a mix of types). A float32 layer
+    reading a half bottom (the loss reads fc2) computes on the float32 copies the Net makes in planned buffers
+    (Layer.use_float32_copies), so its ops see one type and none of them runs on half_math's copies either."""
     for precision in ("bf16", "fp16"):
         for text in NETS.values():
             _nets(gpu, precision, text)["cuda"].forward_backward()
@@ -128,6 +129,9 @@ def test_the_hot_ops_take_half_arrays_themselves(gpu):
            "lstm_unit_backward", "tanh_forward", "tanh_backward"}
     assert hot <= set(vars(gpu.ops))  # the names are the backend's
     assert not refused & hot, refused & hot
+    losses = {"softmax_forward", "softmax_loss_forward", "softmax_loss_backward", "euclidean_loss_forward",
+              "euclidean_loss_backward"}
+    assert not refused & losses, refused & losses
 
 
 ITERATIONS = 4
