@@ -322,17 +322,20 @@ class _InputTransform(Layer):
     def forward_flops(self):
         return sum(ip.forward_flops() for ip in self._ips())
 
+    def scratch_entries(self):
+        return max(ip.scratch_entries() for ip in self._ips())  # one transform after the other
+
     def _ips(self) -> list[InnerProduct]:
         return [self.x_ip] + ([self.static_ip] if self.static_ip is not None else [])
 
     def forward(self, bottom, top):
         for ip, b, t in zip(self._ips(), bottom, top):
-            ip.ops = self.ops
+            ip.ops, ip.ctx = self.ops, self.ctx
             ip.forward([b], [t])
 
     def backward(self, top, top_diff, propagate_down, bottom, bottom_diff):
         for k, ip in enumerate(self._ips()):
-            ip.ops = self.ops
+            ip.ops, ip.ctx = self.ops, self.ctx
             ip.backward([top[k]], [top_diff[k]], [propagate_down[k]], [bottom[k]], [bottom_diff[k]])
 
 

@@ -40,6 +40,11 @@ class FusedLayer(Layer):
     def forward_flops(self) -> int:
         return self.layer.forward_flops()
 
+    def scratch_entries(self) -> int:
+        """The prototxt layer's: a fused step runs its ops (the ones it adds, a ReLU's or a Scale's, sum nothing
+        or override this)."""
+        return self.layer.scratch_entries()
+
     def forward_bytes(self, bottom_shapes: Sequence[Shape], top_shapes: Sequence[Shape]) -> int:
         return self.layer.forward_bytes(bottom_shapes, top_shapes)
 
