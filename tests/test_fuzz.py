@@ -26,6 +26,7 @@ fuzz_tool = importlib.import_module("fuzz")
 mutate = importlib.import_module("mutate")
 runner = importlib.import_module("runner")
 signals_tool = importlib.import_module("signals")
+shard_tool = importlib.import_module("shard")
 
 CASES = 24  # per kind: 264 cases, 20-50 s on two shared cores
 SEED = 11
@@ -80,6 +81,53 @@ def test_worker_reports_tracebacks_deaths_and_hangs(tmp_path):
         assert result.outcome == "error" and result.detail.endswith("missing: no such file")
     finally:
         worker.stop()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_fork_server_reports_tracebacks_deaths_and_hangs_and_outlives_them(tmp_path):
+    repo = FUZZ.parents[1]
+    slow = ["time", "--model", "models/lenet/lenet.prototxt", "--iterations", "1000000"]  # minutes
+    missing = ["summary", "--model", str(tmp_path / "missing")]
+    server = runner.ForkServer(repo, 2 << 30)
+    try:
+        result = server.run(missing + ["--debug"], tmp_path, 60)  # --debug lets the UserError out of the program
+        assert (result.outcome, result.rc) == ("traceback", 1) and "UserError" in result.detail
+        pid = server.proc.pid
+        threading.Timer(1.5, lambda: [os.kill(c, signal.SIGBUS) for c in _children(pid)]).start()
+        result = server.run(slow, repo, 60)
+        assert (result.outcome, result.detail, result.rc) == ("signal", "SIGBUS", -signal.SIGBUS)
+        result = server.run(slow, repo, 3.0)
+        assert result.outcome == "hang"
+        assert "its threads:" in result.detail and "commands/time.py" in result.detail  # where it was, for the report
+        assert _children(pid) == []  # the hung case is gone, the server is not
+        result = server.run(missing, tmp_path, 60)
+        assert (result.outcome, result.rc) == ("error", 1) and result.detail.endswith("missing: no such file")
+        assert server.proc.pid == pid
+    finally:
+        server.close()
+
+
+def test_fork_server_gives_each_case_the_outcome_of_a_fresh_process(tmp_path):
+    """The same cases through the fork server and through `python -m superneurons`: the same outcome, exit
+    status and message, case by case, including cases that start decode worker processes (lmdb, image), which
+    must leave nothing in /dev/shm (an outcome of its own, `leak`)."""
+    corpus = fuzz_tool.build_corpus(tmp_path / "corpus", tmp_path / "corpus.pickle", 0)
+    events: dict[str, list] = {}
+    for mode in ("fork", "fresh"):
+        events[mode] = []
+        for kind, first, data_workers in (("prototxt", 0, 1), ("extra", 5, 1), ("lmdb", 0, 2), ("image", 0, 2)):
+            shard = shard_tool.Shard(kind, SEED, first, first + 3, str(tmp_path / f"{mode}-{kind}"), 60.0, 2 << 30, 0,
+                                     data_workers, None, False, mode)
+            shard_tool.run_shard(shard, corpus, lambda e, kind=kind: events[mode].append(
+                (kind, e["case"], e["outcome"], e["rc"], e["detail"])))
+    assert events["fork"] == events["fresh"]
+    assert {"ok", "error"} <= {e[2] for e in events["fork"]}
 
 
 def test_jobs_report_the_outcome_of_every_case_as_one_job_does(tmp_path):

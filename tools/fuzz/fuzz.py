@@ -34,7 +34,7 @@ sys.path[:0] = [str(HERE), str(REPO)]
 
 from corpus import Corpus  # noqa: E402
 from kinds import KINDS  # noqa: E402
-from runner import OUTCOMES, WorkerStartError, child_setup  # noqa: E402
+from runner import MODES, OUTCOMES, WorkerStartError, child_setup  # noqa: E402
 from shard import BAD, Shard, run_shard, spec  # noqa: E402
 
 STOP_WAIT_S = 10.0  # how long a shard process has to clean up after SIGTERM before it is killed
@@ -92,6 +92,7 @@ class Tally:
         self.kinds, self.cases, self.first, self.seed, self.jobs = kinds, cases, first, seed, jobs
         self.log, self.verbose, self.progress_every = log, verbose, progress_every
         self.outcomes: dict[str, list[str | None]] = {k: [None] * cases for k in kinds}
+        self.codes: dict[str, list[int | None]] = {k: [None] * cases for k in kinds}  # exit statuses
         self.findings: dict[str, list[dict]] = {k: [] for k in kinds}
         self.done: Counter = Counter()
         self.began: dict[str, float] = {}
@@ -106,6 +107,7 @@ class Tally:
         i, outcome = event["case"], event["outcome"]
         assert self.outcomes[kind][i - self.first] is None, f"{kind} case {i} reported twice"
         self.outcomes[kind][i - self.first] = outcome
+        self.codes[kind][i - self.first] = event.get("rc")
         self.done[kind] += 1
         if self.done[kind] == self.cases:
             self.ended[kind] = time.monotonic()
@@ -136,7 +138,7 @@ class Tally:
     def report(self) -> dict:
         return {kind: {"cases": self.cases, "seed": self.seed, "first": self.first, "jobs": self.jobs,
                        "counts": {o: self.outcomes[kind].count(o) for o in OUTCOMES},
-                       "seconds": self.seconds(kind), "outcomes": self.outcomes[kind],
+                       "seconds": self.seconds(kind), "outcomes": self.outcomes[kind], "codes": self.codes[kind],
                        "findings": sorted(self.findings[kind], key=lambda f: f["case"])}
                 for kind in self.kinds}
 
@@ -255,7 +257,7 @@ def run_parallel(shards: list[Shard], corpus_file: Path, jobs: int, nice: int, t
 
 def fuzz(kinds: list[str], cases: int, seed: int, first: int = 0, timeout: float = 60.0, work: Path | None = None,
          keep: Path | None = None, max_memory: int = 2 << 30, nice: int = 0, log=print, verbose: bool = False,
-         data_workers: int | None = None, jobs: int = 1, progress: float = 30.0) -> dict:
+         data_workers: int | None = None, jobs: int = 1, progress: float = 30.0, mode: str = "fork") -> dict:
     """Run `cases` cases of each kind in `jobs` processes; returns {kind: {"counts", "outcomes", "findings", ...}}
     and logs a summary. `progress`: seconds between progress lines on stderr (0: none)."""
     own_work = work is None
@@ -268,7 +270,7 @@ def fuzz(kinds: list[str], cases: int, seed: int, first: int = 0, timeout: float
         corpus = build_corpus(work / "corpus", corpus_file, nice)
         # In parallel the worker inherits its shard process's niceness; in series it is set on the worker.
         shards = [Shard(kind, seed, start, stop, str(shards_folder / f"{kind}-{start}"), timeout, max_memory,
-                        nice if jobs == 1 else 0, data_workers, None if keep is None else str(keep), cases == 1)
+                        nice if jobs == 1 else 0, data_workers, None if keep is None else str(keep), cases == 1, mode)
                   for kind in kinds for start, stop in split(first, cases, jobs)]
         if jobs == 1:
             run_serial(shards, corpus, tally)
@@ -314,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the program's own choice; 1 decodes in-process, much faster per case)")
     parser.add_argument("--progress", type=float, default=30.0,
                         help="seconds between progress lines on stderr (default 30; 0: none)")
+    parser.add_argument("--mode", choices=MODES, default="fork",
+                        help="how each case runs: fork (default: a child of a server that imported SuperNeurons "
+                             "once), fresh (a new `python -m superneurons` per case, the reference), inprocess "
+                             "(one after another in one worker process)")
     parser.add_argument("--verbose", action="store_true", help="print every case's outcome")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
@@ -324,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = fuzz(kinds, args.cases, args.seed, args.first, args.timeout, args.work, args.keep, args.max_memory,
                       args.nice, verbose=args.verbose, data_workers=args.data_workers, jobs=args.jobs,
-                      progress=args.progress)
+                      progress=args.progress, mode=args.mode)
     except KeyboardInterrupt:
         print("fuzz.py: interrupted", file=sys.stderr)
         return 130

@@ -1,16 +1,27 @@
-"""Runs cases in a worker process and classifies what happened.
+"""Runs cases and classifies what happened.
+
+Three ways to run a case (`fuzz.py --mode`):
+- `fork` (the default): a fork server (fork_server.py) imports SuperNeurons once and forks a child per case,
+  which runs the program as `python -m superneurons ARGV` would, from the server's clean state.
+- `fresh`: a new `python -m superneurons ARGV` per case: the reference the other two are checked against
+  (tests/test_fuzz.py), and the way to rule the fork server out when a finding looks like one of its own.
+- `inprocess`: one worker process runs case after case in itself (worker.py): no fork per case, but a case
+  can see what earlier ones left (threads, open databases, module state), so an outcome may depend on them.
 
 Outcomes: `ok` (exit 0), `error` (exit 1 or 2 with the CLI's one-line `superneurons CMD: error: ...`),
 `traceback` (an exception escaped the CLI, or the error was not one line), `signal` (the process died,
 e.g. SIGBUS/SIGSEGV/SIGKILL), `hang` (no answer within the time limit), `midway` (the memory pool ran out
-after setup: the plan promised a run it could not keep).
+after setup: the plan promised a run it could not keep), `leak` (a case that exited by itself left its
+decode workers' shared memory in /dev/shm; `fork` and `fresh` only).
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +30,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-OUTCOMES = ("ok", "error", "traceback", "signal", "hang", "midway")
+OUTCOMES = ("ok", "error", "traceback", "signal", "hang", "midway", "leak")
+MODES = ("fork", "fresh", "inprocess")
+HERE = Path(__file__).resolve().parent
+ERR_TAIL = 4000  # characters of a case's stderr that classification and the report keep
 RESTART_EVERY = 300  # cases per worker: bounds what a long run leaks (threads, open databases)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -48,6 +62,7 @@ class Result:
     outcome: str
     detail: str  # the error line, the traceback's last lines, the signal's name
     seconds: float
+    rc: int | None = None  # exit status (-N: killed by signal N); None for a hang or an escaped exception
 
 
 def classify(answer: dict) -> tuple[str, str]:
@@ -64,6 +79,176 @@ def classify(answer: dict) -> tuple[str, str]:
         if rc == 2 or (last.startswith("superneurons ") and ": error: " in last):
             return "error", last
     return "traceback", f"exit {rc}, stderr: {answer['err'][-1500:]}"
+
+
+def classify_exit(rc: int, err: str) -> tuple[str, str]:
+    """A process's exit status (-N: killed by signal N) and stderr, as `classify` takes the worker's answer."""
+    if rc < 0:
+        return "signal", signal.Signals(-rc).name
+    return classify({"rc": rc, "err": err[-ERR_TAIL:], "exc": None})
+
+
+# The commands that build nets with data layers take --data-workers; a run given one adds it to them.
+DATA_WORKER_COMMANDS = ("train", "test", "time")
+
+
+def with_data_workers(argv: list[str], data_workers: int | None) -> list[str]:
+    if data_workers is not None and argv and argv[0] in DATA_WORKER_COMMANDS:
+        return [argv[0], "--data-workers", str(data_workers)] + argv[1:]
+    return argv
+
+
+def case_env(repo: Path) -> dict:
+    """The environment of every case, whichever the mode: the repository importable, str hashes fixed."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+                PYTHONHASHSEED="0")
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4 * ERR_TAIL))
+            return f.read().decode(errors="replace")[-ERR_TAIL:]
+    except OSError:
+        return ""
+
+
+def _result(rc: int, err: str, took: float, left: list[str]) -> Result:
+    outcome, detail = classify_exit(rc, err)
+    if left and outcome in ("ok", "error"):
+        return Result("leak", f"{outcome}, and left {', '.join(sorted(left))} in /dev/shm", took, rc)
+    return Result(outcome, detail, took, rc)
+
+
+def remove_rings(pid: int) -> list[str]:
+    """Unlink the slot rings process `pid` made (`superneurons-PID-*`); returns their names."""
+    try:
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(f"superneurons-{pid}-")]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+    return names
+
+
+class ForkServer:
+    """Cases in children forked by fork_server.py; the server lives for the whole shard (a case that dies or
+    hangs is a child: the server goes on)."""
+
+    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
+        self.repo, self.max_memory, self.nice, self.data_workers = repo, max_memory, nice, data_workers
+        self.proc: subprocess.Popen | None = None
+        self.files = Path(tempfile.mkdtemp(prefix="sn-fuzz-case-"))
+        self.stacks = self.files / "stacks"
+
+    def _start(self) -> None:
+        cmd = [sys.executable, str(HERE / "fork_server.py"), "--max-memory", str(self.max_memory),
+               "--stacks", str(self.stacks)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=case_env(self.repo), start_new_session=True,
+                                     preexec_fn=child_setup(self.nice, signal.SIGKILL))
+        ready = self._read(120.0)
+        if not isinstance(ready, dict) or not ready.get("ready"):
+            self.stop()
+            raise WorkerStartError("the fuzz fork server did not start (run `python tools/fuzz/fork_server.py` "
+                                   "to see why)")
+
+    def _read(self, timeout: float) -> dict | str:
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return "timeout"
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else "eof"
+
+    def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        out, err = self.files / "stdout", self.files / "stderr"
+        request = {"argv": with_data_workers(argv, self.data_workers), "cwd": str(cwd), "timeout": timeout,
+                   "out": str(out), "err": str(err), "env": None}
+        start = time.monotonic()
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read(timeout + 30.0)  # the server itself answers a hang after `timeout`
+        took = time.monotonic() - start
+        if not isinstance(answer, dict):
+            self.stop()
+            raise WorkerStartError(f"the fuzz fork server stopped answering ({answer}) in a case in {cwd}")
+        if answer["hang"]:
+            stacks = answer["stacks"]
+            return Result("hang", f"no answer in {timeout:g} s" + (f"; its threads:\n{stacks}" if stacks else ""),
+                          took)
+        return _result(answer["rc"], _tail(err), took, answer["left"])
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the server; a case's own session dies by PDEATHSIG or
+            except ProcessLookupError:                   # its own end (the server kills it after each case)
+                pass
+            self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.files, ignore_errors=True)
+
+
+class FreshProcess:
+    """Each case as a new `python -m superneurons ARGV` process: what the fork server must match."""
+
+    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
+        self.repo, self.max_memory, self.nice, self.data_workers = repo, max_memory, nice, data_workers
+        self.files = Path(tempfile.mkdtemp(prefix="sn-fuzz-case-"))
+        self.env = case_env(repo)
+
+    def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
+        out, err = self.files / "stdout", self.files / "stderr"
+        setup = child_setup(self.nice, signal.SIGKILL)
+        limit = self.max_memory
+
+        def preexec() -> None:
+            setup()
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+        start = time.monotonic()
+        with open(out, "wb") as o, open(err, "wb") as e:
+            proc = subprocess.Popen([sys.executable, "-m", "superneurons", *with_data_workers(argv, self.data_workers)],
+                                    cwd=cwd, stdin=subprocess.DEVNULL, stdout=o, stderr=e, env=self.env,
+                                    start_new_session=True, preexec_fn=preexec)
+        try:
+            proc.wait(timeout)
+            hang = False
+        except subprocess.TimeoutExpired:
+            hang = True
+        took = time.monotonic() - start
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the case, if hung, and whatever it left running
+        except ProcessLookupError:
+            pass
+        code = proc.wait()
+        left = remove_rings(proc.pid)
+        if hang:
+            return Result("hang", f"no answer in {timeout:g} s", took)
+        return _result(code, _tail(err), took, [] if code < 0 else left)
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        shutil.rmtree(self.files, ignore_errors=True)
+
+
+def make_runner(mode: str, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
+    """The runner of `mode` (MODES); each has run(argv, cwd, timeout) -> Result and close()."""
+    cls = {"fork": ForkServer, "fresh": FreshProcess, "inprocess": Worker}[mode]
+    return cls(repo, max_memory, nice, data_workers)
 
 
 class Worker:
@@ -124,6 +309,9 @@ class Worker:
             self.proc = None
             self.stacks.unlink(missing_ok=True)
 
+    def close(self) -> None:
+        self.stop()
+
     def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
         if self.proc is None or self.proc.poll() is not None or self.served >= RESTART_EVERY:
             self.stop()
@@ -137,7 +325,7 @@ class Worker:
         took = time.monotonic() - start
         if isinstance(answer, dict):
             outcome, detail = classify(answer)
-            return Result(outcome, detail, took)
+            return Result(outcome, detail, took, answer["rc"])
         if answer == "timeout":  # alive and silent: a hang; where its threads are goes into the report
             stacks = self._stacks()
             self.stop()
@@ -146,4 +334,4 @@ class Worker:
         code = self.proc.wait()
         self.stop()
         name = signal.Signals(-code).name if code < 0 else f"exit {code}"
-        return Result("signal", name, took)
+        return Result("signal", name, took, code)

@@ -2,7 +2,8 @@
 """One shard of a fuzz run: cases [start, stop) of one kind, in a folder and a worker process of its own.
 
 A shard copies the pristine corpus into its folder and runs its cases there, in order, each as the
-serial fuzzer always has: case i's files from Random(f"{seed}:{kind}:{i}"), then the CLI in the worker.
+serial fuzzer always has: case i's files from Random(f"{seed}:{kind}:{i}"), then the CLI as the shard's mode
+runs it (runner.py: a child of the fork server, a fresh process, or the in-process worker).
 Its own folder because cases write into it (a solver's snapshots can overwrite the corpus's
 `out/lenet_iter_2.*`, which the caffemodel kinds mutate) and because LMDB knows environments by inode:
 a database folder made after a deleted one can get its inode, and LMDB takes it for the deleted one's
@@ -32,9 +33,9 @@ sys.path[:0] = [str(HERE), str(REPO)]
 
 from corpus import Corpus  # noqa: E402
 from kinds import KINDS  # noqa: E402
-from runner import Worker  # noqa: E402
+from runner import make_runner  # noqa: E402
 
-BAD = ("traceback", "signal", "hang", "midway")
+BAD = ("traceback", "signal", "hang", "midway", "leak")
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Shard:
     data_workers: int | None
     keep: str | None  # copy the files of failing cases here
     keep_every: bool  # ... and of every case (a one-case replay)
+    mode: str = "fork"  # how each case runs (runner.MODES)
 
     @property
     def name(self) -> str:
@@ -57,9 +59,9 @@ class Shard:
 
 
 def run_shard(shard: Shard, corpus: Corpus, emit: Callable[[dict], None]) -> None:
-    """Run the shard's cases; `emit` gets {"case", "outcome", "seconds", "argv", "detail"} for each."""
+    """Run the shard's cases; `emit` gets {"case", "outcome", "rc", "seconds", "argv", "detail"} for each."""
     folder = Path(shard.folder)
-    worker = Worker(REPO, shard.max_memory, shard.nice, shard.data_workers)
+    worker = make_runner(shard.mode, REPO, shard.max_memory, shard.nice, shard.data_workers)
     try:
         shutil.copytree(corpus.root, folder)
         mine = corpus.moved(folder)
@@ -72,10 +74,11 @@ def run_shard(shard: Shard, corpus: Corpus, emit: Callable[[dict], None]) -> Non
             bad = result.outcome in BAD
             if shard.keep is not None and (bad or shard.keep_every):
                 shutil.copytree(case, Path(shard.keep) / case.name, dirs_exist_ok=True)
-            emit({"case": i, "outcome": result.outcome, "seconds": round(result.seconds, 3), "argv": argv,
+            emit({"case": i, "outcome": result.outcome, "rc": result.rc, "seconds": round(result.seconds, 3),
+                  "argv": argv,
                   "detail": result.detail[-3000:] if bad else result.detail[-300:]})
     finally:
-        worker.stop()
+        worker.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
