@@ -214,6 +214,10 @@ def test_solverstate_learned_net_not_utf8(trained, capsys):
     ({"test_passes": 3}, "field test_passes is 3; expected a list of integers >= 0"),
     ({"test_passes": ["x"]}, "field test_passes is ['x']; expected a list of integers >= 0"),
     ({"layers": []}, "field layers is []; expected an object of layer states"),
+    ({"loss_scale": None}, "field loss_scale is None; expected an object with the scale and its count of clean "
+                           "iterations"),
+    ({"loss_scale": [65536.0, 3]}, "field loss_scale is [65536.0, 3]; expected an object with the scale and its "
+                                   "count of clean iterations"),
     ({"version": 7}, "field version is 7; this SuperNeurons reads version 1"),
 ])
 def test_sidecar_with_wrong_types_is_one_line(tmp_path, extra, message):

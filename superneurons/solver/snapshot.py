@@ -266,6 +266,9 @@ def read_extra(path: str) -> dict[str, Any]:
     passes = extra.get("test_passes", [])
     if not isinstance(passes, list) or not all(_is_count(p) for p in passes):
         raise UserError(f"{path}: field test_passes is {str(passes)[:80]}; expected a list of integers >= 0")
+    if "loss_scale" in extra and not isinstance(extra["loss_scale"], dict):  # LossScale.restore checks its fields
+        raise UserError(f"{path}: field loss_scale is {str(extra['loss_scale'])[:80]}; expected an object with the "
+                        f"scale and its count of clean iterations")
     layers = extra.get("layers", {})
     if not isinstance(layers, dict):
         raise UserError(f"{path}: field layers is {str(layers)[:80]}; expected an object of layer states")
