@@ -38,7 +38,7 @@ import threading
 import time
 import types
 
-from runner import remove_rings  # this file's folder is first on sys.path
+from runner import die_with, remove_rings  # this file's folder is first on sys.path
 
 STACKS_WAIT_S = 1.0  # how long a hung child has to write its stacks before it is killed
 # Never imported here: the CUDA backend initializes a driver the children would share; __main__ runs the program.
@@ -119,11 +119,12 @@ def _program_main() -> types.ModuleType:
     return main
 
 
-def become_case(request: dict, keep: list) -> None:
+def become_case(request: dict, keep: list, server: int) -> None:
     """In the forked child: the process of `python -m superneurons ARGV` at the moment it runs the program.
     Does not return: the program's SystemExit (or exception) ends the interpreter as it ends a fresh one,
     exit handlers and all."""
     os.setsid()  # a session of its own: killing it stops whatever the case started
+    die_with(server, signal.SIGKILL)  # a server stopped (end of run, Ctrl-C) takes its case along
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for f in keep:  # the protocol's pipes are the server's, not the case's
@@ -237,9 +238,10 @@ def main() -> None:
         request = json.loads(line)
         sys.stdout.flush()
         sys.stderr.flush()
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            become_case(request, [requests, channel])
+            become_case(request, [requests, channel], server)
         channel.write(json.dumps(wait_case(pid, request["timeout"], args.stacks)) + "\n")
 
 

@@ -51,10 +51,15 @@ def child_setup(nice: int, parent_death: signal.Signals):
     def setup() -> None:
         if nice:
             os.nice(nice)
-        if _LIBC.prctl(_PR_SET_PDEATHSIG, int(parent_death)) == 0 and os.getppid() != parent:
-            os._exit(1)  # the parent died before the signal was armed
+        die_with(parent, parent_death)
 
     return setup
+
+
+def die_with(parent: int, signum: signal.Signals) -> None:
+    """In a child of `parent`: get `signum` when the parent dies (Linux); exit now if it already has."""
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, int(signum)) == 0 and os.getppid() != parent:
+        os._exit(1)  # the parent died before the signal was armed
 
 
 @dataclass
