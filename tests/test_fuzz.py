@@ -216,7 +216,7 @@ def test_a_shard_that_cannot_run_stops_the_run(capsys):
     # Too little memory for the worker to import SuperNeurons: every shard fails as it starts.
     assert fuzz_tool.main(["--kind", "solver", "--cases", "4", "--jobs", "2", "--max-memory", str(1 << 20)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fuzz.py: error: the shard of solver cases [") and "the fuzz worker did not start" in err
+    assert err.startswith("fuzz.py: error: the shard of solver cases [") and "did not start" in err
 
 
 def test_ctrl_c_trials_tell_cpythons_start_up_from_ours(tmp_path):

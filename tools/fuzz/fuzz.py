@@ -4,12 +4,14 @@
     python tools/fuzz/fuzz.py --kind all --cases 200 --seed 1
     python tools/fuzz/fuzz.py --kind all --cases 10000 --seed 800 --jobs 16 --nice 19    # a long run
     python tools/fuzz/fuzz.py --kind lmdb --cases 1 --seed 1 --first 57 --keep /tmp/case57   # replay one case
+    python tools/fuzz/fuzz.py --kind lmdb --cases 1 --seed 1 --first 57 --mode fresh   # ... in a new process
 
 Case i of kind K under seed S is a pure function of (S, K, i), so any finding is replayed with --first i
 --cases 1, and --jobs N (the cases of each kind in N contiguous shards, run at once, each in a corpus
-copy and worker process of its own) reports the same outcome for every case as --jobs 1. Outcomes: ok,
-error (exit 1 with one line naming what is wrong), traceback, signal, hang. Exit status: 1 when any
-case ended in one of the last three, 2 when the fuzzer itself could not run (a shard died), 130 on
+copy and fork server of its own) reports the same outcome for every case as --jobs 1. Each case is a
+process forked from a server that imported SuperNeurons once (runner.py has the modes). Outcomes: ok,
+error (exit 1 with one line naming what is wrong), traceback, signal, hang, midway, leak. Exit status: 1
+when any case ended in one of the last five, 2 when the fuzzer itself could not run (a shard died), 130 on
 Ctrl-C. docs/ROBUSTNESS.md has the numbers of the long runs.
 """
 from __future__ import annotations
