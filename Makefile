@@ -13,9 +13,12 @@ comma   := ,
 # the dev extras.
 RUNTIME := .[examples$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))]
 DEVTOOLS := .[dev$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))]
-# The files whose kernels the tests check under numba's CUDA simulator, each in a process of its own (numba
-# picks the simulator when it is first imported; the files install different stand-ins for the device).
+# The files whose kernels the tests check under numba's CUDA simulator, in a pytest run of their own (numba picks
+# the simulator when it is first imported); a device stand-in one file activates is put back after it
+# (tests/conftest.py).
 SIM_TESTS := $(wildcard tests/*_sim.py)
+# pytest-xdist workers for `make test`: one per core the process may run on (CI has two).
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Train on the GPU when one is present and usable, else on the CPU.
 GPU_FLAG := $(shell $(BIN)/python -c "from superneurons.backend.cuda.probe import gpu_available as g; print('--gpu 0' if g() else '')" 2>/dev/null)
 
@@ -49,10 +52,12 @@ lint: $(DEV)
 typecheck: $(DEV)
 	$(BIN)/mypy
 
+# Each worker starts on a run of consecutive tests and takes over another's when it runs dry (--dist worksteal):
+# a module's fixtures are mostly set up once. The simulator files go to the workers whole (--dist loadfile).
 test: lint typecheck
-	$(BIN)/python -m pytest -q -m "not gpu"
-	for f in $(SIM_TESTS); do NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "simulator and not gpu" $$f || exit 1; done
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not gpu"
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider \
+	    -m "simulator and not gpu" $(SIM_TESTS)
 
 # On a GPU machine with no registry: the packages come from the machine, not a venv (docs/BENCHMARKS.md,
 # "Setting up the GPU machine").

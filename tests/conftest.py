@@ -41,6 +41,20 @@ def gpu():
     return CudaBackend(0, tf32=False)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _device_stand_in_per_file():
+    """Under the CUDA simulator every *_sim.py file runs in the same worker processes (`make test`): a device
+    stand-in that one file activates (tests/cudasim.py) is put back to the one before when its tests end."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
+        yield
+        return
+    from superneurons.backend.cuda import device
+
+    before = device._current
+    yield
+    device._current = before
+
+
 def rng_seed(config, nodeid: str) -> int:
     """--rng-seed, else TEST_RNG_SEED, else a CRC-32 of the node id: the same on every run and machine, and
     independent of PYTHONHASHSEED (which salts Python's hash())."""

@@ -14,9 +14,6 @@ import pytest
 cuda = pytest.importorskip("numba.cuda")
 from cudasim import IN_SIMULATOR, activate_bare_device, simulated  # noqa: E402
 
-if IN_SIMULATOR:
-    activate_bare_device()
-
 from superneurons.backend import scratch as need  # noqa: E402
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda.ops import (_rows, activation, basic, batch_norm, embed, fused, loss,  # noqa: E402
@@ -24,6 +21,14 @@ from superneurons.backend.cuda.ops import (_rows, activation, basic, batch_norm,
 
 CPU = CpuBackend().ops
 TAIL = 3  # NaN entries after the declared ones: nothing may write them
+
+
+@pytest.fixture(autouse=True, scope="module")
+def bare_device():
+    """The bare device for this file's tests alone (tests/conftest.py puts the one before back): the other
+    simulator files share the process."""
+    if IN_SIMULATOR:
+        activate_bare_device()
 
 
 class Allocated(AssertionError):

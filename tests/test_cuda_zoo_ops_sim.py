@@ -17,9 +17,6 @@ import pytest
 cuda = pytest.importorskip("numba.cuda")
 from cudasim import IN_SIMULATOR, activate_bare_device, simulated  # noqa: E402
 
-if IN_SIMULATOR:
-    activate_bare_device()
-
 from superneurons.backend.cpu import CpuBackend  # noqa: E402
 from superneurons.backend.cuda.ops import (activation as g_activation, embed as g_embed,  # noqa: E402
                                            eltwise as g_eltwise, loss as g_loss, lrn as g_lrn, mvn as g_mvn,
@@ -31,6 +28,14 @@ from test_activations import OPS  # noqa: E402
 CPU = CpuBackend().ops
 GPU = {name: getattr(m, name) for m in (g_activation, g_embed, g_eltwise, g_loss, g_lrn, g_mvn, g_fill, g_red, g_shape)
        for name in m.__all__}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def bare_device():
+    """The bare device for this file's tests alone (tests/conftest.py puts the one before back): the other
+    simulator files share the process."""
+    if IN_SIMULATOR:
+        activate_bare_device()
 
 
 def run_both(op, arrays, *scalars):

@@ -457,11 +457,11 @@ def test_unlinking_takes_only_mpich_segments_this_process_maps(tmp_path):
     assert mapped_mpich_segments(str(tmp_path / "absent")) == set()
 
 
-def test_local_launcher_runs_the_workers_and_waits(workdir, capfd):
+def test_local_launcher_runs_the_workers_and_waits(workdir, capfd, monkeypatch):
     from superneurons.cli import build_parser
 
     args = build_parser().parse_args(["train", "--solver", "conf/solver.prototxt", "--no-progress"])
-    os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     assert launch.spawn(args, [0, 1], entry=WORKER) == 0  # the workers have no --gpu: two CPU ranks
     out = messages(capfd.readouterr().err)  # the workers' glog lines, passed on by the launcher
     assert out.count("Optimization Done.") == 1 and any(l.startswith("Data parallel: 2 rank(s)") for l in out)
