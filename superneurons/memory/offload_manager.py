@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from superneurons.errors import PoolExhausted
 from superneurons.memory.cache import TensorCache
-from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
+from superneurons.memory.liveness import OFFLOAD, PREFETCH, OverLimit, Schedule, simulate
 from superneurons.memory.liveness_manager import LivenessManager
 from superneurons.memory.offload import HostStore, host_store_limit
 from superneurons.memory.pool import round_up
@@ -60,8 +60,8 @@ class OffloadManager(LivenessManager):
         moves: dict[str, tuple[int, int]] = schedule.info.get("offloaded", {})
         if self.use_cache:
             budget = self.net.pool.capacity - self.param_bytes
-            stay = simulate(self.program, _without_moves(schedule)).bytes
-            moves = {k: span for k, span in moves.items() if max(stay[span[0] + 1:span[1]], default=0) > budget}
+            over = OverLimit(simulate(self.program, _without_moves(schedule)).bytes, budget)
+            moves = {k: (off, back) for k, (off, back) in moves.items() if over.within(off + 1, back)}
         self.copy_ahead = set(moves)
         writers = self.program.writers
         for k, (off, _back) in sorted(moves.items()):
