@@ -62,7 +62,7 @@ def make_data(folder: Path, images: int, seed: int = 7) -> Path:
     return listing
 
 
-def solver_param(listing: Path, batch: int, iterations: int):
+def solver_param(listing: Path, batch: int, iterations: int, seed: int = 1701):
     from google.protobuf import text_format
 
     from superneurons.io.prototxt import read_solver
@@ -84,16 +84,16 @@ def solver_param(listing: Path, batch: int, iterations: int):
     param.display = 0
     param.snapshot = 0
     param.snapshot_after_train = False
-    param.random_seed = 1701
+    param.random_seed = seed
     return param
 
 
-def train_one(precision: str, listing: Path, batch: int, iterations: int, device: str) -> dict:
+def train_one(precision: str, listing: Path, batch: int, iterations: int, device: str, seed: int = 1701) -> dict:
     """One precision's losses, every iteration (runs in the worker process)."""
     from superneurons.solver.solver import Solver
 
     backend = common.make_backend(device, None)
-    solver = Solver(solver_param(listing, batch, iterations), "precision_loss", backend=backend, memory="baseline",
+    solver = Solver(solver_param(listing, batch, iterations, seed), "precision_loss", backend=backend, memory="baseline",
                     precision=precision)
     losses: list[float] = []
     solver.callbacks.append(lambda _solver, _iteration, loss: losses.append(float(loss)))
@@ -110,17 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default %(default)s)")
     ap.add_argument("--tail", type=int, default=50, help="iterations the final loss is averaged over")
     ap.add_argument("--data", default="", help="folder of the generated data set (default: under --out)")
+    ap.add_argument("--seed", type=int, default=1701, help="the solver's random_seed: the initial weights")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     listing = make_data(Path(args.data or Path(args.out) / "precision_loss_data"), args.images)
     if args.one:  # the worker: one precision, its result as JSON on the last line
-        print(json.dumps(train_one(args.one, listing, args.batch, args.iterations, args.device)))
+        print(json.dumps(train_one(args.one, listing, args.batch, args.iterations, args.device, args.seed)))
         return 0
     results = {}
     for precision in args.precisions.split(","):
         r = subprocess.run([sys.executable, "-m", "tools.bench.precision_loss", "--one", precision, "--batch",
                             str(args.batch), "--iterations", str(args.iterations), "--data", str(listing.parent),
-                            "--device", args.device], capture_output=True, text=True, timeout=args.timeout,
+                            "--device", args.device, "--seed", str(args.seed)], capture_output=True, text=True, timeout=args.timeout,
                            cwd=common.ROOT)
         if r.returncode != 0:
             print(f"{precision}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:] or ''}", file=sys.stderr)
