@@ -150,11 +150,13 @@ def test_pool_too_small_for_the_parameters_says_setup(monkeypatch):
         Net(_graph(_mlp_with_loss()), CPU, memory="liveness", pool_bytes=2048)
     assert "cannot train this net" in str(e.value) and "20480 bytes of parameters" in str(e.value)
     monkeypatch.delenv("SUPERNEURONS_PARAM_OFFLOAD")
-    # Streamed parameters need only the largest step's own: the error names that layer and its bytes.
+    # Streamed parameters need only the largest step's own: the error names that layer and its bytes (its
+    # activations, 3072, and the net's resident scratch region, 1024 after rounding) and the total.
     with pytest.raises(UserError) as e:
         Net(_graph(_mlp_with_loss()), CPU, memory="liveness", pool_bytes=2048)
     msg = str(e.value)
-    assert "'fc3' (backward) needs 3072 bytes" in msg and "4096 bytes of its parameters streamed in" in msg
+    assert "'fc3' (backward) needs 4096 bytes" in msg and "4096 bytes of its parameters streamed in" in msg
+    assert "= 8192 bytes" in msg
 
 
 def test_pool_below_the_largest_layer_fails_before_training(monkeypatch):
