@@ -143,10 +143,11 @@ class ForkServer:
     """Cases in children forked by fork_server.py; the server lives for the whole shard (a case that dies or
     hangs is a child: the server goes on)."""
 
-    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
+    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None,
+                 files: Path | None = None):
         self.repo, self.max_memory, self.nice, self.data_workers = repo, max_memory, nice, data_workers
         self.proc: subprocess.Popen | None = None
-        self.files = Path(tempfile.mkdtemp(prefix="sn-fuzz-case-"))
+        self.files = _files_folder(files)
         self.stacks = self.files / "stacks"
 
     def _start(self) -> None:
@@ -208,9 +209,10 @@ class ForkServer:
 class FreshProcess:
     """Each case as a new `python -m superneurons ARGV` process: what the fork server must match."""
 
-    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
+    def __init__(self, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None,
+                 files: Path | None = None):
         self.repo, self.max_memory, self.nice, self.data_workers = repo, max_memory, nice, data_workers
-        self.files = Path(tempfile.mkdtemp(prefix="sn-fuzz-case-"))
+        self.files = _files_folder(files)
         self.env = case_env(repo)
 
     def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
@@ -250,10 +252,22 @@ class FreshProcess:
         shutil.rmtree(self.files, ignore_errors=True)
 
 
-def make_runner(mode: str, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None):
-    """The runner of `mode` (MODES); each has run(argv, cwd, timeout) -> Result and close()."""
-    cls = {"fork": ForkServer, "fresh": FreshProcess, "inprocess": Worker}[mode]
-    return cls(repo, max_memory, nice, data_workers)
+def _files_folder(files: Path | None) -> Path:
+    """Where a case's stdout and stderr go: `files` (a shard puts it in its own folder, which the fuzzer removes
+    even when the shard was killed), or a new temporary folder."""
+    if files is None:
+        return Path(tempfile.mkdtemp(prefix="sn-fuzz-case-"))
+    files.mkdir(parents=True, exist_ok=True)
+    return files
+
+
+def make_runner(mode: str, repo: Path, max_memory: int, nice: int = 0, data_workers: int | None = None,
+                files: Path | None = None):
+    """The runner of `mode` (MODES); each has run(argv, cwd, timeout) -> Result and close(). `files`: the
+    folder for the cases' output files (fork, fresh)."""
+    if mode == "inprocess":
+        return Worker(repo, max_memory, nice, data_workers)
+    return {"fork": ForkServer, "fresh": FreshProcess}[mode](repo, max_memory, nice, data_workers, files)
 
 
 class Worker:

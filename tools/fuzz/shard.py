@@ -61,9 +61,10 @@ class Shard:
 def run_shard(shard: Shard, corpus: Corpus, emit: Callable[[dict], None]) -> None:
     """Run the shard's cases; `emit` gets {"case", "outcome", "rc", "seconds", "argv", "detail"} for each."""
     folder = Path(shard.folder)
-    worker = make_runner(shard.mode, REPO, shard.max_memory, shard.nice, shard.data_workers)
+    worker = None
     try:
         shutil.copytree(corpus.root, folder)
+        worker = make_runner(shard.mode, REPO, shard.max_memory, shard.nice, shard.data_workers, folder / "runner")
         mine = corpus.moved(folder)
         for i in range(shard.start, shard.stop):
             rng = random.Random(f"{shard.seed}:{shard.kind}:{i}")
@@ -78,7 +79,8 @@ def run_shard(shard: Shard, corpus: Corpus, emit: Callable[[dict], None]) -> Non
                   "argv": argv,
                   "detail": result.detail[-3000:] if bad else result.detail[-300:]})
     finally:
-        worker.close()
+        if worker is not None:
+            worker.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
