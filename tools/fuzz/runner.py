@@ -139,6 +139,17 @@ def remove_rings(pid: int) -> list[str]:
     return names
 
 
+def read_answer(proc: subprocess.Popen, timeout: float) -> dict | str:
+    """A JSON line from a fork server's or worker's stdout, or "timeout" (no answer in time), or "eof" (it is
+    gone)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        return "timeout"
+    line = proc.stdout.readline()
+    return json.loads(line) if line else "eof"
+
+
 class ForkServer:
     """Cases in children forked by fork_server.py; the server lives for the whole shard (a case that dies or
     hangs is a child: the server goes on)."""
@@ -163,12 +174,8 @@ class ForkServer:
                                    "to see why)")
 
     def _read(self, timeout: float) -> dict | str:
-        assert self.proc is not None and self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return "timeout"
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else "eof"
+        assert self.proc is not None
+        return read_answer(self.proc, timeout)
 
     def run(self, argv: list[str], cwd: Path, timeout: float) -> Result:
         if self.proc is None or self.proc.poll() is not None:
@@ -297,13 +304,8 @@ class Worker:
         self.served = 0
 
     def _read(self, timeout: float) -> dict | str:
-        """The worker's answer, or "timeout" (no answer in time), or "eof" (the worker is gone)."""
-        assert self.proc is not None and self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return "timeout"
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else "eof"
+        assert self.proc is not None
+        return read_answer(self.proc, timeout)
 
     def _stacks(self, wait: float = 1.0) -> str:
         """Every thread's Python stack in the (hung) worker, asked for with SIGUSR1 (worker.py --stacks)."""
