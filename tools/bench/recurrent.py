@@ -10,7 +10,7 @@ loss. Both time forward + backward (no update), device synchronized, after --war
 --precision: ours stores activations and gradients in that type (as --precision of train); nn.LSTM runs under
 autocast to the same type (weights float32, as ours).
 --longest: ours, the planner's largest T (a multiple of --step) whose `--memory auto` plan fits the budget
-(less the cuDNN workspace), then trained 2 iterations there, stepping down on failure; PyTorch, the largest T
+(less the cuDNN workspace) with the pinned host memory it may take within --host-limit, then trained 2 iterations there, stepping down on failure; PyTorch, the largest T
 that trains with set_per_process_memory_fraction(budget / total), found by doubling and bisection in fresh
 worker processes (each probe may run out of memory). Writes recurrent.json.
 """
@@ -39,8 +39,10 @@ def lstm_net(steps: int, streams: int, inputs: int, hidden: int, precision: str 
         layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "zeros" top: "loss" }}""", pb.NetParameter()), precision)
 
 
-def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32") -> str | None:
-    """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes, or None."""
+def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32",
+              host_limit: int = common.HOST_PINNED_LIMIT) -> str | None:
+    """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes, or None when nothing fits or the
+    pinned host memory that mode may take (the host store, streamed parameters) is above `host_limit`."""
     from superneurons.errors import UserError
     from superneurons.graph.build import build_graph
     from superneurons.memory import checkpoint_sets
@@ -49,12 +51,20 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, pre
     from superneurons.proto import superneurons_pb2 as pb
 
     graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
+    plans: dict = {}
+
+    def plan_for(types, modes=None, recompute_limit=0):
+        if (types, recompute_limit) not in plans:
+            plans[types, recompute_limit] = make_plan(graph, train=True, checkpoint_types=types,
+                                                      recompute_limit=recompute_limit)
+        return plans[types, recompute_limit]
+
     try:
-        return choose(pool, checkpoint_sets(graph, None),
-                      lambda types, modes=None, recompute_limit=0: make_plan(
-                          graph, train=True, checkpoint_types=types, recompute_limit=recompute_limit)).mode
+        choice = choose(pool, checkpoint_sets(graph, None), plan_for)
     except UserError:
         return None
+    chosen = plans[choice.checkpoint_types, choice.recompute_limit]
+    return choice.mode if common.host_bytes(chosen, choice.mode, choice.streams_params) <= host_limit else None
 
 
 def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = "cuda", iterations: int = 10,
@@ -117,12 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=512, help="num_output H (default %(default)s)")
     ap.add_argument("--step", type=int, default=64, help="granularity of the longest T (default %(default)s)")
     ap.add_argument("--longest", action="store_true", help="also find the longest T each trains under --budget")
+    ap.add_argument("--host-limit", default=f"{common.HOST_PINNED_LIMIT >> 30}G",
+                    help="pinned host memory our --longest run may use (default %(default)s: 60%% of this RAM)")
     ap.add_argument("--device", default="cuda", help="our device: cuda, cuda:N or cpu (default %(default)s)")
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                     help="storage of activations and gradients; nn.LSTM under autocast to it (default %(default)s)")
     args = ap.parse_args(argv)
     shape = dict(streams=args.streams, inputs=args.input, hidden=args.hidden, precision=args.precision)
     budget, workspace = common.parse_size(args.budget), common.parse_size(args.workspace)
+    host_limit = common.parse_size(args.host_limit)
     log = common.log_path(args, "recurrent")
     timing = dict(iterations=args.iterations, warmup=args.warmup)
     speed = dict(steps=args.steps, **shape, **timing)
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.longest:
         longest = {}
         if not args.no_ours:
-            predicted = common.largest_fitting(lambda t: fits_plan(t, **shape, pool=budget - workspace) is not None,
+            predicted = common.largest_fitting(lambda t: fits_plan(t, **shape, pool=budget - workspace,
+                                                                       host_limit=host_limit) is not None,
                                                step=args.step, start=args.steps)
             ok = 0
             for t in (predicted, predicted - args.step, predicted - 2 * args.step):
