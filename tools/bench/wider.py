@@ -37,6 +37,12 @@ from tools.bench import common, speed_zoo, torch_nets
 HALF_START = 2
 
 
+# The ResNets' bar against PyTorch with per-block checkpointing in the same storage type. Half storage halves
+# the checkpointed and offloaded activations that bound our batch (the float32 master weights, gradients and
+# history are a small part at these batches), so it is held to more than float32.
+CHECKPOINT_BAR = {"fp32": 3.0, "bf16": 4.0, "fp16": 4.0}
+
+
 def torch_variants_for(net: str, given: str) -> list[str]:
     if given:
         return [v for v in given.split(",") if v]
@@ -104,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([spec.label, precision, config, predicted, need.mode if need else None, got,
                      ours.get("memory_mode"), plain, ckpt, r_pl, r_ck])
         if net in common.RESNETS:
+            bar = CHECKPOINT_BAR[precision]
             targets.append(common.target(f"wider {spec.label} {precision}",
-                                         f">= 3x PyTorch-checkpoint's widest batch ({config})", r_ck, 3.0,
+                                         f">= {bar:g}x PyTorch-checkpoint's widest batch ({config})", r_ck, bar,
                                          _explain(need, budget, workspace)))
         if net in ("vgg16", "alexnet"):
             targets.append(common.target(f"wider {spec.label} {precision}",
