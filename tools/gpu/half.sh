@@ -6,6 +6,7 @@
 # (tools/bench/recurrent.py) and the widest bfloat16 ResNet-50 under 12 GiB (tools/bench/wider.py). Logs go to $OUT.
 #   bash tools/gpu/half.sh              # nets, ops, time
 #   HALF_PARTS="nets loss recurrent wider" bash tools/gpu/half.sh
+#   HALF_PARTS=wider HALF_WIDER_NETS=resnet101,resnet152 HALF_WIDER_TIMEOUT=560 bash tools/gpu/half.sh
 set -u
 source tools/gpu/env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
@@ -44,9 +45,10 @@ for part in $PARTS; do
             tail -4 "$OUT/recurrent_$precision.log"
         done ;;
     wider)
-        echo "== widest ResNet-50 under 12 GiB in bf16, beside PyTorch-checkpoint's (bf16 autocast, channels_last)"
-        timeout 420 python -m tools.bench.wider --precision bf16 --nets resnet50 --torch-variants checkpoint \
-            --host-limit "${HALF_HOST_LIMIT:-100G}" > "$OUT/wider_bf16.log" 2>&1
+        nets=${HALF_WIDER_NETS:-resnet50}
+        echo "== widest $nets under 12 GiB in bf16, beside PyTorch-checkpoint's (bf16 autocast, channels_last)"
+        timeout "${HALF_WIDER_TIMEOUT:-420}" python -m tools.bench.wider --precision bf16 --nets "$nets" \
+            --torch-variants checkpoint --host-limit "${HALF_HOST_LIMIT:-100G}" > "$OUT/wider_bf16.log" 2>&1
         tail -6 "$OUT/wider_bf16.log" ;;
     esac
 done
