@@ -2,7 +2,7 @@
 # On the GPU machine: half-precision storage on the GPU in one call. The nets and memory modes of
 # tests/test_cuda_half.py, every GPU op test in bfloat16 and in float16 storage (`--storage`, tests/gpu_harness.py),
 # `superneurons time` on ResNet-50 at batch 64 in each precision; and, asked by name, ResNet-50's loss over 300
-# iterations in each precision (tools/bench/precision_loss.py), the LSTM beside nn.LSTM in float32 and bfloat16
+# iterations in each precision over 3 seeds (tools/bench/precision_loss.py), the LSTM beside nn.LSTM in float32 and bfloat16
 # (tools/bench/recurrent.py) and the widest bfloat16 ResNet-50 under 12 GiB (tools/bench/wider.py). Logs go to $OUT.
 #   bash tools/gpu/half.sh              # nets, ops, time
 #   HALF_PARTS="nets loss recurrent wider" bash tools/gpu/half.sh
@@ -33,10 +33,11 @@ for part in $PARTS; do
             grep -E "Average Forward-Backward|img/s|float32 copies|rror" "$OUT/time_resnet50_$precision.log" | head -8
         done ;;
     loss)
-        echo "== ResNet-50 b64, 300 iterations on fixed data, fp32 / bf16 / fp16"
-        timeout 300 python -m tools.bench.precision_loss --data /tmp/precision_loss_data --timeout 140 \
-            > "$OUT/precision_loss.log" 2>&1
-        tail -7 "$OUT/precision_loss.log" ;;
+        # 3 precisions x 3 seeds, each precision's seeds in one process: about 200 s on an H200
+        echo "== ResNet-50 b64, 300 iterations (lr to 0) on fixed data, loss over the data set, fp32 / bf16 / fp16 x 3 seeds"
+        timeout 330 python -m tools.bench.precision_loss --seeds 1701,1702,1703 --data /tmp/precision_loss_data \
+            --timeout 150 > "$OUT/precision_loss.log" 2>&1
+        tail -9 "$OUT/precision_loss.log" ;;
     recurrent)
         for precision in fp32 bf16; do
             echo "== LSTM T=64 N=64 D=512 H=512, $precision, beside nn.LSTM"

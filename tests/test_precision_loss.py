@@ -1,0 +1,70 @@
+"""tools/bench/precision_loss.py end to end on the CPU with its tiny net: the report's structure, its
+differences against a recomputation from the runs, and float32 runs equal bit for bit for the same seed."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from tools.bench import precision_loss
+
+TINY = ["--net", "tiny", "--device", "cpu", "--batch", "16", "--images", "32", "--iterations", "6",
+        "--base-lr", "0.1", "--timeout", "300"]
+
+
+def _run(tmp_path, name, extra):
+    out = tmp_path / name
+    rc = precision_loss.main(TINY + ["--out", str(out), "--data", str(tmp_path / "data")] + extra)
+    assert rc == 0
+    return json.loads((out / "precision_loss.json").read_text())
+
+
+def test_precision_loss_reports_each_seed_against_float32_and_repeats_float32_bit_for_bit(tmp_path):
+    doc = _run(tmp_path, "a", ["--precisions", "fp32,bf16", "--seeds", "11,12"])
+    assert doc["seeds"] == [11, 12] and doc["errors"] == {}
+    runs, summary = doc["runs"], doc["summary"]
+    for p in ("fp32", "bf16"):
+        for s in ("11", "12"):
+            r = runs[p][s]
+            assert len(r["losses"]) == 6 and all(math.isfinite(x) for x in r["losses"])
+            assert math.isfinite(r["final_loss"]) and 0.0 <= r["accuracy"] <= 1.0
+    # different initial weights give different runs
+    assert runs["fp32"]["11"]["losses"] != runs["fp32"]["12"]["losses"]
+    ref = [runs["fp32"][s]["final_loss"] for s in ("11", "12")]
+    diffs = [runs["bf16"][s]["final_loss"] / runs["fp32"][s]["final_loss"] - 1 for s in ("11", "12")]
+    assert summary["bf16"]["relative_difference"] == {"11": diffs[0], "12": diffs[1]}
+    assert math.isclose(summary["bf16"]["mean_difference"], float(np.mean(diffs)), rel_tol=1e-12)
+    assert math.isclose(summary["bf16"]["std_difference"], float(np.std(diffs, ddof=1)), rel_tol=1e-12)
+    assert math.isclose(summary["fp32"]["seed_spread"], float(np.std(ref, ddof=1) / np.mean(ref)), rel_tol=1e-12)
+    (target,) = doc["targets"]
+    assert target["name"] == "precision loss bf16" and target["measured"] == summary["bf16"]["mean_difference"]
+    assert target["met"] == (abs(target["measured"]) <= 0.02)
+    table = doc["tables"][0]
+    assert table["header"][:3] == ["precision", "seed 11", "seed 12"] and [r[0] for r in table["rows"]] == ["fp32", "bf16"]
+
+    # float32 again, seed 12 alone (a fresh process, no seed 11 before it): the same numbers, bit for bit
+    again = _run(tmp_path, "b", ["--precisions", "fp32", "--seeds", "12"])
+    assert again["runs"]["fp32"]["12"]["losses"] == runs["fp32"]["12"]["losses"]
+    assert again["runs"]["fp32"]["12"]["final_loss"] == runs["fp32"]["12"]["final_loss"]
+    assert again["targets"] == []
+
+
+def test_the_schedule_decays_to_near_zero_and_the_test_pass_reads_every_image_once(tmp_path):
+    from superneurons.solver.lr_policy import LrPolicy
+
+    listing = precision_loss.make_data(tmp_path, 32, precision_loss.SIDES["tiny"], 0.1)
+    param = precision_loss.solver_param("tiny", listing, 16, 300, 32, 1701, 0.01)
+    policy = LrPolicy(param, "precision_loss")
+    assert math.isclose(policy.rate(0), 0.01, rel_tol=1e-6) and policy.rate(299) < 0.01 / 200
+    assert list(param.test_iter) == [2] and param.test_interval == 0
+    import h5py
+
+    labels = []
+    for name in listing.read_text().split():
+        with h5py.File(name) as f:
+            assert f["data"].shape[1:] == (3, 16, 16)
+            labels += list(f["label"][:])
+    assert len(labels) == 32 and set(labels) <= set(range(10))
+    # the data set is a function of its parameters alone: a second call reads the same files
+    assert precision_loss.make_data(tmp_path, 32, 16, 0.1) == listing
