@@ -121,6 +121,9 @@ _DECLARED = (
             "Convolution bias gradients: `cudnn` (cudnnConvolutionBackwardBias), `own` (the per-channel sum "
             "kernel Bias and InnerProduct use), `auto`: own on the planes where it measured faster "
             "(backend/cuda/ops/conv.py, tools/bench/conv_bias.py).", choices=("auto", "cudnn", "own")),
+    Setting("SUPERNEURONS_HOST_MEMORY_MB", INT, None,
+            "MiB of pinned host memory `--memory auto` lets a plan take (offloaded tensors, streamed parameters; "
+            "memory/host.py); unset: 80% of this machine's RAM. A plan that may pin more is not chosen."),
     Setting("SUPERNEURONS_DP_BUCKET_MB", INT, 25,
             "Data parallelism: MiB of gradients per bucket, each bucket one all-reduce started as backward "
             "finishes its gradients (parallel/reducer.py; default measured with tools.bench.scaling "

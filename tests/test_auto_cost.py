@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import text_format
 
 from superneurons.cli import main
+from superneurons.errors import UserError
 from superneurons.graph.batch import set_batch
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
@@ -248,3 +249,36 @@ def test_streamed_parameters_fall_back_across_sets():
     assert {e.checkpoint_types for e in choice.candidates} == set(plans)
     win = estimate(plans[choice.checkpoint_types], choice.mode, budget, streams_params=True)
     assert win.moved_bytes >= sum(conv.param_window) > 0  # the parameters cross the link every iteration
+
+
+def test_host_limit_drops_candidates_that_may_pin_more_and_refuses_when_none_is_left(monkeypatch):
+    """A candidate's host bytes are every tensor its mode may evict (the host store's bound) plus the streamed
+    parameters; auto weighs only those within the host limit, and refuses at setup, naming the limit and the
+    least a plan needs, when the device fits plans that the host cannot hold."""
+    params, plans = _tiny_budgets()
+    budget = params + (plans[DEFAULT_CHECKPOINTS].peak("offload")[0] + plans[DEFAULT_CHECKPOINTS].peak("liveness")[0]) // 2
+
+    def plan_for(types, modes, recompute_limit=0):
+        return plans[types]
+
+    free = choose(budget, list(plans), plan_for)
+    assert free.mode in ("offload", "recompute") and free.candidates
+    for e in free.candidates:  # the bound, recomputed here from the plan's own tensors
+        p = plans[e.checkpoint_types]
+        keys = p.schedules[e.mode].info.get("offloadable", ())
+        assert e.host_bytes == sum(-(-p.program.tensors[k].nbytes // 1024) * 1024 for k in keys) > 0
+    host = {e.host_bytes for e in free.candidates}
+    if len(host) > 1:  # a limit between the candidates keeps only those below it
+        limit = sorted(host)[0]
+        kept = choose(budget, list(plans), plan_for, host_limit=limit)
+        assert all(e.host_bytes <= limit for e in kept.candidates)
+        assert len(kept.candidates) < len(free.candidates)
+    with pytest.raises(UserError, match=r"may pin more host memory than the .* allowed: the least, .* may pin "
+                                        rf"{min(host)} bytes"):
+        choose(budget, list(plans), plan_for, host_limit=min(host) - 1)
+    # The Net's auto reads the limit from SUPERNEURONS_HOST_MEMORY_MB (memory/host.py): refused at setup.
+    monkeypatch.setenv("SUPERNEURONS_HOST_MEMORY_MB", "0")
+    with pytest.raises(UserError, match="SUPERNEURONS_HOST_MEMORY_MB"):
+        Net(_graph(RESNET), BACKEND, memory="auto", pool_bytes=budget)
+    monkeypatch.delenv("SUPERNEURONS_HOST_MEMORY_MB")
+    assert Net(_graph(RESNET), BACKEND, memory="auto", pool_bytes=budget).memory.name == free.mode

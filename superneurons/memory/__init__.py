@@ -43,6 +43,7 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     resident parameters (or with them streamed) and are predicted fastest. `checkpoint_types` given: only
     those are weighed; None: the sets of `checkpoint_sets`."""
     from superneurons.memory.cost import choose
+    from superneurons.memory.host import host_limit
     from superneurons.memory.plan import make_plan
 
     def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> Any:
@@ -50,7 +51,7 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
         return make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
                          layout=net.layout, recompute_limit=recompute_limit)
 
-    return choose(net.pool.capacity, checkpoint_sets(net.graph, checkpoint_types), plan_for)
+    return choose(net.pool.capacity, checkpoint_sets(net.graph, checkpoint_types), plan_for, host_limit())
 
 
 def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_types: Iterable[str] | None = None,

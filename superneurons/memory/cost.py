@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.graph.node import Node
 from superneurons.memory.liveness import RUN
@@ -63,6 +64,7 @@ class Estimate:
     replays: int  # replayed forward steps
     moved_bytes: int  # over the host link, both ways
     recompute_limit: int = 0  # the plan's (make_plan): bytes a recompute step may hold before it replays more
+    host_bytes: int = 0  # pinned host memory it may take (MemoryPlan.host_bytes)
 
     @property
     def transfer_s(self) -> float:
@@ -92,7 +94,8 @@ def estimate(plan: MemoryPlan, mode: str, budget: int, streams_params: bool = Fa
     spare = max(0, budget - peak)
     moved = 2 * max(0, offloaded_bytes(plan, mode) - spare) + params_moved
     return Estimate(mode, plan.checkpoint_types, streams_params, peak, compute, sum(fwd[w] for w in runs),
-                    len(runs), moved, plan.recompute_limit if mode == "recompute" else 0)
+                    len(runs), moved, plan.recompute_limit if mode == "recompute" else 0,
+                    plan.host_bytes(mode, streams_params))
 
 
 @dataclass
@@ -130,25 +133,49 @@ class PlanFor(Protocol):
         """The net planned under `modes` with checkpoint `types` (make_plan's `recompute_limit`)."""
 
 
-def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: PlanFor) -> Choice:
+def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: PlanFor,
+           host_limit: int | None = None) -> Choice:
     """`auto`: baseline or liveness when one fits beside the resident parameters; otherwise the fastest
     predicted (mode x checkpoint set x recompute limit) that fits, with the parameters resident if any
-    candidate allows it, else streamed. `plan_for` plans the net (once per set and limit, only as needed)."""
+    candidate allows it, else streamed. `plan_for` plans the net (once per set and limit, only as needed).
+    `host_limit`: the pinned host memory a candidate may take (None: no limit); one that may take more is
+    not weighed, so a run never starts a plan the host cannot hold."""
     first = plan_for(checkpoint_sets[0], FITS_ANYWAY)
     for mode in FITS_ANYWAY:
         if first.fits(mode, budget):
             return Choice(mode, checkpoint_sets[0], budget)
     plans = [plan_for(types, MOVING_MODES) for types in checkpoint_sets]
-    ranked = [e for p in plans for e in _with_limits(p, budget, plan_for)]
+
+    def on_host(candidates: list[Estimate]) -> list[Estimate]:
+        return [e for e in candidates if host_limit is None or e.host_bytes <= host_limit]
+
+    fitting = [e for p in plans for e in _with_limits(p, budget, plan_for)]
+    ranked = on_host(fitting)
     if not ranked:  # deep nets: stream the parameters (liveness does not depend on the checkpoints)
-        ranked = [estimate(p, m, budget, streams_params=True)
-                  for p, modes in [(first, ("liveness",))] + [(p, MOVING_MODES) for p in plans]
-                  for m in modes if p.fits_streamed(m, budget)]
+        streamed = [estimate(p, m, budget, streams_params=True)
+                    for p, modes in [(first, ("liveness",))] + [(p, MOVING_MODES) for p in plans]
+                    for m in modes if p.fits_streamed(m, budget)]
+        fitting += streamed
+        ranked = on_host(streamed)
     if not ranked:
+        if fitting:
+            raise host_error(fitting, budget, host_limit or 0)
         raise no_fit_error(plans, budget)
     fastest = min(e.seconds for e in ranked)
     win = next(e for e in ranked if e.seconds <= fastest * (1 + TIE))
     return Choice(win.mode, win.checkpoint_types, budget, win.streams_params, win.recompute_limit, ranked, win)
+
+
+def host_error(fitting: list[Estimate], budget: int, host_limit: int) -> UserError:
+    """What `auto` says when plans fit the device but each may pin more host memory than `host_limit`."""
+    least = min(fitting, key=lambda e: e.host_bytes)
+    return UserError(
+        f"every plan that fits {format_bytes(budget)} ({budget} bytes) on the device may pin more host memory "
+        f"than the {format_bytes(host_limit)} ({host_limit} bytes) allowed: the least, {least.mode} with "
+        f"checkpoints {', '.join(least.checkpoint_types)}"
+        f"{' and the parameters streamed' if least.streams_params else ''}, may pin {least.host_bytes} bytes "
+        f"({format_bytes(least.host_bytes)}); train with a smaller batch, a larger --gpu-memory, or a higher "
+        f"SUPERNEURONS_HOST_MEMORY_MB")
 
 
 def _with_limits(plan: MemoryPlan, budget: int, plan_for: PlanFor) -> list[Estimate]:

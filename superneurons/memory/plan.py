@@ -16,7 +16,7 @@ from superneurons.graph.build import Graph
 from superneurons.memory.liveness import (ALLOC, FREE, OFFLOAD, PREFETCH, RUN, Liveness, Program, Schedule, Trace,
                                          seeds_first, simulate)
 from superneurons.memory.offload import (DEFAULT_CHECKPOINTS, apply_offload, backward_reads, checkpoint_tensors,
-                                        plan_offload)
+                                        host_store_limit, plan_offload)
 from superneurons.memory.params import layers_computed_by
 from superneurons.memory.pool import format_bytes, round_up
 from superneurons.memory.recompute import RecomputePlanner
@@ -105,6 +105,14 @@ class MemoryPlan:
     def fits_streamed(self, mode: str, budget: int) -> bool:
         """Whether `mode` fits `budget` with the parameters streamed (baseline holds everything: never)."""
         return mode != "baseline" and self.streamable and self.streamed_peak(mode) <= budget
+
+    def host_bytes(self, mode: str, streams_params: bool = False) -> int:
+        """Pinned host memory `mode` may take, an upper bound: the host store pins as tensors leave the device,
+        at most every tensor the Tensor Cache may evict (`host_store_limit`, what OffloadManager gives it),
+        and streamed parameters, gradients and history live on the host."""
+        keys = self.schedules[mode].info.get("offloadable", ()) if mode in ("offload", "recompute") else ()
+        store = host_store_limit(self.program.tensors[k].nbytes for k in keys)
+        return store + (self.param_bytes if streams_params else 0)
 
 
 def no_fit_error(plans: list[MemoryPlan], budget: int) -> UserError:

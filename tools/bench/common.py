@@ -260,34 +260,24 @@ class Need:
 HOST_PINNED_FRACTION = 0.6
 
 
-def host_memory_bytes() -> int:
-    """This machine's RAM: MemTotal of /proc/meminfo, else os.sysconf's physical pages x page size."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def host_pinned_limit(fraction: float = HOST_PINNED_FRACTION) -> int:
+    from superneurons.memory.host import host_memory_bytes
+
     return int(host_memory_bytes() * fraction)
 
 
 HOST_PINNED_LIMIT = host_pinned_limit()
 
 
-def host_bytes(plan: Any, mode: str, streams: bool) -> int:
-    """Pinned host memory `mode` may take, an upper bound: the host store pins chunks as tensors leave the
-    device, at most every tensor the Tensor Cache may evict (`offload.host_store_limit`, what
-    `OffloadManager` gives it), and streamed parameters, gradients and history live on the host."""
-    from superneurons.memory.offload import host_store_limit
+def host_env(host_limit: int) -> dict[str, str]:
+    """A worker's environment that holds its run's `--memory auto` to the pinned host memory the planner's
+    prediction allowed (memory/host.py), so both weigh the same candidates."""
+    return {"SUPERNEURONS_HOST_MEMORY_MB": str(host_limit >> 20)}
 
-    keys = plan.schedules[mode].info.get("offloadable", ()) if mode in ("offload", "recompute") else ()
-    store = host_store_limit(plan.program.tensors[k].nbytes for k in keys)
-    return store + (plan.param_bytes if streams else 0)
+
+def host_bytes(plan: Any, mode: str, streams: bool) -> int:
+    """Pinned host memory `mode` may take, an upper bound (`MemoryPlan.host_bytes`)."""
+    return plan.host_bytes(mode, streams)
 
 
 def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 0,
@@ -320,7 +310,7 @@ def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 
         return need
     pool = budget - workspace
     try:
-        choice = choose(pool, sets, plan_for)  # what `--memory auto` picks (memory/cost.py)
+        choice = choose(pool, sets, plan_for, host_limit)  # what `--memory auto` picks (memory/cost.py)
     except UserError:
         return need
     chosen = plans[choice.checkpoint_types, choice.recompute_limit]

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = common.run_worker([dict(kind="ours_deepest", start=predicted, budget=budget, workspace=workspace,
                                        batch=args.batch, step=args.step, iterations=args.iterations,
                                        **speed_zoo.precision_arg(precision))],
-                                 args.timeout, log=log)[0]
+                                 args.timeout, env=common.host_env(host_limit), log=log)[0]
     pt: dict[str, dict] = {}
     if not (args.no_torch or args.predict_only):
         # one worker per variant: a deep net that ran out of memory leaves the allocator fragmented

@@ -41,8 +41,8 @@ def lstm_net(steps: int, streams: int, inputs: int, hidden: int, precision: str 
 
 def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32",
               host_limit: int = common.HOST_PINNED_LIMIT) -> str | None:
-    """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes, or None when nothing fits or the
-    pinned host memory that mode may take (the host store, streamed parameters) is above `host_limit`."""
+    """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes with at most `host_limit` bytes of
+    pinned host memory (the host store, streamed parameters), or None when nothing fits."""
     from superneurons.errors import UserError
     from superneurons.graph.build import build_graph
     from superneurons.memory import checkpoint_sets
@@ -51,20 +51,14 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, pre
     from superneurons.proto import superneurons_pb2 as pb
 
     graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
-    plans: dict = {}
 
     def plan_for(types, modes=None, recompute_limit=0):
-        if (types, recompute_limit) not in plans:
-            plans[types, recompute_limit] = make_plan(graph, train=True, checkpoint_types=types,
-                                                      recompute_limit=recompute_limit)
-        return plans[types, recompute_limit]
+        return make_plan(graph, train=True, checkpoint_types=types, recompute_limit=recompute_limit)
 
     try:
-        choice = choose(pool, checkpoint_sets(graph, None), plan_for)
+        return choose(pool, checkpoint_sets(graph, None), plan_for, host_limit).mode
     except UserError:
         return None
-    chosen = plans[choice.checkpoint_types, choice.recompute_limit]
-    return choice.mode if common.host_bytes(chosen, choice.mode, choice.streams_params) <= host_limit else None
 
 
 def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = "cuda", iterations: int = 10,
@@ -160,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 r = common.run_worker([dict(kind="recurrent_ours", steps=t, device=args.device, iterations=2,
                                             warmup=1, budget=budget, workspace=workspace, **shape)],
-                                      args.timeout, log=log)[0]
+                                      args.timeout, env=common.host_env(host_limit), log=log)[0]
                 if r.get("ok"):
                     ok = t
                     break

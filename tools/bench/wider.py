@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             ours = common.run_worker([dict(kind="ours_widest", net=net, start=start, budget=budget,
                                            workspace=workspace, step=args.step, iterations=args.iterations,
                                            **speed_zoo.precision_arg(precision))],
-                                     args.timeout, log=log)[0]
+                                     args.timeout, env=common.host_env(host_limit), log=log)[0]
         pt: dict[str, dict] = {}
         if not (args.no_torch or args.predict_only):
             variants = torch_variants_for(net, args.torch_variants)
