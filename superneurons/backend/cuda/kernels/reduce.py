@@ -108,6 +108,20 @@ def array_sum(x, y, out, mode):
 # into `sums` (2 * dim entries, zeroed first) with atomics; a small kernel then finishes per channel.
 # Modes: 0 sum x and x*x; 1 sum x; 2 sum x*y; 3 (BatchNorm backward, y = dy) sum dy and dy*x_hat.
 
+@cuda.jit(device=True, inline=True)
+def _partial_add(x, y, i, mode, mu, s, acc0, acc1):
+    """Element i's share of channel_partials' two float64 sums under `mode` (y is read only by modes 2, 3)."""
+    v = float64(x[i])
+    if mode == 0:
+        return acc0 + v, acc1 + v * v
+    if mode == 1:
+        return acc0 + v, acc1
+    if mode == 2:
+        return acc0 + v * float64(y[i]), acc1
+    g = float64(y[i])
+    return acc0 + g, acc1 + g * ((v - mu) * s)
+
+
 @cuda.jit
 def channel_partials(x, y, mean, inv, sums, outer, dim, inner, chunk, mode):
     shared = cuda.shared.array(BLOCK, float64)
@@ -127,34 +141,11 @@ def channel_partials(x, y, mean, inv, sums, outer, dim, inner, chunk, mode):
         for n in range(n0, n1):
             base = (n * dim + c) * inner
             for i in range(base + tid, base + inner, BLOCK):
-                v = float64(x[i])
-                if mode == 0:
-                    acc0 += v
-                    acc1 += v * v
-                elif mode == 1:
-                    acc0 += v
-                elif mode == 2:
-                    acc0 += v * float64(y[i])
-                else:
-                    g = float64(y[i])
-                    acc0 += g
-                    acc1 += g * ((v - mu) * s)
+                acc0, acc1 = _partial_add(x, y, i, mode, mu, s, acc0, acc1)
     else:
         for j in range(tid, (n1 - n0) * inner, BLOCK):
             q = j // inner
-            i = ((n0 + q) * dim + c) * inner + j - q * inner
-            v = float64(x[i])
-            if mode == 0:
-                acc0 += v
-                acc1 += v * v
-            elif mode == 1:
-                acc0 += v
-            elif mode == 2:
-                acc0 += v * float64(y[i])
-            else:
-                g = float64(y[i])
-                acc0 += g
-                acc1 += g * ((v - mu) * s)
+            acc0, acc1 = _partial_add(x, y, ((n0 + q) * dim + c) * inner + j - q * inner, mode, mu, s, acc0, acc1)
     t0 = block_sum(acc0, shared)
     if mode == 0 or mode == 3:
         t1 = block_sum(acc1, shared)
