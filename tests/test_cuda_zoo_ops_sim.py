@@ -150,6 +150,28 @@ def test_crop_and_tile(rng):
     close(dg, dc)
 
 
+@simulated
+@pytest.mark.parametrize("big,small,offsets", [
+    ((2, 3, 4, 5, 6), (2, 3, 2, 5, 3), (0, 0, 1, 0, 2)),  # kept-whole axes merge into the one before
+    ((3, 2, 2, 2, 2, 2, 2, 2), (2, 1, 1, 1, 1, 1, 1, 2), (1, 1, 0, 1, 0, 1, 0, 0)),  # 8 axes, none kept whole
+    ((5,), (2,), (3,)), ((4, 6), (4, 6), (0, 0))])
+def test_crop_takes_its_geometry_as_arguments(rng, big, small, offsets):
+    """The window's geometry is passed by value (no table on the device); N-D crops match the CPU's, and a crop
+    with more axes not kept whole than the kernel's arguments describe is refused in one line."""
+    from superneurons.backend.cuda.kernels import shape_ops as sk
+
+    x = rng.standard_normal(big)
+    cut = sum(1 for b, s, o in zip(big, small, offsets) if (b, o) != (s, 0))
+    if cut > sk.WINDOW_AXES:
+        with pytest.raises(ValueError, match="at most"):
+            run_both("crop_forward", [x, np.zeros(small)], offsets)
+        return
+    (_, yc), (_, yg) = run_both("crop_forward", [x, np.zeros(small)], offsets)
+    assert np.array_equal(yg, yc)
+    (_, dxc), (_, dxg) = run_both("crop_backward", [rng.standard_normal(small), rng.standard_normal(big)], offsets)
+    assert np.array_equal(dxg, dxc)
+
+
 # Short rows run one thread each; long rows (ASUM here, kept to one case: the simulator is slow) run blocks.
 @pytest.mark.parametrize("op,outer,inner", [("SUM", 6, 5), ("ASUM", 6, 5), ("SUMSQ", 6, 5), ("MEAN", 6, 5),
                                             ("ASUM", 1, 300)])

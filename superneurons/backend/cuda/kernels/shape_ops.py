@@ -4,28 +4,38 @@ from __future__ import annotations
 from numba import cuda, float64
 
 
+@cuda.jit(device=True, inline=True)
+def _window_axis(rem, big, stride, b, s, o):
+    """One axis of window_copy's index walk (last axis first): the small array's index `rem` loses this axis's
+    coordinate, which (shifted by the offset o) adds into the big array's index at the current stride."""
+    q = rem // s
+    return q, big + (rem - q * s + o) * stride, stride * b
+
+
 @cuda.jit
-def window_copy(src, dst, meta, n, into_window):
+def window_copy(src, dst, n, into_window, b0, b1, b2, b3, b4, b5, s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, o4, o5):
     """Copy between the window of the big array and the small one, n = the small array's size.
 
-    meta (int64) = [ndim, big shape..., small shape..., window offsets...]. into_window: dst is the big
-    array (crop backward), else src is (crop forward).
+    The geometry is in the arguments, so it needs no device memory: the big array's shape b0..b5, the small
+    one's s0..s5 and the window's offsets o0..o5, over WINDOW_AXES axes (ops/shape_ops.py merges the axes a crop
+    keeps whole and pads the rest with leading axes of size 1). into_window: dst is the big array (crop
+    backward), else src is (crop forward).
     """
-    nd = meta[0]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        rem = i
-        big = 0
-        stride = 1
-        for a in range(nd - 1, -1, -1):
-            d = meta[1 + nd + a]
-            q = rem // d
-            big += (rem - q * d + meta[1 + 2 * nd + a]) * stride
-            rem = q
-            stride *= meta[1 + a]
+        rem, big, stride = i, 0, 1
+        rem, big, stride = _window_axis(rem, big, stride, b5, s5, o5)
+        rem, big, stride = _window_axis(rem, big, stride, b4, s4, o4)
+        rem, big, stride = _window_axis(rem, big, stride, b3, s3, o3)
+        rem, big, stride = _window_axis(rem, big, stride, b2, s2, o2)
+        rem, big, stride = _window_axis(rem, big, stride, b1, s1, o1)
+        rem, big, stride = _window_axis(rem, big, stride, b0, s0, o0)
         if into_window:
             dst[big] = src[i]
         else:
             dst[i] = src[big]
+
+
+WINDOW_AXES = 6  # the axes window_copy's arguments describe
 
 
 @cuda.jit

@@ -3,35 +3,39 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-from numba import cuda
-
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek, shape_ops as sk
 
 __all__ = ["crop_forward", "crop_backward", "tile_forward", "tile_backward"]
 
-_meta: dict = {}
 
-
-def _window_meta(big_shape, small_shape, offsets: Sequence[int]):
-    """The int64 device array window_copy reads, built once per geometry (the launch cache keys arrays by
-    identity, so the same object keeps the fast launch path)."""
-    key = (tuple(big_shape), tuple(small_shape), tuple(int(o) for o in offsets))
-    meta = _meta.get(key)
-    if meta is None:
-        if len(key[2]) != len(key[0]) or len(key[1]) != len(key[0]):
-            raise ValueError(f"crop of {key[0]} to {key[1]} needs one offset per axis, got {key[2]}")
-        host = np.array([len(key[0]), *key[0], *key[1], *key[2]], np.int64)
-        meta = _meta[key] = cuda.to_device(host)
-    return meta
+def _window(big_shape, small_shape, offsets: Sequence[int]) -> tuple[int, ...]:
+    """window_copy's geometry arguments: the big shape, the small shape and the offsets, over WINDOW_AXES axes.
+    An axis the crop keeps whole (same size, offset 0) merges into the axis before it (its index runs over all
+    of it, so the pair is one axis of the product's size, the offset scaled by it); the axes left are padded with
+    leading axes of size 1. Passed by value, the geometry takes no device memory, so nothing here is allocated
+    outside the Net's pool."""
+    big, small, off = (tuple(int(d) for d in a) for a in (big_shape, small_shape, offsets))
+    if not len(big) == len(small) == len(off):
+        raise ValueError(f"crop of {big} to {small} needs one offset per axis, got {off}")
+    axes: list[list[int]] = []
+    for b, s, o in zip(big, small, off):
+        if axes and b == s and o == 0:
+            axes[-1] = [axes[-1][0] * b, axes[-1][1] * b, axes[-1][2] * b]
+        else:
+            axes.append([b, s, o])
+    if len(axes) > sk.WINDOW_AXES:
+        raise ValueError(f"crop of {big} to {small} at {off}: the GPU crops at most {sk.WINDOW_AXES} axes that "
+                         f"are not kept whole")
+    axes = [[1, 1, 0]] * (sk.WINDOW_AXES - len(axes)) + axes
+    return tuple(b for b, _s, _o in axes) + tuple(s for _b, s, _o in axes) + tuple(o for _b, _s, o in axes)
 
 
 def crop_forward(x, y, offsets: Sequence[int]) -> None:
     """y = the window of x starting at `offsets` (one per axis) with y's shape."""
     if y.size:
-        K.launch(sk.window_copy, y.size)(flat(x), flat(y), _window_meta(x.shape, y.shape, offsets), y.size, False)
+        K.launch(sk.window_copy, y.size)(flat(x), flat(y), y.size, False, *_window(x.shape, y.shape, offsets))
 
 
 def crop_backward(dy, dx, offsets: Sequence[int]) -> None:
@@ -39,8 +43,7 @@ def crop_backward(dy, dx, offsets: Sequence[int]) -> None:
     if dx.size:
         K.launch(ek.fill, dx.size)(flat(dx), scalar(dx, 0.0))
     if dy.size:
-        K.launch(sk.window_copy, dy.size)(flat(dy), flat(dx), _window_meta(dx.shape, dy.shape, offsets), dy.size,
-                                          True)
+        K.launch(sk.window_copy, dy.size)(flat(dy), flat(dx), dy.size, True, *_window(dx.shape, dy.shape, offsets))
 
 
 def tile_forward(x, y, outer: int, tiles: int, inner: int) -> None:
