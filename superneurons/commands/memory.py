@@ -5,6 +5,7 @@ import argparse
 import json
 
 from superneurons.commands._options import add_command, add_input_options, add_precision_option, read_model
+from superneurons.dtypes import FLOAT32
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults
@@ -14,6 +15,7 @@ from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
 from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
+from superneurons.solver import fused_update
 
 EXAMPLES = """examples:
   superneurons memory --model models/alexnet/train_val.prototxt --batch 200
@@ -61,15 +63,18 @@ def run(args) -> int:
     given = tuple(t.strip() for t in (args.checkpoints or "").split(",") if t.strip())
     sets = checkpoint_sets(graph, given)
     train = args.phase == "TRAIN"
-    plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=max(0, args.history))
+    history = max(0, args.history)
+    # The tables of the grouped update the default solver (SGD) runs on float32 masters (solver/fused_update.py).
+    grouped = train and history > 0 and graph.precision.master == FLOAT32 and fused_update.wanted(None)
+    plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=history, grouped_update=grouped)
     doc = to_json(plan, args.batch or _batch_of(graph))
 
     def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> MemoryPlan:
         """The shown plan (every mode) serves the first set; the others are planned only if auto needs them."""
         if types == plan.checkpoint_types and not recompute_limit:
             return plan
-        return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=max(0, args.history),
-                         recompute_limit=recompute_limit)
+        return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=history,
+                         recompute_limit=recompute_limit, grouped_update=grouped)
 
     choice = choose(budget, sets, plan_for) if budget is not None else None
     if choice is not None:

@@ -70,11 +70,11 @@ class Program:
     run backward does, and every bottom produced by such a layer gets a gradient. `layout`: the tensors
     as a Net declared them (`net.layout`, for the plan the Net's memory manager runs); by default they
     are declared here, with the same function (`tensors.declare_tensors`), with `history` solver history
-    sets per learnable parameter.
+    sets per learnable parameter (and, with `grouped_update`, the grouped solver update's tables).
     """
 
     def __init__(self, graph: Graph, train: bool = True, plan_backward: bool = False,
-                 layout: TensorLayout | None = None, history: int = 0):
+                 layout: TensorLayout | None = None, history: int = 0, grouped_update: bool = False):
         self.graph = graph
         self.need_backward, self.propagate_down = self._backward_flags(graph, plan_backward)
         # Gradients the loss seeds (Net.backward fills them before the first backward step); a deploy net
@@ -83,7 +83,8 @@ class Program:
                            if train else [])
         if layout is None:
             layout = declare_tensors(graph, train=train, need_backward=self.need_backward,
-                                     propagate_down=self.propagate_down, seeds=self.seed_blobs, history=history)
+                                     propagate_down=self.propagate_down, seeds=self.seed_blobs, history=history,
+                                     grouped_update=grouped_update)
         self.layout = layout
         # Split / Eltwise SUM top gradients that are views of a bottom gradient (as the Net declares them).
         self.aliases = layout.aliases
@@ -108,6 +109,10 @@ class Program:
         # Inputs written by data layers (or by the caller, for Input) live in the pool for the whole run.
         self.resident = {self.root[self.data_key[t]] for n in graph.nodes if n.layer.is_data for t in n.tops}
         self.resident.update(self.scratch)
+        # The grouped solver update's tables (tensors.py): used between iterations, by no step, so in no l_i, but
+        # resident, so in every step's live bytes and every peak.
+        self.update: tuple[str, ...] = (layout.update,) if layout.update is not None else ()
+        self.resident.update(self.update)
         # What the caller reads after forward (losses, outputs) stays until the next iteration starts.
         out_blobs = list(graph.outputs) + [t for t, _w in graph.loss_blobs]
         self.pinned = {self.root[self.data_key[b]] for b in out_blobs if b in self.data_key} - self.resident

@@ -189,15 +189,17 @@ def _param_steps(program: Program, train: bool) -> tuple[list[int], list[int]]:
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
               modes: Iterable[str] = PLAN_MODES, solver_history: int = 0,
               plan_backward: bool | None = None, layout: TensorLayout | None = None,
-              recompute_limit: int = 0) -> MemoryPlan:
+              recompute_limit: int = 0, grouped_update: bool = False) -> MemoryPlan:
     """Plan `graph` under each of `modes`. A net with no loss is planned as if its outputs fed one
     (unless `plan_backward=False`: the runtime plans exactly the steps its Net will run, and passes the
     `layout` its tensors were built from). `recompute_limit`: the bytes a recompute step may hold before
     a segment is replayed step by step instead of once (memory-centric); below max(l_i) (0, the default)
-    recompute plans down to max(l_i), the paper's floor."""
+    recompute plans down to max(l_i), the paper's floor. `grouped_update`: plan the grouped solver update's
+    tables (as a Net built with it declares them; ignored when `layout` is given)."""
     if plan_backward is None:
         plan_backward = train and not graph.loss_blobs
-    program = Program(graph, train=train, plan_backward=plan_backward, layout=layout, history=solver_history)
+    program = Program(graph, train=train, plan_backward=plan_backward, layout=layout, history=solver_history,
+                      grouped_update=grouped_update)
     live = Liveness(program)
     types = tuple(checkpoint_types)
     n = len(program.steps)
@@ -260,6 +262,7 @@ def to_json(plan: MemoryPlan, batch: int | None) -> dict[str, Any]:
         "net": p.graph.name, "batch": batch, "budget_bytes": None, "precision": p.graph.precision.name(),
         "param_bytes": plan.param_bytes,
         "scratch_bytes": scratch_bytes(plan),
+        "update_table_bytes": sum(p.tensors[k].nbytes for k in p.update),
         "streamed_param_peaks": {m: plan.streamed_peak(m) for m in plan.traces if m != "baseline"},
         "checkpoint_types": list(plan.checkpoint_types),
         "max_layer": {"name": p.steps[s_max].node.name, "phase": p.steps[s_max].phase, "bytes": b_max},

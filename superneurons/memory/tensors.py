@@ -21,7 +21,8 @@ adjacent in the pool.
 A `TensorSpec` is the one description of a tensor: key, shape, element type (`dtype`), memory layout,
 role (activation, gradient, parameter, history, scratch, workspace) and owner (the layer that declares
 it: the producer of an activation, the first layer whose backward writes a gradient, the layer of a
-buffer or parameter; none for the net's float64 scratch region `#scratch`, which the ops that sum share).
+buffer or parameter; none for the net's float64 scratch region `#scratch`, which the ops that sum share, and for
+the grouped solver update's tables `#update`).
 Its byte count is `superneurons.dtypes.tensor_bytes`, which everything that sizes memory calls.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Iterable, cast
 import numpy as np
 
 from superneurons.backend import scratch as need
-from superneurons.dtypes import FLOAT32, tensor_bytes
+from superneurons.dtypes import FLOAT32, element_count, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.memory.aliases import DiffAliases, diff_aliases
@@ -50,8 +51,9 @@ ROLE_OF_KIND = {DATA: ACTIVATION, DIFF: GRADIENT, BUFFER: SCRATCH, PARAM: PARAME
 # Memory layouts (graph/layout.py): NCHW is Caffe's order (2-D and 1-D blobs are its leading dimensions); a 4-D
 # tensor a backend keeps channels last is NHWC, its shape still (N, C, H, W).
 NCHW, NHWC = "NCHW", "NHWC"
-# The net's float64 scratch region (backend/scratch.py): a buffer no layer owns, spelled `#scratch`.
-SCRATCH_OWNER, SCRATCH_NAME = "", "scratch"
+# The net's float64 scratch region (backend/scratch.py): a buffer no layer owns, spelled `#scratch`; and the grouped
+# solver update's tables (solver/fused_update.py), `#update`.
+SCRATCH_OWNER, SCRATCH_NAME, UPDATE_NAME = "", "scratch", "update"
 
 
 def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
@@ -119,6 +121,7 @@ class TensorLayout:
     history: list[list[str]] = field(default_factory=list)  # per solver history set, per learnable owned parameter
     aliases: DiffAliases = field(default_factory=DiffAliases)
     scratch: str | None = None  # the key of the net's scratch region (`scratch_entries`)
+    update: str | None = None  # the key of the grouped solver update's tables (`declare_tensors(grouped_update=)`)
 
     def root(self, key: str) -> str:
         """The key of the tensor that owns `key`'s memory (itself unless it is a view)."""
@@ -168,11 +171,14 @@ def scratch_entries(graph: Graph) -> int:
 
 def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool] | None = None,
                     propagate_down: dict[str, list[bool]] | None = None, seeds: Iterable[str] | None = None,
-                    borrowed: Iterable[tuple[str, int]] = (), history: int = 0, layouts=None) -> TensorLayout:
+                    borrowed: Iterable[tuple[str, int]] = (), history: int = 0, layouts=None,
+                    grouped_update: bool = False) -> TensorLayout:
     """Every tensor of one iteration of `graph`. `need_backward`/`propagate_down`: the backward flags
     (default: the graph's own, as its Net runs them); `seeds`: blobs whose gradients the loss fills (default:
     the loss blobs); `borrowed`: (layer, index) of parameters read from another net; `history`: solver
-    history sets per learnable parameter; `layouts`: a graph.layout.BlobLayouts (default: every tensor NCHW)."""
+    history sets per learnable parameter; `layouts`: a graph.layout.BlobLayouts (default: every tensor NCHW);
+    `grouped_update`: the solver updates the learnable parameters in one launch (solver/fused_update.py), whose
+    tables `#update` then holds."""
     nodes = graph.nodes
     blob_layout = layouts.blob if layouts is not None else (lambda _b: NCHW)
     buffer_layout = layouts.buffer if layouts is not None else (lambda _layer, _shape: NCHW)
@@ -256,4 +262,10 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
     learnable = [(p, cast(str, p.data)) for p in out.learnable()]  # learnable parameters own their tensors
     out.history = [[out.add(HISTORY, data, j, out.by_key[data].shape, master, layer=p.node) for p, data in learnable]
                    for j in range(history)]
+    if train and grouped_update and history and learnable:
+        # Imported here: the solver package imports the runtime, which imports this module.
+        from superneurons.solver.fused_update import table_entries
+
+        entries = table_entries([element_count(out.by_key[data].shape) for _p, data in learnable])
+        out.update = out.add(BUFFER, SCRATCH_OWNER, UPDATE_NAME, (entries,), np.int64)
     return out

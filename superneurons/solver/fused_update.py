@@ -11,6 +11,12 @@ tensor is freed and re-allocated. The pool counts such moves of the blocks it wa
 (`HeapPool.watch`), so each call compares one counter with its value at the last build and rebuilds the
 table when it changed: stale offsets are never used, and the check costs the same for 10 or 1000 tensors.
 
+The tables (the thread blocks' work split, each parameter's rate and decay factors, the segment offsets) are
+one pool tensor of the Net, `#update` (memory/tensors.py; `table_entries` sizes it when the Net is declared,
+`wanted` says whether it is), resident and in the plan like the ops' scratch region: the update allocates
+nothing on the device. The Net plans it for a training net whose solver may take this path; where the path turns
+out not to apply (streamed parameters, the malloc allocator) the few bytes stay unused.
+
 The grouped path serves resident float32 parameters in a pool with one arena, under a rule with a
 multi-tensor op (SGD). `unsupported` names why it does not apply otherwise (streamed parameters,
 the malloc allocator, another rule, SUPERNEURONS_MULTI_UPDATE=0); the Solver then keeps the
@@ -31,6 +37,19 @@ RULES = ("SGD",)  # the rules with a multi-tensor op
 CHUNK = 4096  # elements per thread block: 16 per thread, and a block of its own for every small tensor
 
 
+def wanted(rule: str | None) -> bool:
+    """Whether a training net's solver may run the grouped update under `rule` (None: not known; `superneurons
+    memory` plans as the default SGD solver does), so its Net plans the tables."""
+    return bool(settings.get(ENV)) and (rule is None or rule in RULES)
+
+
+def table_entries(lengths, chunk: int = CHUNK) -> int:
+    """The 8-byte entries of the tables of parameters of `lengths` elements: the work split's rows (3 each), then
+    per parameter its factors (2 float64) and its segment (4 int64)."""
+    lengths = np.asarray(lengths, np.int64)
+    return 3 * int((-(-lengths // chunk)).sum()) + 6 * len(lengths)
+
+
 def unsupported(net: Any, rule: str) -> str | None:
     """Why the grouped update cannot serve `net`'s learnable parameters under `rule` (None: it can)."""
     if not settings.get(ENV):
@@ -39,6 +58,8 @@ def unsupported(net: Any, rule: str) -> str | None:
         return f"no multi-tensor op for the {rule} rule"
     if not net.learnable or not net.history:
         return "no learnable parameters or no solver history"
+    if getattr(net, "update_table", None) is None:
+        return "the net planned no update tables (Net(grouped_update=False))"
     if net.params.offloaded:
         return "the parameters are streamed from the host"
     if getattr(net.pool, "arena", None) is None or not hasattr(net.pool, "watch"):
@@ -81,10 +102,14 @@ class GroupedUpdate:
         decls = net.learnable
         lengths = np.array([element_count(t.shape) for t in self._tensors[:len(decls)]], np.int64)
         self._lengths = lengths
-        # What does not depend on where the tensors are is built once.
-        self._blocks = self._to_device(work_split(lengths, chunk))
-        self._factors = self._to_device(np.array(
-            [(d.lr_mult, float(param.weight_decay) * d.decay_mult) for d in decls], np.float64).reshape(-1, 2))
+        # What does not depend on where the tensors are, kept on the host and written with the segments.
+        self._blocks = work_split(lengths, chunk)
+        self._factors = np.array([(d.lr_mult, float(param.weight_decay) * d.decay_mult) for d in decls],
+                                 np.float64).reshape(-1, 2)
+        self._table = net.update_table  # the planned pool tensor `#update` (int64 entries)
+        if self._table.shape[0] < table_entries(lengths, chunk):
+            raise RuntimeError(f"the net planned {self._table.shape[0]} update table entries, the grouped update "
+                               f"needs {table_entries(lengths, chunk)}")
         self._segments: Any = None
         self._built_at: int | None = None  # the pool's watched_moves when the table was built (None: not built)
         self.rebuilds = 0  # how often the table was built (tests, diagnostics)
@@ -96,44 +121,49 @@ class GroupedUpdate:
         if not self._current():
             return False
         # the per-parameter update's factor, computed the same way, so both paths give the same bits
-        self.ops.multi_sgd_update(self._arena, self._segments, self._factors, self._blocks, rate, self.momentum,
-                                  clip_scale, 1.0 / iter_size / loss_scale, self.l1)
+        self.ops.multi_sgd_update(self._arena, self._segments, self._factors_view, self._blocks_view, rate,
+                                  self.momentum, clip_scale, 1.0 / iter_size / loss_scale, self.l1)
         return True
 
     def clear_grads(self) -> bool:
         """Zero every learnable parameter's gradient."""
         if not self._current():
             return False
-        self.ops.multi_zero_grads(self._arena, self._segments, self._blocks)
+        self.ops.multi_zero_grads(self._arena, self._segments, self._blocks_view)
         return True
 
     def _current(self) -> bool:
-        """Whether the segment table holds the tensors' present offsets, rebuilding it when a block moved."""
+        """Whether the table holds the tensors' present offsets, rebuilding it when a block moved (the table's own
+        included: it is watched with them, so its views follow it)."""
         return self.net.pool.watched_moves == self._built_at or self._rebuild()
 
     def _rebuild(self) -> bool:
-        pool = self.net.pool
+        pool, table = self.net.pool, self._table
         self._built_at = None
-        if not all(pool.owns(t.key) for t in self._tensors):
+        if not all(pool.owns(t.key) for t in self._tensors) or not pool.owns(table.key) or table.array is None:
             return False
-        built_at = pool.watch(t.key for t in self._tensors)
+        built_at = pool.watch([t.key for t in self._tensors] + [table.key])
         # Pool blocks start on 1 KiB boundaries, so byte offsets are whole float32 elements.
         offsets = np.array([pool.offset(t.key) for t in self._tensors], np.int64).reshape(3, -1) // 4
-        table = np.column_stack([offsets[0], offsets[1], offsets[2], self._lengths])
-        if self._segments is None:
-            self._segments = self._to_device(table)
-        else:  # in place (the copy is ordered after the launches that read the old table): no allocation
-            self.net.backend.from_host(self._segments, table)
+        segments = np.column_stack([offsets[0], offsets[1], offsets[2], self._lengths])
+        host = np.zeros(table.shape, np.int64)
+        parts = (self._blocks, self._factors.view(np.int64), segments)
+        at = 0
+        views = []
+        for part in parts:
+            host[at:at + part.size] = part.ravel()
+            views.append((at, part.shape))
+            at += part.size
+        # In place (the copy is ordered after the launches that read the old table): no allocation.
+        self.net.backend.from_host(table.array, host)
+        (b_at, b_shape), (f_at, f_shape), (s_at, s_shape) = views
+        region = table.array
+        self._blocks_view = region[b_at:b_at + self._blocks.size].reshape(b_shape)
+        self._factors_view = region[f_at:f_at + self._factors.size].view(np.float64).reshape(f_shape)
+        self._segments = region[s_at:s_at + segments.size].reshape(s_shape)
         self._built_at = built_at
         self.rebuilds += 1
         return True
-
-    def _to_device(self, host: np.ndarray) -> Any:
-        """A backend array holding `host`, in a small allocation of its own (outside the pool's budget)."""
-        backend = self.net.backend
-        array = backend.view(backend.arena(host.nbytes), 0, host.shape, host.dtype)
-        backend.from_host(array, np.ascontiguousarray(host))
-        return array
 
 
 def grouped_update(net: Any, rule: str, param: pb.SolverParameter) -> GroupedUpdate | None:

@@ -29,6 +29,7 @@ from superneurons.runtime.logging import DisplayGate, TrainLog, capped_outputs, 
 from superneurons.runtime.net import Net
 from superneurons.settings import memory_policy
 from superneurons.solver.evaluate import evaluate, output_values, score_blobs
+from superneurons.solver import fused_update
 from superneurons.solver.fused_update import grouped_update
 from superneurons.solver.loss_scale import LossScale, NonFiniteWatch, non_finite_loss
 from superneurons.solver.lr_policy import LrPolicy
@@ -109,7 +110,9 @@ class Solver:
         pool = self.pool_bytes if share is None else None
         return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
                    memory=memory, memory_param=memory_param, pool_bytes=pool,
-                   solver_history=self.rule.n_history if phase == pb.TRAIN else 0, data_workers=self.data_workers)
+                   solver_history=self.rule.n_history if phase == pb.TRAIN else 0, data_workers=self.data_workers,
+                   grouped_update=phase == pb.TRAIN and graph.precision.master == FLOAT32
+                   and fused_update.wanted(self.rule.name))
 
     def all_nets(self) -> list[tuple[str, Net]]:
         return [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]

@@ -1,0 +1,105 @@
+"""Device memory the runtime used to allocate beside the pool, now planned or from the pool: the grouped solver
+update's tables are a pool tensor of the plan (`#update`), Crop's window geometry travels in the kernel's
+arguments, and a net with them trains bit for bit the same in every memory mode, in float32 and in bfloat16.
+
+The GPU side (the pool's bytes covering cuDNN's measuring output and the fallback copies) is in
+test_gpu_scratch.py; the Crop kernel runs under the simulator in test_cuda_zoo_ops_sim.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from superneurons.backend.cpu import CpuBackend
+from superneurons.memory.plan import make_plan, to_json
+from superneurons.memory.pool import round_up
+from superneurons.solver import Solver
+from superneurons.solver.fused_update import ENV, table_entries
+from test_solver import Quiet, solver_param
+
+SGD = 'type: "SGD" base_lr: 0.05 lr_policy: "fixed" momentum: 0.9 weight_decay: 0.01 max_iter: 3 ' \
+      'snapshot_after_train: false'
+
+# A deconvolution cropped back to its input's size (FCN's pattern), through a convolution into a loss.
+CROP_NET = """
+name: "crop"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 }
+    shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "up" type: "Deconvolution" bottom: "conv" top: "up"
+  convolution_param { num_output: 3 kernel_size: 4 stride: 2 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "crop" type: "Crop" bottom: "up" bottom: "data" top: "crop" crop_param { axis: 2 offset: 1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "crop" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _solver(memory: str = "baseline", **kw) -> Solver:
+    return Solver(solver_param(SGD, net=CROP_NET), "s.prototxt", memory=memory, log=Quiet(), **kw)
+
+
+def _state(solver: Solver) -> list[bytes]:
+    net = solver.net
+    return [net.backend.to_host(t.array).tobytes() for t in net.tensors if t.kind == "param"] + \
+           [h.tobytes() for h in solver.history_blobs()]
+
+
+def test_the_grouped_updates_tables_are_a_planned_pool_tensor(monkeypatch):
+    solver = _solver("liveness")
+    net = solver.net
+    table = net.update_table
+    assert table is not None and table.key == "#update" and net.pool.owns(table.key)
+    assert table.nbytes == 8 * table_entries([d.data.size for d in net.learnable])
+    assert table.key in net.memory.plan.program.resident
+    # The update allocates nothing beside the pool: its tables are that tensor.
+    monkeypatch.setattr(CpuBackend, "arena", lambda *a: pytest.fail("an allocation beside the pool"))
+    solver.step(2)
+    grouped = solver._grouped
+    assert grouped is not None and grouped.rebuilds == 1
+    for view in (grouped._segments, grouped._blocks_view, grouped._factors_view):
+        assert np.shares_memory(view, table.array)
+
+
+def test_the_plan_counts_the_tables_in_every_modes_peak_and_in_no_step():
+    graph = _solver().net.graph
+    plain = make_plan(graph, solver_history=1)
+    grouped = make_plan(graph, solver_history=1, grouped_update=True)
+    nbytes = grouped.program.tensors["#update"].nbytes
+    assert nbytes == round_up(8 * table_entries(_param_lengths()))
+    assert grouped.layer_bytes == plain.layer_bytes  # no step uses them: the solver does, between iterations
+    for mode in plain.traces:
+        assert grouped.peak(mode)[0] == plain.peak(mode)[0] + nbytes
+        assert grouped.need(mode)[0] == plain.need(mode)[0] + nbytes
+    doc = to_json(grouped, 2)
+    assert doc["update_table_bytes"] == nbytes and to_json(plain, 2)["update_table_bytes"] == 0
+
+
+def _param_lengths() -> list[int]:
+    """conv (4x3x3x3 + 4), up (4x3x4x4 + 3), ip (3 x 3*6*6 + 3), in route order: what the table covers."""
+    return [4 * 3 * 3 * 3, 4, 4 * 3 * 4 * 4, 3, 3 * 3 * 6 * 6, 3]
+
+
+def test_no_tables_without_the_grouped_update(monkeypatch):
+    monkeypatch.setenv(ENV, "0")
+    solver = _solver()
+    assert solver.net.update_table is None and solver._grouped is None
+    assert not any(t.key == "#update" for t in solver.net.tensors)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_mode_trains_bit_identically_to_baseline(precision):
+    """Crop (geometry by value), the grouped update (tables in the pool) and, in bfloat16, the loss's planned
+    float32 copies: every mode's weights and history equal baseline's bit for bit."""
+    kw = {} if precision == "fp32" else {"precision": precision}
+    reference = _solver("baseline", **kw)
+    reference.solve()
+    assert reference._grouped is not None
+    for memory in ("liveness", "offload", "recompute"):
+        solver = _solver(memory, **kw)
+        solver.solve()
+        assert solver._grouped is not None, memory
+        assert _state(solver) == _state(reference), memory
