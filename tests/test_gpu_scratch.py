@@ -4,9 +4,10 @@ workspace from the pool (memory/workspace.py), and in a half net the loss comput
 its half bottom (Layer.use_float32_copies), so numba allocates no device array in the loop and no op runs on
 backend/cuda/half_math.py's copies.
 
-The first iterations are left out: the test net is built (its pool) at the first test pass, and cuDNN measures
-each convolution direction at its first call, into a scratch output of its own for the directions that
-accumulate (backend/cuda/cudnn.py).
+The first test leaves the first iterations out (the test net is built, its pool, at the first test pass); the
+last one counts from the first iteration, where cuDNN measures each convolution direction, into an output
+borrowed from the pool for the directions that accumulate (backend/cuda/cudnn.py), where Crop and the grouped
+update run too.
 """
 from __future__ import annotations
 
@@ -69,4 +70,57 @@ def test_no_device_array_is_allocated_after_the_first_iterations(gpu, monkeypatc
     solver.step(2)  # iterations 3 and 4, with the second test pass
     cuda.synchronize()
     assert calls == [] and on_copies == []
+    assert np.isfinite(net.backend.to_host(net.data["loss"].array)).all()
+
+
+# Two convolutions reading one blob (the second adds its data gradient into the first's: a direction that
+# accumulates), two passes per iteration (the filter gradients accumulate too), a deconvolution cropped back to
+# that blob's size, and the grouped SGD update.
+FAN_CROP_NET = f"""
+name: "fan_crop"
+layer {{ name: "data" type: "DummyData" top: "x" top: "label"
+  dummy_data_param {{ data_filler {{ type: "gaussian" std: 1 }} data_filler {{ type: "constant" value: 3 }}
+    shape {{ dim: 8 dim: 3 dim: 16 dim: 16 }} shape {{ dim: 8 }} }} }}
+layer {{ name: "c0" type: "Convolution" bottom: "x" top: "c0" convolution_param {{ num_output: 16 kernel_size: 3 pad: 1 {W} }} }}
+layer {{ name: "ca" type: "Convolution" bottom: "c0" top: "ca" convolution_param {{ num_output: 16 kernel_size: 3 pad: 1 {W} }} }}
+layer {{ name: "cb" type: "Convolution" bottom: "c0" top: "cb" convolution_param {{ num_output: 16 kernel_size: 1 {W} }} }}
+layer {{ name: "sum" type: "Eltwise" bottom: "ca" bottom: "cb" top: "sum" }}
+layer {{ name: "up" type: "Deconvolution" bottom: "sum" top: "up"
+  convolution_param {{ num_output: 8 kernel_size: 4 stride: 2 {W} }} }}
+layer {{ name: "crop" type: "Crop" bottom: "up" bottom: "c0" top: "crop" crop_param {{ axis: 2 offset: 1 }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "crop" top: "ip" inner_product_param {{ num_output: 10 {W} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+@pytest.mark.parametrize("memory", ["baseline", "liveness"])
+def test_from_the_first_iteration_every_device_byte_is_the_pools(gpu, monkeypatch, memory):
+    """Crop's geometry travels in the kernel's arguments, the grouped update's tables are the planned `#update`
+    tensor, and cuDNN's first measuring of a direction that accumulates borrows its output from the pool: from the
+    first iteration on numba allocates nothing beside the pool (the test net, which has a pool of its own, is off)."""
+    from superneurons.backend.cuda.cudnn import measures_algorithms
+
+    text = "base_lr: 0.01 momentum: 0.9 max_iter: 3 iter_size: 2 snapshot_after_train: false"
+    solver = Solver(solver_param(text, net=FAN_CROP_NET), "s.prototxt", backend=gpu, log=Quiet(), memory=memory)
+    net = solver.net
+    arena = net.backend.address(net.pool.arena)
+    table = net.update_table
+    assert solver._grouped is not None and net.pool.owns(table.key)
+    assert arena <= net.backend.address(table.array) < arena + net.pool.capacity
+    calls = []
+    real = cuda.device_array
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    for name in ("device_array", "device_array_like", "to_device"):
+        monkeypatch.setattr(cuda, name, counted)
+    solver.step(3)
+    cuda.synchronize()
+    assert calls == []
+    if measures_algorithms():
+        # the largest output measured into: c0's summed data gradient (8 x 16 x 16 x 16 float32)
+        assert net.ctx.workspace.measure_bytes >= 8 * 16 * 16 * 16 * 4
+    assert not net.pool.owns("#measure")  # given back after the call
     assert np.isfinite(net.backend.to_host(net.data["loss"].array)).all()

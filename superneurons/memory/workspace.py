@@ -8,6 +8,8 @@ workspace lives only inside one step, so the per-step bytes the plan predicts ex
 
 This implements the backend's `WorkspaceSource` protocol (superneurons/backend/base.py):
     available() -> int; acquire(nbytes) -> int (device address); release() -> None
+and lends cuDNN the output it measures a direction that accumulates into, once per shape (`borrow`/`give_back`:
+pool memory too, outside the plan like the workspace, for the same reason).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 from superneurons.memory.pool import round_up
 
 WORKSPACE_KEY = "#workspace"
+MEASURE_KEY = "#measure"  # cuDNN's output of its own when it first measures a direction that accumulates
 
 
 class PoolWorkspace:
@@ -28,6 +31,7 @@ class PoolWorkspace:
         self._held = 0
         self.acquires = 0
         self.peak_bytes = 0  # largest workspace handed out
+        self.measure_bytes = 0  # largest measuring output lent (`borrow`)
         # A pool with one arena (HeapPool) returns arena offsets from alloc: the workspace's address is then
         # the arena's plus the offset, with no array view built per convolution call (a numba view costs
         # tens of microseconds). Other pools (MallocPool: one allocation per key) go through a view.
@@ -59,3 +63,20 @@ class PoolWorkspace:
         if self._held:
             self.pool.free(WORKSPACE_KEY)
             self._held = 0
+
+    def borrow(self, nbytes: int) -> int | None:
+        """A device pointer to `nbytes` from the pool beside the workspace, until `give_back()`, for cuDNN's first
+        measuring of a direction that accumulates (backend/cuda/cudnn.py); None where the pool's largest free
+        extent is smaller (the direction is then ranked without measuring)."""
+        if self.reclaim is not None:
+            self.reclaim()
+        if nbytes <= 0 or self.pool.largest_free() < round_up(nbytes):
+            return None
+        offset = self.pool.alloc(MEASURE_KEY, nbytes)
+        self.measure_bytes = max(self.measure_bytes, round_up(nbytes))
+        if self._base is not None:
+            return self._base + offset
+        return self._address(self.pool.view(MEASURE_KEY, (round_up(nbytes),), np.uint8))
+
+    def give_back(self) -> None:
+        self.pool.free(MEASURE_KEY)

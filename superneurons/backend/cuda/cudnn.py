@@ -262,7 +262,8 @@ class ConvPlan:
     (`measures_algorithms`, the default), as PyTorch's cudnn.benchmark does, or by cuDNN's heuristics:
     graph plans timed one by one, legacy algorithms with cudnnFind*AlgorithmEx. Measuring writes the output,
     so forward measures into y and backward data into dx, which the call then overwrites, and the directions
-    that accumulate (backward filter, backward data into a summed gradient) into a scratch array. Every call
+    that accumulate (backward filter, backward data into a summed gradient) into an output borrowed from the
+    workspace source (`_run_accumulating`). Every call
     then takes the first choice whose workspace fits what the device's workspace source has available.
     """
 
@@ -372,9 +373,10 @@ class ConvPlan:
                                                           self._beta(direction))
         return d
 
-    def _setup(self, direction: int, pointers: tuple[int, int, int]):
-        """The direction's runner, chosen once (see the class docstring)."""
-        measure = measures_algorithms()
+    def _setup(self, direction: int, pointers: tuple[int, int, int], measure: bool = True):
+        """The direction's runner, chosen once (see the class docstring); `measure` False: ranked by cuDNN's
+        heuristics whatever the setting (no output of its own to measure into)."""
+        measure = measure and measures_algorithms()
         if cudnn_graph.enabled():
             try:
                 graph = cudnn_graph.GraphDirection(self.h.value.value, _OPERATION[direction],
@@ -389,11 +391,12 @@ class ConvPlan:
                 return graph
         return self.legacy(direction, pointers, measure)
 
-    def _run(self, direction: int, a: int, b: int, out: int, measure_out: int | None = None) -> None:
+    def _run(self, direction: int, a: int, b: int, out: int, measure_out: int | None = None,
+             measure: bool = True) -> None:
         runner = self.tables[direction]
         if runner is None:
             scratch = measure_out if measure_out is not None else out
-            runner = self.tables[direction] = self._setup(direction, (a, b, scratch))
+            runner = self.tables[direction] = self._setup(direction, (a, b, scratch), measure)
         if runner.graph and (a | b | out) % cudnn_graph.ALIGNMENT:
             runner = self.legacy(direction, (a, b, out))  # the plans were built for aligned operands
         source = self.h.workspace_source
@@ -435,13 +438,22 @@ class ConvPlan:
 
     def _run_accumulating(self, direction: int, a: int, b: int, out) -> None:
         """A beta = 1 call. Find writes the output it measures into, so the first call of a measured direction
-        measures into a scratch array, never into the sum being accumulated."""
-        scratch = None
-        if self.tables[direction] is None and measures_algorithms():
-            from numba import cuda
-
-            scratch = cuda.device_array(int(out.nbytes), np.uint8)  # bytes: numba cannot allocate bfloat16
-        self._run(direction, a, b, pointer(out), measure_out=pointer(scratch) if scratch is not None else None)
+        measures into an output of its own, never into the sum being accumulated. That output is borrowed from
+        the workspace source for the call (`borrow`: in a Net, the run's pool, memory/workspace.py), like the
+        workspace and for the same reason: it is needed once per shape, so the plan does not hold it every
+        iteration, and it takes what the step leaves free. Where the source cannot spare it (or has no `borrow`),
+        the direction is ranked by cuDNN's heuristics instead: the same sums, maybe a slower engine."""
+        if self.tables[direction] is not None or not measures_algorithms():
+            self._run(direction, a, b, pointer(out))
+            return
+        source = self.h.workspace_source
+        borrow = getattr(source, "borrow", None)
+        scratch = borrow(int(out.nbytes)) if borrow is not None else None
+        try:
+            self._run(direction, a, b, pointer(out), measure_out=scratch, measure=scratch is not None)
+        finally:
+            if scratch is not None:
+                source.give_back()
 
     def add_bias(self, b, y) -> None:
         call("cudnnAddTensor", self.h.value, self._one, self.bias, _c.c_void_p(pointer(b)), self._one, self.y,

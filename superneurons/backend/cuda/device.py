@@ -37,6 +37,7 @@ class FixedWorkspace:
         self.limit = int(limit)
         self.nbytes = 0  # current size of the buffer
         self._buf = None
+        self._measure = None  # cuDNN's measuring output while lent (`borrow`)
 
     def available(self) -> int:
         return self.limit
@@ -52,6 +53,15 @@ class FixedWorkspace:
 
     def release(self) -> None:
         pass
+
+    def borrow(self, nbytes: int) -> int | None:
+        """cuDNN's measuring output (cudnn.py `_run_accumulating`), outside any Net as this buffer is: a device
+        array of its own, kept until `give_back`."""
+        self._measure = cuda.device_array(max(int(nbytes), 1), np.uint8)
+        return pointer(self._measure)
+
+    def give_back(self) -> None:
+        self._measure = None
 
 
 class Device:
