@@ -21,6 +21,7 @@ from cudasim import IN_SIMULATOR, simulated  # noqa: E402
 if IN_SIMULATOR:
     from superneurons.backend.cuda.ops import solver_ops as gpu_solver_ops  # noqa: E402
 
+from superneurons.solver import fused_update  # noqa: E402
 from superneurons.solver.fused_update import ENV, GroupedUpdate, work_split  # noqa: E402
 from test_fused_update import SOLVERS, _state, _train, per_parameter, random_segments  # noqa: E402
 
@@ -56,6 +57,7 @@ def test_solver_with_the_cuda_multi_ops_trains_like_the_per_parameter_path(monke
     """The CPU Solver with its grouped update's ops swapped for the CUDA ones: the tables built from a real
     Net's pool, split in blocks smaller than its tensors, drive the kernels to the per-parameter weights."""
     text = SOLVERS[name]
+    monkeypatch.setattr(fused_update, "CHUNK", 16)  # the Net plans the tables of the smaller blocks
     solver = _train(text, iters=0)
     solver._grouped = GroupedUpdate(solver.net, solver.param, chunk=16)
     solver._grouped.ops = types.SimpleNamespace(multi_sgd_update=gpu_solver_ops.multi_sgd_update,

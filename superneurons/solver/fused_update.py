@@ -43,9 +43,10 @@ def wanted(rule: str | None) -> bool:
     return bool(settings.get(ENV)) and (rule is None or rule in RULES)
 
 
-def table_entries(lengths, chunk: int = CHUNK) -> int:
-    """The 8-byte entries of the tables of parameters of `lengths` elements: the work split's rows (3 each), then
-    per parameter its factors (2 float64) and its segment (4 int64)."""
+def table_entries(lengths, chunk: int | None = None) -> int:
+    """The 8-byte entries of the tables of parameters of `lengths` elements: the work split's rows (3 each, blocks
+    of `chunk` elements, default CHUNK), then per parameter its factors (2 float64) and its segment (4 int64)."""
+    chunk = CHUNK if chunk is None else chunk
     lengths = np.asarray(lengths, np.int64)
     return 3 * int((-(-lengths // chunk)).sum()) + 6 * len(lengths)
 
