@@ -35,8 +35,8 @@ for part in $PARTS; do
     loss)
         # 3 precisions x 3 seeds, each precision's seeds in one process: about 200 s on an H200
         echo "== ResNet-50 b64, 300 iterations (lr to 0) on fixed data, loss over the data set, fp32 / bf16 / fp16 x 3 seeds"
-        timeout 330 python -m tools.bench.precision_loss --seeds 1701,1702,1703 --data /tmp/precision_loss_data \
-            --timeout 150 > "$OUT/precision_loss.log" 2>&1
+        timeout 330 python -m tools.bench.precision_loss --seeds 1701,1702,1703 --data /tmp/precision_loss_data ${HALF_LOSS_ARGS:-} \
+            --timeout 230 > "$OUT/precision_loss.log" 2>&1
         tail -9 "$OUT/precision_loss.log" ;;
     recurrent)
         for precision in fp32 bf16; do
