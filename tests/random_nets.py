@@ -567,7 +567,9 @@ def sweep_needs(net: RandomNet, precision: str = "FLOAT") -> dict[str, int]:
     graph = build_graph(text_format.Parse(with_dummy_data(net, precision), pb.NetParameter()), pb.TRAIN)
     needs: dict[str, int] = {}
     for types in checkpoint_sets(graph):  # the default first
-        plan = make_plan(graph, plan_backward=False, solver_history=SOLVER_HISTORY, checkpoint_types=types)
+        # as the Solver's Net plans: with the grouped SGD update's tables
+        plan = make_plan(graph, plan_backward=False, solver_history=SOLVER_HISTORY, checkpoint_types=types,
+                         grouped_update=True)
         for mode in SWEEP_MODES[:-1]:
             need = plan.need(mode)[0]
             if types == DEFAULT_CHECKPOINTS:

@@ -63,7 +63,8 @@ def test_a_budget_below_the_parameters_streams_them_and_still_trains(monkeypatch
     params = sum(t.nbytes for t in base.net.tensors if t.kind in ("param", "param_diff", "history"))
     from superneurons.memory.plan import make_plan
 
-    plan = make_plan(base.net.graph, plan_backward=False)
+    # planned as the solver's Net is: with the grouped update's tables (resident even when the parameters stream)
+    plan = make_plan(base.net.graph, plan_backward=False, solver_history=len(base.net.history), grouped_update=True)
     budget = plan.peak("recompute")[0] + params // 2  # the parameters alone would not fit beside the peak
     solver, w, h = _train(net_text, text, "recompute", pool_bytes=budget, test_nets=True)
     assert solver.net.params.offloaded and solver.net.pool.capacity < params + plan.peak("recompute")[0]
@@ -168,7 +169,7 @@ def test_replayed_steps_read_streamed_weights_from_the_device(monkeypatch):
     base, ref_w, _ = _train(net_text, text, "baseline")
     # The pool the recompute plan (Eltwise checkpoints) needs with the parameters streamed: they cannot stay.
     plan = make_plan(base.net.graph, plan_backward=False, checkpoint_types=("Eltwise",),
-                     solver_history=len(base.net.history))
+                     solver_history=len(base.net.history), grouped_update=True)
     solver = Solver(solver_param(text + " snapshot_after_train: false", net=net_text), "s.prototxt",
                     memory="recompute", pool_bytes=plan.streamed_peak("recompute"), log=Quiet())
     store = solver.net.params
