@@ -128,6 +128,11 @@ _DECLARED = (
             "Data parallelism: MiB of gradients per bucket, each bucket one all-reduce started as backward "
             "finishes its gradients (parallel/reducer.py; default measured with tools.bench.scaling "
             "--bucket-sweep); 0 reduces every gradient as a bucket of its own."),
+    Setting("SUPERNEURONS_DP_REDUCE", CHOICE, "fp32",
+            "Data parallelism: the type gradients are summed across ranks in. `fp32`: the float32 gradients, in "
+            "place; `backward`: where the net stores gradients in float16 or bfloat16, that type (half the bytes "
+            "on the wire; each bucket scaled by 1/N and rounded into a planned half buffer, summed, widened back, "
+            "docs/PARALLEL.md). `train --reduce-type` overrides it.", choices=("fp32", "backward")),
     Setting("SUPERNEURONS_CUDA_SPREAD", FLAG, True,
             "Per-channel reductions (BatchNorm, Scale, bias gradients) spread each channel over several blocks; "
             "0 uses one block per channel."),

@@ -3,7 +3,12 @@
   train OUT NET ITERS LAYER_WISE ITER_SIZE BATCH [MEMORY POOL_BYTES]
                                                    every rank trains NET (see NETS) on its share of DATA with
                                                    batch BATCH per rank; rank r writes OUT.r.npz (its weights);
-                                                   JOB_BUCKET_BYTES: gradient bytes per bucket
+                                                   JOB_BUCKET_BYTES: gradient bytes per bucket;
+                                                   JOB_PRECISION: --precision; JOB_REDUCE: --reduce-type
+  halfsum OUT NET PRECISION ALLOCATOR              every rank builds NET's RankSolver in PRECISION with the half
+                                                   reduction (allocator pool: flat buckets; malloc: per tensor),
+                                                   fills its float32 gradients with `rank_gradients`, reduces
+                                                   them once, and writes them to OUT.r.npz
   fail SOLVER RANK ITER                            `superneurons train --solver SOLVER`, where rank RANK raises
                                                    a UserError at iteration ITER (a rank failing mid-run)
   segments OUT END                                 every rank joins the World, sums its rank over MPI, and writes
@@ -96,14 +101,54 @@ def train(out: str, net: str, iters: int, layer_wise: bool, iter_size: int, batc
         solver = RankSolver(solver_param(net, iters, batch, iter_size, layer_wise), "job.prototxt", world=world,
                             collective=MpiCollective(world, backend.ops), backend=backend, memory=memory,
                             pool_bytes=pool_bytes, log=TrainLog(stream=sink),
-                            bucket_bytes=int(bucket) if bucket else None)
+                            bucket_bytes=int(bucket) if bucket else None,
+                            precision=os.environ.get("JOB_PRECISION") or None,
+                            reduce=os.environ.get("JOB_REDUCE") or None)
         x, y = data(iters * iter_size * batch * world.size)
         solver.net.layer("data").reset(np.ascontiguousarray(x[world.rank::world.size]), np.ascontiguousarray(y[world.rank::world.size]))
         solver.solve()
     reducer = solver.reducer
     np.savez(f"{out}.{world.rank}.npz", started=reducer.started_during_backward,
              streamed=solver.net.params.offloaded, buckets=len(reducer.buckets), flat=reducer.flat,
-             calls=reducer.calls_per_iteration, **weights(solver))
+             calls=reducer.calls_per_iteration, reduce_type=reducer.reduce_type_name,
+             loss_scale=solver.loss_scale.scale, **weights(solver))
+
+
+def rank_gradients(shape: tuple[int, ...], rank: int, index: int) -> np.ndarray:
+    """Rank `rank`'s float32 gradient of learnable parameter `index`: normal values over several octaves (so
+    1/N and the sum round differently from element to element), and, at the front, values that only the order
+    1/N-then-sum keeps finite in float16 (60000 on every rank: 30000 + 30000 fits, 60000 + 60000 does not),
+    ones beyond float16 even after 1/N (140000), and ones float16 holds only as subnormals after 1/N."""
+    rng = np.random.default_rng(1000 * rank + index)
+    g = (rng.standard_normal(shape) * np.exp2(rng.integers(-12, 6, shape))).astype(np.float32).ravel()
+    special = np.array([60000.0, -60000.0, 140000.0, 3e-6, -7e-7, 1e-9], np.float32)
+    k = min(g.size, special.size)
+    g[:k] = special[:k]
+    return g.reshape(shape)
+
+
+def halfsum(out: str, net: str, precision: str, allocator: str) -> None:
+    from superneurons.backend.cpu import CpuBackend
+    from superneurons.parallel.collectives import MpiCollective
+    from superneurons.parallel.solver import RankSolver
+    from superneurons.parallel.world import World
+    from superneurons.runtime.logging import TrainLog
+
+    os.environ["SUPERNEURONS_ALLOCATOR"] = allocator
+    world = World()
+    backend = CpuBackend()
+    with open(os.devnull, "w") as sink:
+        solver = RankSolver(solver_param(net, 1, 2), "job.prototxt", world=world,
+                            collective=MpiCollective(world, backend.ops), backend=backend, memory="baseline",
+                            log=TrainLog(stream=sink), precision=precision, reduce="backward")
+    reducer = solver.reducer
+    for i, decl in enumerate(solver.net.learnable):
+        decl.diff[...] = rank_gradients(decl.diff.shape, world.rank, i)
+    with np.errstate(over="ignore"):
+        reducer.finish()
+    np.savez(f"{out}.{world.rank}.npz", reduce_type=reducer.reduce_type_name, flat=reducer.flat,
+             calls=reducer.calls_per_iteration,
+             **{str(i): np.array(decl.diff) for i, decl in enumerate(solver.net.learnable)})
 
 
 def fail(solver_path: str, rank: int, at: int) -> int:
@@ -146,6 +191,8 @@ if __name__ == "__main__":
     if what == "train":
         memory, pool = (rest[6], int(rest[7])) if len(rest) > 6 else ("baseline", None)
         train(rest[0], rest[1], int(rest[2]), rest[3] == "1", int(rest[4]), int(rest[5]), memory, pool)
+    elif what == "halfsum":
+        halfsum(rest[0], rest[1], rest[2], rest[3])
     elif what == "segments":
         segments(rest[0], rest[1])
     elif what == "fail":

@@ -56,7 +56,8 @@ def single(net: str, iters: int, batch: int, iter_size: int = 1) -> dict[str, np
 
 
 def _weights_only(saved: dict) -> dict:
-    return {k: v for k, v in saved.items() if k not in ("started", "streamed", "buckets", "flat", "calls")}
+    return {k: v for k, v in saved.items() if k not in ("started", "streamed", "buckets", "flat", "calls", "reduce_type",
+                                                         "loss_scale")}
 
 
 def max_rel(a: dict, b: dict) -> float:

@@ -50,6 +50,10 @@ def register(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpu", help="GPU ids to train on, e.g. 0 or 0,1,2,3 or all, or -1 for the CPU (overrides the "
                                  "solver's solver_mode; several GPUs train data parallel, one process each)")
     add_precision_option(p)
+    p.add_argument("--reduce-type", dest="reduce_type", choices=["fp32", "backward"],
+                   help="data parallel: sum the gradients across ranks in float32 (fp32) or, where the net stores "
+                        "gradients in float16/bfloat16, in that type (backward: half the bytes; docs/PARALLEL.md); "
+                        "default: SUPERNEURONS_DP_REDUCE, else fp32")
     p.add_argument("--level", type=int, help="the train net's state level (overrides the solver's train_state)")
     p.add_argument("--stage", action="append", help="a train net state stage (repeatable or comma-separated)")
     p.add_argument("--sigint-effect", default=DEFAULT_SIGINT, choices=EFFECTS,

@@ -37,6 +37,7 @@ from superneurons.dtypes import FLOAT32, element_count, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
 from superneurons.memory.aliases import DiffAliases, diff_aliases
+from superneurons.memory.pool import round_up
 
 DATA, DIFF, BUFFER = "data", "diff", "buffer"  # activations, their gradients, layer scratch kept for backward
 PARAM, PARAM_DIFF, HISTORY = "param", "param_diff", "history"  # parameters, their gradients, solver history
@@ -54,6 +55,8 @@ NCHW, NHWC = "NCHW", "NHWC"
 # The net's float64 scratch region (backend/scratch.py): a buffer no layer owns, spelled `#scratch`; and the grouped
 # solver update's tables (solver/fused_update.py), `#update`.
 SCRATCH_OWNER, SCRATCH_NAME, UPDATE_NAME = "", "scratch", "update"
+# A data-parallel training net's half copy of its gradient run (parallel/reducer.py), spelled `#reduce`.
+REDUCE_NAME = "reduce"
 
 
 def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
@@ -122,6 +125,7 @@ class TensorLayout:
     aliases: DiffAliases = field(default_factory=DiffAliases)
     scratch: str | None = None  # the key of the net's scratch region (`scratch_entries`)
     update: str | None = None  # the key of the grouped solver update's tables (`declare_tensors(grouped_update=)`)
+    reduce: str | None = None  # the key of the half gradient run a data-parallel net reduces in (`reduce_entries`)
 
     def root(self, key: str) -> str:
         """The key of the tensor that owns `key`'s memory (itself unless it is a view)."""
@@ -169,16 +173,26 @@ def scratch_entries(graph: Graph) -> int:
     return max([need.total()] + [graph.step_layer(n).scratch_entries() for n in graph.nodes])
 
 
+def reduce_entries(layout: TensorLayout) -> int:
+    """The elements of the half buffer a data-parallel net reduces its gradients in (`reduce_type`): one per
+    element of the learnable gradients' pool blocks, padding included (pool.round_up), so that each bucket's
+    flat view, which spans its blocks, has a run of the buffer of its own, and so does each gradient when the
+    ranks reduce tensor by tensor."""
+    return sum(round_up(layout.by_key[p.diff].nbytes) // layout.by_key[p.diff].dtype.itemsize
+               for p in layout.learnable() if p.diff is not None)
+
+
 def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool] | None = None,
                     propagate_down: dict[str, list[bool]] | None = None, seeds: Iterable[str] | None = None,
                     borrowed: Iterable[tuple[str, int]] = (), history: int = 0, layouts=None,
-                    grouped_update: bool = False) -> TensorLayout:
+                    grouped_update: bool = False, reduce_type=None) -> TensorLayout:
     """Every tensor of one iteration of `graph`. `need_backward`/`propagate_down`: the backward flags
     (default: the graph's own, as its Net runs them); `seeds`: blobs whose gradients the loss fills (default:
     the loss blobs); `borrowed`: (layer, index) of parameters read from another net; `history`: solver
     history sets per learnable parameter; `layouts`: a graph.layout.BlobLayouts (default: every tensor NCHW);
     `grouped_update`: the solver updates the learnable parameters in one launch (solver/fused_update.py), whose
-    tables `#update` then holds."""
+    tables `#update` then holds; `reduce_type`: a half type in which a data-parallel training net reduces its gradients (None: in their
+    own type, in place), which declares the resident buffer `#reduce` of that type (`reduce_entries`)."""
     nodes = graph.nodes
     blob_layout = layouts.blob if layouts is not None else (lambda _b: NCHW)
     buffer_layout = layouts.buffer if layouts is not None else (lambda _layer, _shape: NCHW)
@@ -268,4 +282,6 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
 
         entries = table_entries([element_count(out.by_key[data].shape) for _p, data in learnable])
         out.update = out.add(BUFFER, SCRATCH_OWNER, UPDATE_NAME, (entries,), np.int64)
+    if train and reduce_type is not None and learnable:
+        out.reduce = out.add(BUFFER, SCRATCH_OWNER, REDUCE_NAME, (reduce_entries(out),), reduce_type)
     return out

@@ -16,6 +16,12 @@ addresses, not through `Communicator.allreduce`: that one resolves each buffer's
 refuses every rank on a GPU other than 0; it also costs a resolution per call.
 
 MPI (mpi4py) on the CPU backend: a non-blocking in-place Iallreduce per array, then a scale by 1/N.
+
+Half arrays (`SUPERNEURONS_DP_REDUCE=backward`, parallel/reducer.py) are summed, not averaged: the reducer scales
+by 1/N before it rounds into them. NCCL sums float16 and bfloat16 itself (its kernels add in float32 and round
+each partial sum once); MPI has no bfloat16 type, so on the CPU the arrays travel as 16-bit words and a
+user-defined MPI operation adds them the same way, in float32, rounded to the array's type (to nearest even)
+after each addition: the CPU computes the device's numbers, and is the reference the tests compare with.
 """
 from __future__ import annotations
 
@@ -23,11 +29,28 @@ from typing import Any
 
 import numpy as np
 
+from superneurons.dtypes import BFLOAT16, FLOAT32, HALF_TYPES
 from superneurons.errors import require_module
 
 
+def half_sum(dtype: Any) -> Any:
+    """The MPI user operation that adds two runs of `dtype` (float16 or bfloat16) words, inout += in: each
+    element's sum computed in float32 and rounded once into `dtype`. Exact before that rounding: float32 holds
+    24 bits, at least 2p + 2 for both types' p (11, 8), so rounding the float32 sum again into `dtype` gives
+    the correctly rounded sum, as the GPU's add-in-float32-and-store does."""
+    dtype = np.dtype(dtype)
+
+    def add(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+        a = np.frombuffer(inbuf, dtype=np.uint16).view(dtype)
+        b = np.frombuffer(inoutbuf, dtype=np.uint16).view(dtype)
+        with np.errstate(over="ignore"):  # beyond float16's range is Inf, as on the device
+            b[...] = a.astype(FLOAT32) + b.astype(FLOAT32)
+
+    return add
+
+
 class MpiCollective:
-    """Averaging NumPy arrays (the CPU backend's) across the ranks of `world`."""
+    """Averaging NumPy arrays (the CPU backend's) across the ranks of `world`; summing half arrays."""
 
     def __init__(self, world: Any, ops: Any):
         from mpi4py import MPI
@@ -36,17 +59,39 @@ class MpiCollective:
         self.comm = world.comm
         self.size = world.size
         self.ops = ops
+        self._half_ops: dict[np.dtype, Any] = {}  # MPI user operations, made at first use, freed by close
 
-    def start(self, arrays: list[np.ndarray]) -> tuple[list[Any], list[np.ndarray]]:
-        requests = [self.comm.Iallreduce(self._MPI.IN_PLACE, a, op=self._MPI.SUM) for a in arrays]
-        return requests, arrays
+    def start(self, arrays: list[np.ndarray], average: bool = True) -> tuple[list[Any], list[np.ndarray], bool]:
+        """`average`: the mean over the ranks (float32 and float64 arrays); else the sum (any type)."""
+        MPI = self._MPI
+        requests = []
+        for a in arrays:
+            if a.dtype in HALF_TYPES:
+                if average:
+                    raise ValueError("half arrays are summed (the caller scales by 1/N before rounding into them)")
+                requests.append(self.comm.Iallreduce(MPI.IN_PLACE, [a.view(np.uint16), MPI.UINT16_T],
+                                                     op=self._half_op(a.dtype)))
+            else:
+                requests.append(self.comm.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM))
+        return requests, arrays, average
 
-    def wait(self, handle: tuple[list[Any], list[np.ndarray]]) -> None:
-        requests, arrays = handle
+    def _half_op(self, dtype: np.dtype) -> Any:
+        op = self._half_ops.get(dtype)
+        if op is None:
+            op = self._half_ops[dtype] = self._MPI.Op.Create(half_sum(dtype), commute=True)
+        return op
+
+    def wait(self, handle: tuple[list[Any], list[np.ndarray], bool]) -> None:
+        requests, arrays, average = handle
         self._MPI.Request.Waitall(requests)
-        if self.size > 1:
+        if average and self.size > 1:
             for a in arrays:
                 self.ops.scal(1.0 / self.size, a)
+
+    def close(self) -> None:
+        for op in self._half_ops.values():
+            op.Free()
+        self._half_ops.clear()
 
 
 def _nccl() -> Any:
@@ -70,22 +115,25 @@ class NcclCollective:
             raise RuntimeError(f"rank {world.rank}: the NCCL communicator is on GPU {self.comm.device.device_id}, "
                                f"its arrays on GPU {device}")
         self._handle = nccl_c.Comm(self.comm.ptr)  # the C handle; owned (destroyed) by self.comm
+        # ncclBfloat16 and ncclSum by their numbers in nccl.h where the binding names them otherwise
         self._dtypes = {np.dtype(np.float32): int(nccl.FLOAT32), np.dtype(np.float64): int(nccl.FLOAT64),
-                        np.dtype(np.float16): int(nccl.FLOAT16)}
-        self._avg = int(nccl.AVG)
+                        np.dtype(np.float16): int(nccl.FLOAT16), BFLOAT16: int(getattr(nccl, "BFLOAT16", 9))}
+        self._avg, self._sum = int(nccl.AVG), int(getattr(nccl, "SUM", 0))
         self.size = world.size
         self.stream = backend.make_stream()
 
-    def start(self, arrays: list[Any]) -> Any:
+    def start(self, arrays: list[Any], average: bool = True) -> Any:
+        """`average`: NCCL's AVG (sum and 1/N in one pass); else its SUM (half arrays: the reducer scaled them)."""
         # The communication stream starts after what compute has been given so far: the kernels that
-        # wrote these gradients.
+        # wrote these gradients (or rounded them into the half arrays).
         self.stream.follow_compute()
-        all_reduce, handle, stream, avg, address = (self._nccl_c.all_reduce, self._handle, self.stream.handle,
-                                                    self._avg, self.backend.address)
+        all_reduce, handle, stream, address = (self._nccl_c.all_reduce, self._handle, self.stream.handle,
+                                               self.backend.address)
+        op = self._avg if average else self._sum
         with self._nccl.group():
             for a in arrays:
                 p = address(a)
-                all_reduce(p, p, a.size, self._dtypes[np.dtype(a.dtype)], avg, handle, stream)
+                all_reduce(p, p, a.size, self._dtypes[np.dtype(a.dtype)], op, handle, stream)
         return self.stream.record()
 
     def wait(self, handle: Any) -> None:

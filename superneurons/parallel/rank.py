@@ -69,11 +69,12 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
     def make_solver(log):
         solver = RankSolver(param, args.solver, world=world, collective=collective, backend=backend,
                             memory=args.memory, pool_bytes=pool_bytes, log=log,
-                            precision=getattr(args, "precision", None), data_workers=args.data_workers)
+                            precision=getattr(args, "precision", None), data_workers=args.data_workers,
+                            reduce=getattr(args, "reduce_type", None))
         where = "CPU" if device is None else f"GPU {device}"
         reducer = solver.reducer
         log.info(f"Data parallel: {world.size} rank(s), batch_size per rank; rank 0 on {where}, "
-                 f"gradients averaged {'during' if reducer.layer_wise else 'after'} backward "
+                 f"gradients averaged in {reducer.reduce_type_name} {'during' if reducer.layer_wise else 'after'} backward "
                  f"in {len(reducer.buckets)} bucket(s) of about {reducer.bucket_bytes >> 20} MiB, "
                  f"{'one reduction each' if reducer.flat else 'tensor by tensor'}")
         return solver

@@ -4,7 +4,9 @@
   broadcast after they are set; the random seed is rank 0's (from the clock when random_seed is -1), and
   the training net of rank r draws its Dropout masks and DummyData from seed + r, as Caffe's workers do.
 - Before each update the gradients are averaged over the ranks (reducer.py), so every rank applies the
-  same update to the same weights and the learning rate means what it means in Caffe. Each display line
+  same update to the same weights and the learning rate means what it means in Caffe; in the net's half
+  gradient type where `reduce` (or SUPERNEURONS_DP_REDUCE) says "backward", which the training net's plan then
+  holds a buffer for (`gradient_reduce_type`). Each display line
   is followed by how long compute waited for that averaging, per iteration.
 - The training net's `RunContext` carries rank and ranks: data layers read their share of the records.
   Test nets keep rank 0 of 1: only rank 0 tests, on the whole test set (as Caffe's Data layer in TEST).
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from superneurons.parallel.reducer import GradientReducer
+from superneurons.errors import UserError
+from superneurons.parallel.reducer import GradientReducer, reduce_type
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.solver import Solver
 
@@ -38,11 +41,13 @@ def follower_param(param: pb.SolverParameter) -> pb.SolverParameter:
 
 class RankSolver(Solver):
     """A Solver that is one rank of `world`; `collective` averages gradients (NCCL or MPI) in buckets of
-    `bucket_bytes` (None: SUPERNEURONS_DP_BUCKET_MB)."""
+    `bucket_bytes` (None: SUPERNEURONS_DP_BUCKET_MB), in the net's half gradient type where `reduce` is
+    "backward" ("fp32": in float32; None: SUPERNEURONS_DP_REDUCE)."""
 
     def __init__(self, param: pb.SolverParameter, solver_path: str, *, world: Any, collective: Any,
-                 bucket_bytes: int | None = None, **kwargs: Any):
+                 bucket_bytes: int | None = None, reduce: str | None = None, **kwargs: Any):
         self.world = world
+        self.reduce_choice = reduce
         super().__init__(param if world.is_root else follower_param(param), solver_path, **kwargs)
         self.net.ctx.rank, self.net.ctx.ranks = world.rank, world.size
         self.set_seed(world.broadcast(self.seed))
@@ -54,6 +59,9 @@ class RankSolver(Solver):
         self._waits_shown = 0  # reducer.wait_ms entries already in a display line
         self._local_stop = False
         self.callbacks.append(_agree_on_stop)
+
+    def gradient_reduce_type(self, graph: Any) -> Any:
+        return reduce_type(self.reduce_choice, graph.precision)
 
     def set_seed(self, seed: int) -> None:
         super().set_seed(seed)
@@ -72,7 +80,18 @@ class RankSolver(Solver):
                 net.backend.from_host(array, host)
 
     def _agree_on_buckets(self) -> None:
-        """Every rank reduces the same arrays: flat buckets of the same sizes on all, or per tensor on all."""
+        """Every rank reduces the same arrays: flat buckets of the same sizes on all, or per tensor on all; and
+        in the same type (a setting that differs between ranks would pair float32 with half words)."""
+        mine = self.reducer.reduce_type_name
+        types = self.world.gather(mine)
+        if self.world.is_root:
+            assert types is not None
+            odd = [(r, t) for r, t in enumerate(types) if t != mine]
+            message = (f"rank {odd[0][0]} reduces gradients in {odd[0][1]}, rank 0 in {mine}: give every rank the "
+                       f"same --reduce-type and SUPERNEURONS_DP_REDUCE") if odd else ""
+        message = self.world.broadcast(message if self.world.is_root else None)
+        if message:
+            raise UserError(message)
         sizes = [b.flat.size if b.flat is not None else -1 for b in self.reducer.buckets]
         if self.world.any(sizes != self.world.broadcast(sizes)):
             self.reducer.per_tensor()

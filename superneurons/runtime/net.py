@@ -45,7 +45,7 @@ class Net:
                  pool_bytes: int | None = None, share_params_with: "Net | None" = None,
                  memory: str | type[MemoryManager] | None = "baseline",
                  checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0,
-                 data_workers: int | None = None, grouped_update: bool = False):
+                 data_workers: int | None = None, grouped_update: bool = False, reduce_type: Any = None):
         """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default),
         or a MemoryManager class to run instead of the modes' (memory/interface.py).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
@@ -54,7 +54,9 @@ class Net:
         picks; `self.checkpoint_types` says which, `self.memory.auto` why). `solver_history`: history
         sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest.
         `grouped_update`: the solver may update every parameter in one launch (solver/fused_update.py), whose
-        tables are then a pool tensor too (`update_table`). `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own)."""
+        tables are then a pool tensor too (`update_table`). `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
+        `reduce_type`: the half type a data-parallel training net reduces its gradients in (parallel/reducer.py),
+        whose buffer the layout declares and the plan holds (None: none)."""
         self.graph = graph
         self.name = graph.name
         self.backend = HostAwareBackend(backend, self)
@@ -71,7 +73,7 @@ class Net:
         # train net's, through which it streams the train net's weights.
         self.params: Any = None
         self._shared_params: Any = None
-        self._declare_tensors(share_params_with, solver_history, grouped_update)
+        self._declare_tensors(share_params_with, solver_history, grouped_update, reduce_type)
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
@@ -107,14 +109,16 @@ class Net:
         self._build_steps()
 
     # -- construction -------------------------------------------------------------------------
-    def _declare_tensors(self, share: "Net | None", solver_history: int, grouped_update: bool) -> None:
+    def _declare_tensors(self, share: "Net | None", solver_history: int, grouped_update: bool,
+                         reduce_type: Any = None) -> None:
         """The layout (`memory.tensors`, the planner's too) and one Tensor per entry, in its order."""
         for node in self.graph.nodes:
             node.layer.ops = self.ops
             node.layer.ctx = self.ctx
         borrowed = read_param_specs(self.graph, share.graph if share is not None else None)
         self.layout = declare_tensors(self.graph, train=self.train, borrowed=borrowed, history=solver_history,
-                                      layouts=self.blob_layouts, grouped_update=grouped_update)
+                                      layouts=self.blob_layouts, grouped_update=grouped_update,
+                                      reduce_type=reduce_type)
         wired = wire_tensors(self.graph, self.layout)
         self.tensors: list[Tensor] = wired.tensors
         self.data: dict[str, Tensor] = wired.data
@@ -127,6 +131,8 @@ class Net:
         self.ctx.scratch_tensor = by_key[self.layout.scratch] if self.layout.scratch is not None else None
         # The grouped solver update's tables (placed at setup, planned), or None.
         self.update_table: Tensor | None = by_key[self.layout.update] if self.layout.update is not None else None
+        # The half gradient run of a data-parallel net (`reduce_type`), or None.
+        self.reduce_tensor: Tensor | None = by_key[self.layout.reduce] if self.layout.reduce is not None else None
 
     def baseline_bytes(self) -> int:
         return baseline_bytes(self.tensors)

@@ -108,11 +108,18 @@ class Solver:
         graph.precision.master = master_type(self.param, self.where)
         # The budget is the training net's; a test net (sharing its parameters) sizes its pool to its need.
         pool = self.pool_bytes if share is None else None
-        return Net(graph, self.backend, train=phase == pb.TRAIN, seed=self.seed, share_params_with=share,
+        train = phase == pb.TRAIN
+        return Net(graph, self.backend, train=train, seed=self.seed, share_params_with=share,
                    memory=memory, memory_param=memory_param, pool_bytes=pool,
-                   solver_history=self.rule.n_history if phase == pb.TRAIN else 0, data_workers=self.data_workers,
-                   grouped_update=phase == pb.TRAIN and graph.precision.master == FLOAT32
-                   and fused_update.wanted(self.rule.name))
+                   solver_history=self.rule.n_history if train else 0, data_workers=self.data_workers,
+                   grouped_update=train and graph.precision.master == FLOAT32
+                   and fused_update.wanted(self.rule.name),
+                   reduce_type=self.gradient_reduce_type(graph) if train else None)
+
+    def gradient_reduce_type(self, graph: Any) -> Any:
+        """The half type the training net's gradients are reduced in across ranks (None: no reduction, or in
+        their own type); a data-parallel solver decides (parallel/solver.py)."""
+        return None
 
     def all_nets(self) -> list[tuple[str, Net]]:
         return [("train", self.net)] + [(f"test{i}", n) for i, n in enumerate(self.test_nets)]
