@@ -5,10 +5,11 @@
                                                    batch BATCH per rank; rank r writes OUT.r.npz (its weights);
                                                    JOB_BUCKET_BYTES: gradient bytes per bucket;
                                                    JOB_PRECISION: --precision; JOB_REDUCE: --reduce-type
-  halfsum OUT NET PRECISION ALLOCATOR              every rank builds NET's RankSolver in PRECISION with the half
+  halfsum OUT NET PRECISION ALLOCATOR [DEVICE]     every rank builds NET's RankSolver in PRECISION with the half
                                                    reduction (allocator pool: flat buckets; malloc: per tensor),
                                                    fills its float32 gradients with `rank_gradients`, reduces
-                                                   them once, and writes them to OUT.r.npz
+                                                   them once, and writes them to OUT.r.npz; DEVICE cpu (MPI, the
+                                                   default) or cuda (GPU local rank, NCCL)
   fail SOLVER RANK ITER                            `superneurons train --solver SOLVER`, where rank RANK raises
                                                    a UserError at iteration ITER (a rank failing mid-run)
   segments OUT END                                 every rank joins the World, sums its rank over MPI, and writes
@@ -127,28 +128,34 @@ def rank_gradients(shape: tuple[int, ...], rank: int, index: int) -> np.ndarray:
     return g.reshape(shape)
 
 
-def halfsum(out: str, net: str, precision: str, allocator: str) -> None:
-    from superneurons.backend.cpu import CpuBackend
-    from superneurons.parallel.collectives import MpiCollective
+def halfsum(out: str, net: str, precision: str, allocator: str, device: str = "cpu") -> None:
+    from superneurons.backend import get_backend
+    from superneurons.parallel.collectives import MpiCollective, NcclCollective
     from superneurons.parallel.solver import RankSolver
     from superneurons.parallel.world import World
     from superneurons.runtime.logging import TrainLog
 
     os.environ["SUPERNEURONS_ALLOCATOR"] = allocator
     world = World()
-    backend = CpuBackend()
+    if device == "cuda":
+        backend = get_backend("cuda", world.local_rank)
+        collective = NcclCollective(world, backend, world.local_rank)
+    else:
+        backend = get_backend("cpu")
+        collective = MpiCollective(world, backend.ops)
     with open(os.devnull, "w") as sink:
-        solver = RankSolver(solver_param(net, 1, 2), "job.prototxt", world=world,
-                            collective=MpiCollective(world, backend.ops), backend=backend, memory="baseline",
-                            log=TrainLog(stream=sink), precision=precision, reduce="backward")
-    reducer = solver.reducer
+        solver = RankSolver(solver_param(net, 1, 2), "job.prototxt", world=world, collective=collective,
+                            backend=backend, memory="baseline", log=TrainLog(stream=sink), precision=precision,
+                            reduce="backward")
+    reducer, net_backend = solver.reducer, solver.net.backend
     for i, decl in enumerate(solver.net.learnable):
-        decl.diff[...] = rank_gradients(decl.diff.shape, world.rank, i)
-    with np.errstate(over="ignore"):
-        reducer.finish()
+        net_backend.from_host(decl.diff, rank_gradients(tuple(decl.diff.shape), world.rank, i))
+    reducer.finish()
     np.savez(f"{out}.{world.rank}.npz", reduce_type=reducer.reduce_type_name, flat=reducer.flat,
              calls=reducer.calls_per_iteration,
-             **{str(i): np.array(decl.diff) for i, decl in enumerate(solver.net.learnable)})
+             **{str(i): np.array(net_backend.to_host(decl.diff)) for i, decl in enumerate(solver.net.learnable)})
+    if hasattr(collective, "close"):
+        collective.close()
 
 
 def fail(solver_path: str, rank: int, at: int) -> int:
@@ -192,7 +199,7 @@ if __name__ == "__main__":
         memory, pool = (rest[6], int(rest[7])) if len(rest) > 6 else ("baseline", None)
         train(rest[0], rest[1], int(rest[2]), rest[3] == "1", int(rest[4]), int(rest[5]), memory, pool)
     elif what == "halfsum":
-        halfsum(rest[0], rest[1], rest[2], rest[3])
+        halfsum(*rest)
     elif what == "segments":
         segments(rest[0], rest[1])
     elif what == "fail":

@@ -246,3 +246,64 @@ def test_a_snapshot_taken_on_n_gpus_resumes_to_the_uninterrupted_weights(tmp_pat
     (tmp_path / "whole/m_iter_12.caffemodel").unlink()
     _train(tmp_path, solver, "all", None, "--snapshot", "whole/m_iter_6.solverstate", **DETERMINISTIC)
     assert (tmp_path / "whole/m_iter_12.caffemodel").read_bytes() == whole
+
+
+# ---- gradients reduced in the half backward type (--reduce-type backward) ----------------------------------------
+
+@pytest.mark.parametrize("allocator", ["pool", "malloc"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_reduction_rounds_as_numpy_on_two_gpus(tmp_path, precision, allocator):
+    """tests/test_half_reduction.py's exact check through NCCL: two GPUs' float32 gradients set by hand, scaled by
+    1/2 and rounded into the half buffer by our kernel, summed by NCCL in bfloat16/float16 (it adds in float32 and
+    rounds once), widened back; every element is NumPy's round(round(g0/2) + round(g1/2)), on both GPUs."""
+    import parallel_job as job
+    from test_half_reduction import TYPES, numpy_half_reduction
+
+    _gpus_or_skip()
+    out = str(tmp_path / "sum")
+    cmd = [launch.find_mpiexec(), "-n", "2", sys.executable, job.__file__, "halfsum", out, "plain", precision,
+           allocator, "cuda"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    ranks = [dict(np.load(f"{out}.{k}.npz")) for k in range(2)]
+    assert bool(ranks[0]["flat"]) == (allocator == "pool")
+    for key in sorted(k for k in ranks[0] if k.isdigit()):
+        want = numpy_half_reduction([job.rank_gradients(ranks[0][key].shape, rank, int(key)) for rank in range(2)],
+                                    TYPES[precision])
+        for rank in ranks:
+            np.testing.assert_array_equal(rank[key].view(np.uint32), want.view(np.uint32), err_msg=key)
+
+
+HALF_ITERATIONS = 4  # tests/test_half_reduction.py says why the tolerance holds for a few iterations only
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_reduction_trains_within_tolerance_of_the_float32_reduction_on_two_gpus(tmp_path, lmdb_source,
+                                                                                     precision):
+    """`--gpu all --precision P --reduce-type backward` against `--reduce-type fp32`, 4 iterations: the weights
+    within 2 eps T of how far training moved them (the CPU test's tolerance and its derivation)."""
+    import ml_dtypes
+    from test_half_reduction import TYPES
+
+    source, n = lmdb_source
+    runs = {}
+    for reduce in ("backward", "fp32", "start"):  # start: the filled weights (a 0-iteration run's snapshot)
+        iterations = 0 if reduce == "start" else HALF_ITERATIONS
+        solver = _lmdb_solver(tmp_path, reduce, source, PER_RANK_BATCH, iterations, iterations)
+        flags = ("--gpu", "0") if reduce == "start" else ("--gpu", "all", "--reduce-type", reduce)
+        r = _train(tmp_path, solver, flags[1], None, "--precision", precision, *flags[2:], **DETERMINISTIC)
+        runs[reduce] = _blobs(tmp_path / f"{reduce}/m_iter_{iterations}.caffemodel")
+        if reduce == "backward":
+            half = ml_dtypes.finfo(TYPES[precision])
+            assert any(f"gradients averaged in {TYPES[precision].name}" in m for m in messages(r.stderr))
+    tolerance = 2 * float(half.eps) * HALF_ITERATIONS
+    worst, where = 0.0, ""
+    for k, w0 in runs["start"].items():
+        moved = float(np.abs(runs["fp32"][k] - w0).max())
+        assert moved > 1e-2, k
+        off = float(np.abs(runs["backward"][k] - runs["fp32"][k]).max()) / moved
+        if off > worst:
+            worst, where = off, k
+    print(f"{n} GPUs, {precision}: half vs float32 reduction after {HALF_ITERATIONS} iterations: {worst:.3g} of the "
+          f"movement ({where}; tolerance {tolerance:.3g})")
+    assert 0 < worst <= tolerance

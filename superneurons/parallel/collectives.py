@@ -115,10 +115,9 @@ class NcclCollective:
             raise RuntimeError(f"rank {world.rank}: the NCCL communicator is on GPU {self.comm.device.device_id}, "
                                f"its arrays on GPU {device}")
         self._handle = nccl_c.Comm(self.comm.ptr)  # the C handle; owned (destroyed) by self.comm
-        # ncclBfloat16 and ncclSum by their numbers in nccl.h where the binding names them otherwise
         self._dtypes = {np.dtype(np.float32): int(nccl.FLOAT32), np.dtype(np.float64): int(nccl.FLOAT64),
-                        np.dtype(np.float16): int(nccl.FLOAT16), BFLOAT16: int(getattr(nccl, "BFLOAT16", 9))}
-        self._avg, self._sum = int(nccl.AVG), int(getattr(nccl, "SUM", 0))
+                        np.dtype(np.float16): int(nccl.FLOAT16), BFLOAT16: int(nccl.BFLOAT16)}
+        self._avg, self._sum = int(nccl.AVG), int(nccl.SUM)
         self.size = world.size
         self.stream = backend.make_stream()
 
