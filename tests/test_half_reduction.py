@@ -4,6 +4,7 @@ the rounding of one reduction, bit for bit against NumPy; the training it gives,
 the float32 reduction's; the buffer it reduces in, planned in the pool."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -175,3 +176,27 @@ def test_train_flag_the_setting_and_ranks_that_disagree():
     assert r.returncode != 0
     assert "rank 1 reduces gradients in float32, rank 0 in bfloat16: give every rank the same --reduce-type" \
         in r.stderr, r.stderr[-2000:]
+
+
+def test_scaling_benchmark_measures_a_row_per_reduction_type(tmp_path, capsys):
+    """`tools.bench.scaling --reduce fp32,backward --precision bf16`: a job per type, each row saying what it
+    summed in and how many bytes a rank handed the collective per iteration (half under `backward`)."""
+    from tools.bench import scaling
+
+    assert scaling.main(["--dry-run", "--gpus", "2", "--nets", "resnet50", "--budget", "0", "--precision", "bf16",
+                         "--reduce", "fp32,backward"]) == 0
+    jobs = capsys.readouterr().out.splitlines()
+    assert len(jobs) == 2 and all("--precision bf16" in j for j in jobs)
+    assert "--reduce" not in jobs[0] and "rank ours,torch " in jobs[0]
+    assert "--reduce backward" in jobs[1] and "rank ours " in jobs[1]  # DDP sums in float32: timed once
+    with pytest.raises(SystemExit, match="--reduce 'half'"):
+        scaling.main(["--dry-run", "--reduce", "half"])
+    code = scaling.main(["--device", "cpu", "--nets", "cifar10_quick", "--gpus", "2", "--batches", "2",
+                         "--iterations", "1", "--warmup", "1", "--budget", "0", "--repeats", "1", "--precision",
+                         "bf16", "--reduce", "fp32,backward", "--out", str(tmp_path)])
+    assert code == 0
+    rows = json.loads((tmp_path / "bench_scaling.json").read_text())["rows"]
+    assert [(r["reduce"], r["ours"]["reduce_type"]) for r in rows] == [("fp32", "float32"), ("backward", "bfloat16")]
+    assert all(r["ours"]["ok"] and r["ours"]["img_per_s"] > 0 for r in rows)
+    full, half = (r["ours"]["wire_bytes_per_iter"] for r in rows)
+    assert half * 2 == full > 0

@@ -230,6 +230,16 @@ class GradientReducer(StepHooks):
         types = {np.dtype(d.diff_tensor.dtype) for d in self.net.learnable}
         return dtype_name(types.pop()) if len(types) == 1 else "the gradients' own types"
 
+    def wire_bytes(self) -> int:
+        """Bytes each rank hands the collective per iteration: the buckets' arrays (padding included), in the
+        type they are summed in (half of float32's under the half reduction)."""
+        if self.streamed:
+            arrays: list[Any] = [d.diff_tensor for d in self.net.learnable]
+        else:
+            arrays = [a for b in self.buckets for a in b.arrays()]
+        size = np.dtype(self.half_type).itemsize if self.half_type is not None else None
+        return sum(int(np.prod(a.shape, dtype=np.int64)) * (size or np.dtype(a.dtype).itemsize) for a in arrays)
+
     def _half_views(self, arrays: list[Any]) -> list[Any]:
         """Consecutive runs of the `#reduce` buffer shaped as `arrays` (arrays or Tensors), each starting where
         the previous one's pool-block-rounded size ends (tensors.reduce_entries sized the buffer so)."""

@@ -6,7 +6,8 @@ per-block checkpointing at its widest batch under the same budget).
     python3 -m tools.bench.scaling [--nets resnet50,vgg16] [--gpus 1,2,4] [--batches resnet50=64,vgg16=64]
                                    [--iterations 20] [--warmup 5] [--repeats 3] [--bucket-mb 25 | 8,25,64]
                                    [--budget 12G (0: no budget rows)] [--budget-batches resnet50=256,vgg16=160]
-                                   [--budget-gpus 2,4] [--budget-only]
+                                   [--budget-gpus 2,4] [--budget-only] [--precision fp32|bf16|fp16]
+                                   [--reduce fp32 | backward | fp32,backward]
                                    [--no-torch] [--no-ours] [--apart] [--device cuda|cpu] [--dry-run]
                                    [--out DIR] [--tag T]
 
@@ -30,6 +31,12 @@ each window as a job of its own instead (the sides never share a process; slower
 Both time the slowest rank (device synchronized); img/s counts every rank's batch. Rows for more GPUs than
 the machine has are skipped and say so. NCCL_NVLS_ENABLE=0 (NVLink multicast off) unless the environment
 sets it.
+
+`--precision bf16` stores ours' activations and gradients in bfloat16 (DDP stays float32: compare it with
+`--no-torch`), and `--reduce fp32,backward` measures each row once per reduction type (a job each: the half
+reduction's buffer is part of the net's plan): gradients summed in float32, or in the net's half backward type
+(`train --reduce-type`, docs/PARALLEL.md). Ours also reports the type and the bytes each rank hands NCCL per
+iteration (`reduce_type`, `wire_bytes_per_iter`).
 
 `--device cpu` runs ours over MPI on the CPU (ranks instead of GPUs, no PyTorch): the plumbing, for tests.
 `--dry-run` prints the jobs without running them. Prints a table and writes bench_scaling[_TAG].json to --out.
@@ -74,8 +81,22 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--apart", action="store_true", help="every window a job of its own (sides never share a process)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cuda (default), or cpu: ours over MPI on CPU ranks, for checking the plumbing")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                    help="ours' storage of activations and gradients (default: the prototxt's, float32)")
+    ap.add_argument("--reduce", default="fp32",
+                    help="ours' gradient reduction type(s), comma-separated: fp32 (float32), backward (the net's "
+                         "half backward type; needs --precision bf16/fp16); a row each (default %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="print the MPI jobs, run nothing")
     return ap
+
+
+def parse_reduce(text: str) -> list[str]:
+    from superneurons.parallel.reducer import REDUCE_CHOICES
+
+    kinds = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if not kinds or any(k not in REDUCE_CHOICES for k in kinds):
+        raise SystemExit(f"--reduce {text!r}: expected {' or '.join(REDUCE_CHOICES)}, comma-separated")
+    return kinds
 
 
 def parse_counts(text: str) -> list[int]:
@@ -108,7 +129,7 @@ def available_gpus(device: str) -> int:
 
 
 def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.Namespace, budget: int | None,
-                 repeats: int) -> list[str]:
+                 repeats: int, reduce: str = "fp32") -> list[str]:
     from superneurons.parallel.launch import find_mpiexec
 
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tools.bench.scaling", "rank", ",".join(systems),
@@ -116,6 +137,10 @@ def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.N
            "--repeats", str(repeats), "--device", a.device, "--workspace", a.workspace]
     if a.bucket_mb:
         cmd += ["--bucket-mb", a.bucket_mb]
+    if a.precision:
+        cmd += ["--precision", a.precision]
+    if reduce != "fp32":
+        cmd += ["--reduce", reduce]
     return cmd + (["--budget", str(budget)] if budget else [])
 
 
@@ -150,12 +175,12 @@ def merge_windows(parts: list[dict], system: str) -> dict:
 
 
 def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, batch: int,
-                budget: int | None) -> dict:
-    row: dict[str, Any] = {"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget}
+                budget: int | None, reduce: str = "fp32") -> dict:
+    row: dict[str, Any] = {"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget, "reduce": reduce}
     jobs = [(systems, a.repeats)] if not a.apart else [([s], 1) for _ in range(a.repeats) for s in systems]
     parts = []
     for job_systems, repeats in jobs:
-        cmd = rank_command(n, job_systems, net, batch, a, budget, repeats)
+        cmd = rank_command(n, job_systems, net, batch, a, budget, repeats, reduce)
         if a.dry_run:
             print(" ".join(cmd))
             continue
@@ -171,19 +196,22 @@ def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, bat
 
 def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batches: Any, budget: int | None,
                  have: int) -> list[dict]:
-    systems = [s for s, off in (("ours", a.no_ours), ("torch", a.no_torch or a.device == "cpu")) if not off]
+    every = [s for s, off in (("ours", a.no_ours), ("torch", a.no_torch or a.device == "cpu")) if not off]
     rows = []
     for net in nets:
         default = [DEFAULT_BATCH.get(net, common.NETS[net].speed_batch)]
         for batch in common.batches_for(net, batches, default if budget is None else []):
-            for n in counts:
+            for n, reduce in [(n, r) for n in counts for r in parse_reduce(a.reduce)]:
+                # DDP reduces in float32 whatever ours does: timed in the float32 row only
+                systems = every if reduce == "fp32" else [s for s in every if s == "ours"]
                 if n > have and not a.dry_run:
-                    rows.append({"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget,
+                    rows.append({"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget, "reduce": reduce,
                                  **{s: {"ok": False, "skipped": f"this machine has {have} GPU(s)"} for s in systems}})
                     continue
-                row = measure_row(a, systems, net, n, batch, budget)
+                row = measure_row(a, systems, net, n, batch, budget, reduce)
                 if not a.dry_run:
-                    print(f"{net} x{n} b{batch}{' budget' if budget else ''}: "
+                    print(f"{net} x{n} b{batch}{' budget' if budget else ''}"
+                          f"{' reduce ' + reduce if reduce != 'fp32' else ''}: "
                           + ", ".join(f"{s} {common.fmt(row[s].get('img_per_s'))} img/s {row[s].get('error', '')}"
                                       for s in systems)
                           + (f" buckets {row['ours_buckets']}" if row.get("ours_buckets") else ""), flush=True)
@@ -194,25 +222,27 @@ def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batc
 
 def add_efficiency(rows: list[dict]) -> None:
     """efficiency = img/s on N / (N x img/s on 1), per net, batch, budget and system; ours / DDP."""
-    one = {(r["net"], r["batch_per_gpu"], r["budget"], s): r[s].get("img_per_s")
+    one = {(r["net"], r["batch_per_gpu"], r["budget"], r.get("reduce", "fp32"), s): r[s].get("img_per_s")
            for r in rows if r["gpus"] == 1 for s in SYSTEMS if s in r}
     for r in rows:
         for s in SYSTEMS:
             if s in r:
-                base = one.get((r["net"], r["batch_per_gpu"], r["budget"], s))
+                base = one.get((r["net"], r["batch_per_gpu"], r["budget"], r.get("reduce", "fp32"), s))
                 speed = r[s].get("img_per_s")
                 r[s]["efficiency"] = speed / (r["gpus"] * base) if speed and base else None
         r["ours_vs_ddp"] = common.ratio(r.get("ours", {}).get("img_per_s"), r.get("torch", {}).get("img_per_s"))
 
 
 def table(rows: list[dict]) -> str:
-    header = ("net", "GPUs", "batch/GPU", "budget", "ours img/s", "ours eff.", "ours mode", "wait ms/it",
-              "DDP batch/GPU", "DDP img/s", "DDP eff.", "ours/DDP")
+    header = ("net", "GPUs", "batch/GPU", "budget", "reduce", "ours img/s", "ours eff.", "ours mode", "wait ms/it",
+              "MiB/it", "DDP batch/GPU", "DDP img/s", "DDP eff.", "ours/DDP")
     body = []
     for r in rows:
         o, t = r.get("ours", {}), r.get("torch", {})
-        body.append((r["net"], r["gpus"], r["batch_per_gpu"], _size(r["budget"]), _cell(o), o.get("efficiency"),
-                     o.get("memory_mode", "-"), o.get("wait_ms"), t.get("batch", "-"), _cell(t), t.get("efficiency"),
+        wire = o.get("wire_bytes_per_iter")
+        body.append((r["net"], r["gpus"], r["batch_per_gpu"], _size(r["budget"]), o.get("reduce_type", "-"), _cell(o),
+                     o.get("efficiency"), o.get("memory_mode", "-"), o.get("wait_ms"),
+                     round(wire / 2**20, 1) if wire else "-", t.get("batch", "-"), _cell(t), t.get("efficiency"),
                      r.get("ours_vs_ddp")))
     return common.text_table(header, body)
 
@@ -232,7 +262,7 @@ def _size(n: int | None) -> str:
 def targets(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
-        if r["budget"] or r["gpus"] != TARGET_GPUS or r["batch_per_gpu"] != 64:
+        if r["budget"] or r["gpus"] != TARGET_GPUS or r["batch_per_gpu"] != 64 or r.get("reduce", "fp32") != "fp32":
             continue
         o, t = r.get("ours", {}), r.get("torch", {})
         net = r["net"]
@@ -254,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     nets = common.parse_nets(a.nets)
     counts = parse_counts(a.gpus)
     parse_buckets(a.bucket_mb)
+    parse_reduce(a.reduce)
     if a.repeats < 1:
         raise SystemExit(f"--repeats {a.repeats}: at least 1")
     budget = common.parse_size(a.budget)
@@ -296,6 +327,8 @@ def rank_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--budget", type=int)
     ap.add_argument("--workspace", default=common.DEFAULT_WORKSPACE)
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    ap.add_argument("--reduce", choices=("fp32", "backward"), default="fp32")
     return ap
 
 
@@ -372,7 +405,8 @@ class OursSide:
         try:
             self.solver = common.make_solver(a.net, a.batch, self.backend, memory, pool, factory=RankSolver,
                                              world=world, collective=self.collective, log=TrainLog(stream=self.sink),
-                                             bucket_bytes=self.sizes[0] << 20)
+                                             bucket_bytes=self.sizes[0] << 20, precision=a.precision,
+                                             reduce=a.reduce)
         except (PoolExhausted, UserError) as e:
             self.fits, self.error = False, f"{type(e).__name__}: {e}"
             return
@@ -417,7 +451,9 @@ class OursSide:
                 "wait_ms": statistics.median(self.waits) if self.waits else None,
                 "memory_mode": self.solver.net.memory.name, "pool_bytes": self.solver.net.pool.capacity,
                 "buckets": len(r.buckets), "bucket_mb": self.sizes[0], "flat": r.flat,
-                "reductions_per_iter": r.calls_per_iteration, "layer_wise": r.layer_wise}
+                "reductions_per_iter": r.calls_per_iteration, "layer_wise": r.layer_wise,
+                "precision": self.a.precision or "prototxt", "reduce_type": r.reduce_type_name,
+                "wire_bytes_per_iter": r.wire_bytes()}
 
     def close(self) -> None:
         if self.fits and hasattr(self.collective, "close"):
