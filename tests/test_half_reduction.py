@@ -200,3 +200,21 @@ def test_scaling_benchmark_measures_a_row_per_reduction_type(tmp_path, capsys):
     assert all(r["ours"]["ok"] and r["ours"]["img_per_s"] > 0 for r in rows)
     full, half = (r["ours"]["wire_bytes_per_iter"] for r in rows)
     assert half * 2 == full > 0
+
+
+def test_memory_command_counts_the_half_buffer(capsys):
+    from superneurons.cli import main
+
+    from test_parallel import ROOT
+
+    model = f"{ROOT}/models/resnet50/resnet50_dummy.prototxt"
+    args = ["memory", "--model", model, "--batch", "2", "--ranks", "2", "--memory", "liveness", "--precision", "bf16"]
+    assert main(args + ["--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["reduction"]
+    assert main(args + ["--reduce-type", "backward", "--json"]) == 0
+    half = json.loads(capsys.readouterr().out)["reduction"]
+    assert (plain["extra_pool_bytes"], plain["reduce_type"], half["reduce_type"]) == (0, "float32", "bfloat16")
+    # half the learnable gradients' pool blocks (ResNet-50: 161 of them, 25.5M float32 values)
+    assert half["gradient_bytes"] / 2 <= half["extra_pool_bytes"] < half["gradient_bytes"] / 2 + 161 * 1024
+    assert main(args + ["--reduce-type", "backward"]) == 0
+    assert "summed in bfloat16 in a buffer of their own: +48.8 MiB in the pool" in capsys.readouterr().out

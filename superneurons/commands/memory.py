@@ -47,6 +47,9 @@ def register(sub) -> argparse.ArgumentParser:
                    help="data parallel over N GPUs: --batch and --gpu-memory are per GPU; also show the gradient "
                         "buckets the reduction holds")
     add_precision_option(p)
+    p.add_argument("--reduce-type", dest="reduce_type", choices=["fp32", "backward"],
+                   help="with --ranks: the type gradients are summed in (train --reduce-type); backward adds the "
+                        "half buffer it reduces in to the pool (default: SUPERNEURONS_DP_REDUCE, else fp32)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/MEMORY.md describes its keys)")
     p.add_argument("--at-peak", action="store_true",
                    help="list the tensors on the device at each shown mode's peak step, by kind and layer")
@@ -80,11 +83,11 @@ def run(args) -> int:
     if choice is not None:
         doc.update(budget_bytes=budget, **auto_doc(choice))
     if args.ranks is not None:
-        from superneurons.parallel.reducer import bucket_plan
+        from superneurons.parallel.reducer import bucket_plan, reduce_type
 
         if args.ranks < 1:
             raise UserError(f"--ranks must be at least 1, got {args.ranks}")
-        doc["reduction"] = bucket_plan(graph, args.ranks)
+        doc["reduction"] = bucket_plan(graph, args.ranks, half=reduce_type(args.reduce_type, graph.precision))
     shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
     if args.plot:
         plot(plan, shown, args.plot)
@@ -104,9 +107,11 @@ def run(args) -> int:
 def format_reduction(r: dict) -> str:
     """The data-parallel line: every GPU runs this plan; the buckets the reduction holds."""
     sizes = ", ".join(_mib(n) for n in r["bucket_bytes"]) or "none"
+    where = (f"summed in {r['reduce_type']} in a buffer of their own" if r["extra_pool_bytes"]
+             else "in their own memory")
     return (f"\nData parallel over {r['ranks']} rank(s): each GPU runs the plan above (batch and budget are per "
             f"GPU); gradients ({format_bytes(r['gradient_bytes'])}) are averaged in {r['buckets']} bucket(s) "
-            f"({sizes}) in their own memory: +{format_bytes(r['extra_pool_bytes'])} in the pool (NCCL's own "
+            f"({sizes}) {where}: +{format_bytes(r['extra_pool_bytes'])} in the pool (NCCL's own "
             f"buffers stay outside it, in the margin the GPU pool leaves)")
 
 
