@@ -120,6 +120,32 @@ def test_deeper_verifies_a_given_depth_without_the_search(tmp_path, monkeypatch)
     assert deeper.main(["--no-ours", "--no-torch", "--out", str(tmp_path), "--tag", "t"]) == 0
 
 
+def test_solver_data_type_bfloat16_halves_the_streamed_host_bytes_of_weights_gradients_and_history(tmp_path):
+    from superneurons.layers.base import count
+    from superneurons.memory.pool import round_up
+
+    # The reference: every parameter's elements (shared ones once), at 4 and at 2 bytes, rounded as the pool
+    # rounds, for the value, its gradient and one momentum (learnable ones; BatchNorm's statistics have none).
+    graph = common.train_graph("deep:8", 2, "bf16")
+    decls = [d for node in graph.nodes for d in node.layer.params]
+    want = {size: sum(round_up(size * count(d.shape)) * (3 if d.learnable else 2) for d in decls) for size in (4, 2)}
+    budget, ws, host = 768 << 20, 32 << 20, 1 << 30
+    needs = {m: common.plan_need("deep:8", 2, budget, ws, host, "bf16", m) for m in ("FLOAT", "BFLOAT16")}
+    for m, size in (("FLOAT", 4), ("BFLOAT16", 2)):
+        assert needs[m].params + needs[m].history == want[size]
+    # the activations are the same net's in both: only the parameters' part of the host bytes halves
+    assert needs["FLOAT"].peaks == needs["BFLOAT16"].peaks
+    deeper = importlib.import_module("tools.bench.deeper")
+    assert deeper.main(["--start", "8", "--predict-only", "--precision", "bf16", "--solver-data-type", "BFLOAT16",
+                        "--budget", "768M", "--workspace", "32M", "--batch", "2", "--host-limit", "1G",
+                        "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "deeper_bf16_solverBFLOAT16.json").read_text())
+    assert data["solver_data_type"] == "BFLOAT16" and data["need"]["params"] == needs["BFLOAT16"].params
+    assert data["tables"][0]["rows"][0][1] == "bf16, solver_data_type BFLOAT16"
+    with pytest.raises(SystemExit):
+        deeper.main(["--predict-only", "--solver-data-type", "INT", "--out", str(tmp_path)])
+
+
 def _ops(graph):
     body = [n for n in graph.nodes if not n.layer.is_data and n.layer.param.type != "SoftmaxWithLoss"]
     return [torch_nets.OpInfo(n.name, n.layer.param.type, list(n.bottoms), list(n.tops)) for n in body]

@@ -460,16 +460,22 @@ def test_lenet_trains_on_the_digits_in_half_precision(precision, tmp_path, monke
                                       "default_forward_type: FLOAT16 default_backward_type: FLOAT16 "
                                       "global_grad_scale: 1024 global_grad_scale_adaptive: true"],
                          ids=["bf16", "fp16_adaptive"])
-def test_streamed_parameters_train_half_nets_to_their_baseline_weights(defaults, monkeypatch):
+@pytest.mark.parametrize("master", ["FLOAT", "BFLOAT16"])
+def test_streamed_parameters_train_half_nets_to_their_baseline_weights(defaults, master, monkeypatch):
+    """solver_data_type BFLOAT16: the host homes of streamed weights, gradients and momentum are bfloat16 too
+    (half the pinned bytes), and the run is still the resident one's, bit for bit."""
     from test_param_offload import _dummy, _train as train_solver
 
     net = _dummy(CONV_FAN).replace('name: "t"\n', f'name: "t"\n{defaults}\n', 1)
-    text = 'type: "SGD" base_lr: 0.05 momentum: 0.9 weight_decay: 0.01 clip_gradients: 0.5 max_iter: 3'
+    text = ('type: "SGD" base_lr: 0.05 momentum: 0.9 weight_decay: 0.01 clip_gradients: 0.5 max_iter: 3 '
+            f'solver_data_type: {master}')
     ref, ref_w, ref_h = train_solver(net, text, "baseline")
     assert ref.net.data["conv1"].dtype in (BFLOAT16, FLOAT16)
     monkeypatch.setenv("SUPERNEURONS_PARAM_OFFLOAD", "1")
     solver, w, h = train_solver(net, text, "recompute")
     assert solver.net.params.offloaded and w == ref_w and h == ref_h
+    homes = solver.net.params.home.values()
+    assert homes and {a.dtype for a in homes} == {BFLOAT16 if master == "BFLOAT16" else FLOAT32}
 
 
 def test_indices_and_labels_stay_float32_whoever_produces_them():

@@ -216,11 +216,28 @@ def deep_depth(n: int) -> int:
     return 3 * sum(deep_blocks(n)) + 2
 
 
-def train_graph(net: str, batch: int | None = None, precision: str | None = None):
+def train_graph(net: str, batch: int | None = None, precision: str | None = None, master: str = "FLOAT"):
+    """`master`: the solver's solver_data_type by its enum name (FLOAT, FLOAT16, BFLOAT16), the storage of the
+    weights, their gradients and the history, which the Solver sets on the graph before building the Net."""
     from superneurons.graph.build import build_graph
     from superneurons.proto import superneurons_pb2 as pb
+    from superneurons.solver.solver import master_type
 
-    return build_graph(net_param(net, batch, precision), pb.TRAIN, source=net)
+    graph = build_graph(net_param(net, batch, precision), pb.TRAIN, source=net)
+    graph.precision.master = master_type(solver_data_type(master), "--solver-data-type")
+    return graph
+
+
+SOLVER_DATA_TYPES = ("FLOAT", "FLOAT16", "BFLOAT16")
+
+
+def solver_data_type(name: str):
+    """A SolverParameter with solver_data_type `name` (NVCaffe's enum names)."""
+    from superneurons.proto import superneurons_pb2 as pb
+
+    param = pb.SolverParameter()
+    param.solver_data_type = pb.Type.Value(name)
+    return param
 
 
 def solver_history(net: str) -> int:
@@ -281,17 +298,18 @@ def host_bytes(plan: Any, mode: str, streams: bool) -> int:
 
 
 def plan_need(net: str, batch: int, budget: int | None = None, workspace: int = 0,
-              host_limit: int = HOST_PINNED_LIMIT, precision: str | None = None) -> Need:
+              host_limit: int = HOST_PINNED_LIMIT, precision: str | None = None, master: str = "FLOAT") -> Need:
     """The planner's figures; with a budget, the mode `--memory auto` picks in a pool of budget - workspace
     (parameters, gradients and history are pool tensors, streamed from the host when they do not fit
     beside the activations), provided the host memory that mode pins stays within `host_limit`.
-    `precision`: the storage type of activations and gradients, as our run's (`net_param`)."""
+    `precision`: the storage type of activations and gradients, as our run's (`net_param`); `master`: the
+    solver_data_type of the weights, their gradients and history (`train_graph`)."""
     from superneurons.errors import UserError
     from superneurons.memory import checkpoint_sets
     from superneurons.memory.cost import choose
     from superneurons.memory.plan import make_plan, offloaded_bytes
 
-    graph = train_graph(net, batch, precision)
+    graph = train_graph(net, batch, precision, master)
     plans: dict[tuple[tuple[str, ...], int], Any] = {}
 
     def plan_for(types: tuple[str, ...], modes=None, recompute_limit: int = 0) -> Any:
@@ -400,14 +418,14 @@ def predict_widest(net: str, budget: int, workspace: int, step: int = 8, precisi
     return best, cache.get(best)
 
 
-def predict_deepest(budget: int, workspace: int, batch: int = 16, step: int = 8,
-                    host_limit: int = HOST_PINNED_LIMIT, precision: str | None = None) -> tuple[int, Need | None]:
+def predict_deepest(budget: int, workspace: int, batch: int = 16, step: int = 8, host_limit: int = HOST_PINNED_LIMIT,
+                    precision: str | None = None, master: str = "FLOAT") -> tuple[int, Need | None]:
     """The largest N (multiple of `step`) for which make_resnet 6,32,N,6 at `batch` fits the budget; with
     parameter streaming the device need hardly grows with N, so the host's pinned memory bounds it."""
     cache: dict[int, Need] = {}
 
     def fits(n: int) -> bool:
-        cache[n] = plan_need(f"deep:{n}", batch, budget, workspace, host_limit, precision)
+        cache[n] = plan_need(f"deep:{n}", batch, budget, workspace, host_limit, precision, master)
         return cache[n].mode is not None
 
     best = largest_fitting(fits, step, start=64, limit=1 << 14)
@@ -531,11 +549,11 @@ def make_backend(device: str, workspace: int | None):
 
 
 def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int | None, checkpoints: str = "",
-                factory: Callable[..., Any] | None = None, **solver_kwargs: Any):
+                factory: Callable[..., Any] | None = None, master: str = "FLOAT", **solver_kwargs: Any):
     """Our Solver for `net` at `batch` (no test nets, no display, no snapshots) with a pool of `pool_bytes`
     (None: the runtime's default); `checkpoints`: comma-separated checkpoint layer types ("": the default).
     `factory`: the solver class (default Solver; scaling.py's ranks use the data-parallel RankSolver), given
-    `solver_kwargs` besides."""
+    `solver_kwargs` besides. `master`: solver_data_type by its enum name (FLOAT: the solver's default)."""
     from superneurons.io.prototxt import read_solver
     from superneurons.solver.solver import Solver
 
@@ -547,6 +565,8 @@ def make_solver(net: str, batch: int, backend: Any, memory: str, pool_bytes: int
     param.snapshot = 0
     param.snapshot_after_train = False
     param.max_iter = 1 << 30
+    if master != "FLOAT":
+        param.solver_data_type = solver_data_type(master).solver_data_type
     param.ClearField("net")
     param.net_param.CopyFrom(net_param(net, batch))
     if checkpoints:
@@ -559,7 +579,8 @@ def history_bytes(solver: Any) -> int:
     from superneurons.layers.base import count
     from superneurons.memory.pool import round_up
 
-    return solver.rule.n_history * sum(round_up(4 * count(d.shape)) for d in solver.net.learnable)
+    size = solver.net.graph.precision.master.itemsize  # solver_data_type
+    return solver.rule.n_history * sum(round_up(size * count(d.shape)) for d in solver.net.learnable)
 
 
 def freeze_data(solver: Any) -> None:
@@ -586,7 +607,7 @@ def counters(manager: Any) -> dict[str, int]:
 def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = None, workspace: int | None = None,
               iterations: int = 10, warmup: int = 3, device: str = "cuda", algorithms: bool = False,
               trace: bool = False, expect_allocator: str | None = None, profile: int = 0,
-              checkpoints: str = "", precision: str | None = None) -> dict:
+              checkpoints: str = "", precision: str | None = None, master: str = "FLOAT") -> dict:
     """Build our Solver and train: warmup + iterations steps, timed; memory counters per timed iteration.
     `profile` > 0: run the timed loop under cProfile and keep that many lines of its report (by own time),
     to show where host time goes."""
@@ -600,7 +621,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     try:
         t0 = time.perf_counter()
         # precision: the Solver's `precision=` (as --precision of train), passed only when asked for
-        solver = make_solver(net, batch, backend, memory, pool_bytes, checkpoints,
+        solver = make_solver(net, batch, backend, memory, pool_bytes, checkpoints, master=master,
                              **({"precision": precision} if precision else {}))
         build_s = time.perf_counter() - t0
     except (PoolExhausted, UserError) as e:
@@ -608,7 +629,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     mgr = solver.net.memory
     pool = solver.net.pool
     result: dict[str, Any] = {"net": net, "batch": batch, "memory": memory, "memory_mode": mgr.name,
-                              "precision": precision or "fp32",
+                              "precision": precision or "fp32", "solver_data_type": master,
                               "auto": mgr.auto.summary() if mgr.auto else None,
                               "recompute_limit": mgr.recompute_limit, **ours_settings(),
                               "pool_bytes": pool.capacity, "pool_class": type(pool).__name__,
@@ -699,14 +720,15 @@ def ours_widest_task(net: str, start: int, budget: int, workspace: int, step: in
 
 
 def ours_deepest_task(start: int, budget: int, workspace: int, batch: int = 16, step: int = 8, tries: int = 3,
-                      iterations: int = 2, device: str = "cuda", precision: str | None = None) -> dict:
+                      iterations: int = 2, device: str = "cuda", precision: str | None = None,
+                      master: str = "FLOAT") -> dict:
     attempts = []
     n = start
     for _ in range(tries):
         if n <= 0:
             break
         r = ours_task(f"deep:{n}", batch, budget=budget, workspace=workspace, iterations=iterations, warmup=1,
-                      device=device, precision=precision)
+                      device=device, precision=precision, master=master)
         attempts.append({"n": n, "depth": deep_depth(n), **{k: r.get(k) for k in ("ok", "memory_mode", "error",
                                                                                     "ms_per_iter")}})
         if r.get("ok"):
