@@ -20,6 +20,7 @@ from google.protobuf import text_format
 
 from gpu_harness import GPU_ONLY, NET_CPU as CPU, dummy_images
 from superneurons.backend.cuda import half_math
+from superneurons.dtypes import BFLOAT16
 from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults
 from superneurons.io.caffemodel import blob_to_array
@@ -138,13 +139,15 @@ ITERATIONS = 4
 MODES = ("baseline", "liveness", "offload", "recompute", "auto")
 
 
-def _train(where: Path, precision: str, mode: str) -> dict[str, np.ndarray]:
+def _train(where: Path, precision: str, mode: str, solver_extra: str = "",
+           env_extra: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     (where / "net.prototxt").write_text(ZOO_BLOCKS)
-    name = f"{precision}-{mode}"
+    name = f"{precision}-{mode}" + ("-streamed" if env_extra else "") + ("-master" if solver_extra else "")
     (where / f"{name}.prototxt").write_text(
         f'net: "net.prototxt"\nbase_lr: 0.05\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
-        f'display: 1\nmax_iter: {ITERATIONS}\nsnapshot: {ITERATIONS}\nsnapshot_prefix: "{name}/m"\nrandom_seed: 3\n')
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SUPERNEURONS_CUDNN_DETERMINISTIC="1")
+        f'display: 1\nmax_iter: {ITERATIONS}\nsnapshot: {ITERATIONS}\nsnapshot_prefix: "{name}/m"\nrandom_seed: 3\n'
+        + solver_extra)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SUPERNEURONS_CUDNN_DETERMINISTIC="1", **(env_extra or {}))
     r = subprocess.run([sys.executable, "-m", "superneurons", "train", "--solver", f"{name}.prototxt", "--gpu", "0",
                         "--no-progress", "--memory", mode, "--precision", precision],
                        capture_output=True, text=True, env=env, cwd=where, timeout=600)
@@ -163,3 +166,19 @@ def test_every_memory_mode_trains_to_the_baseline_weights_bit_for_bit(tmp_path, 
         assert set(got) == set(reference)
         differing = [k for k in reference if not np.array_equal(got[k], reference[k])]
         assert not differing, f"{mode}: {differing}"
+
+
+def test_bfloat16_master_weights_stream_from_the_host_to_the_resident_runs_bits(tmp_path):
+    """solver_data_type: BFLOAT16 (the deepest-ResNet lever: weights, gradients and momentum in bfloat16 on the
+    host): the GPU update ops take bfloat16 masters, and streaming them from the host changes no bit."""
+    master = "solver_data_type: BFLOAT16\n"
+    reference = _train(tmp_path, "bf16", "baseline", master)
+    got = _train(tmp_path, "bf16", "recompute", master, {"SUPERNEURONS_PARAM_OFFLOAD": "1"})
+    assert set(got) == set(reference)
+    differing = [k for k in reference if not np.array_equal(got[k], reference[k])]
+    assert not differing, differing
+    # the masters are bfloat16: every saved weight is a bfloat16 value
+    for k, w in reference.items():
+        assert np.array_equal(w, w.astype(BFLOAT16).astype(np.float32)), k
+    float32_master = _train(tmp_path, "bf16", "baseline")
+    assert any(not np.array_equal(float32_master[k], reference[k]) for k in reference)
