@@ -32,7 +32,8 @@ chance than the 2% asked of it. The design:
 Each precision trains its seeds in a process of its own, one seed after the other (the setup once per
 precision), and --jobs of those processes run at once (default 3: on one GPU the three share it, and each
 waits on its own data reads and launches rather than on the others'; the losses do not depend on it, only
-the seconds reported beside them do). --timeout bounds each process. --net tiny: a two-convolution net with BatchNorm on 16x16 images, for a quick check on the CPU.
+the seconds reported beside them do). --timeout bounds each process; one stopped by it keeps the seeds it
+finished (the table compares the seeds both precisions finished). --net tiny: a two-convolution net with BatchNorm on 16x16 images, for a quick check on the CPU.
 Writes precision_loss.json: every iteration's training loss, each run's final loss and accuracy, the table.
 """
 from __future__ import annotations
@@ -232,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     precisions = [p for p in args.precisions.split(",") if p]
     listing = make_data(Path(args.data or Path(args.out) / "precision_loss_data"), args.images, SIDES[args.net],
                         args.label_noise)
-    if args.one:  # the worker: one precision, every seed, its results as JSON on the last line
-        print(json.dumps([train_one(args.one, s, args.net, listing, args.batch, args.iterations, args.images,
-                                    args.base_lr, args.device) for s in seeds]))
+    if args.one:  # the worker: one precision, every seed, a JSON line per seed as it ends (kept if a later one is late)
+        for s in seeds:
+            print(json.dumps(train_one(args.one, s, args.net, listing, args.batch, args.iterations, args.images,
+                                       args.base_lr, args.device)), flush=True)
         return 0
     runs: dict[str, dict[int, dict]] = {}
     errors: dict[str, str] = {}
@@ -264,12 +266,14 @@ def main(argv: list[str] | None = None) -> int:
             worker.wait()
             del workers[precision]
             out, err = ((logs / f"{precision}.{k}").read_text() for k in ("out", "log"))
+            done = [json.loads(line) for line in out.splitlines() if line.startswith('{"precision"')]
+            if done:
+                runs[precision] = {x["seed"]: x for x in done}
             if worker.returncode != 0 or late:
-                why = f"no result within --timeout {args.timeout} s" if late else f"exit {worker.returncode}"
-                print(f"{precision}: {why}: {err.strip().splitlines()[-1:] or ''}", file=sys.stderr)
-                errors[precision] = f"{why}\n{err[-2000:]}"
-                continue
-            runs[precision] = {x["seed"]: x for x in json.loads(out.strip().splitlines()[-1])}
+                why = f"not done within --timeout {args.timeout} s" if late else f"exit {worker.returncode}"
+                print(f"{precision}: {why} after {len(done)} of {len(seeds)} seeds: "
+                      f"{err.strip().splitlines()[-1:] or ''}", file=sys.stderr)
+                errors[precision] = f"{why} after {len(done)} of {len(seeds)} seeds\n{err[-2000:]}"
     runs = {p: runs[p] for p in precisions if p in runs}  # the table in the order asked
     summary = summarize(runs, seeds)
     rows = []
