@@ -39,6 +39,7 @@ from superneurons import settings
 from superneurons.backend.cpu import CpuBackend
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
+from superneurons.solver.fused_update import CHUNK
 from superneurons.memory.liveness import OFFLOAD, PREFETCH, Schedule, simulate
 from superneurons.memory import BLOCK_CHECKPOINTS
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
@@ -569,7 +570,7 @@ def sweep_needs(net: RandomNet, precision: str = "FLOAT") -> dict[str, int]:
     for types in checkpoint_sets(graph):  # the default first
         # as the Solver's Net plans: with the grouped SGD update's tables
         plan = make_plan(graph, plan_backward=False, solver_history=SOLVER_HISTORY, checkpoint_types=types,
-                         grouped_update=True)
+                         update_chunk=CHUNK)
         for mode in SWEEP_MODES[:-1]:
             need = plan.need(mode)[0]
             if types == DEFAULT_CHECKPOINTS:

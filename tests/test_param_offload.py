@@ -10,6 +10,7 @@ from google.protobuf import text_format
 from superneurons.errors import UserError
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.solver import Solver
+from superneurons.solver.fused_update import CHUNK
 from test_memory_modes import CONV_FAN
 from test_recompute_resnet import RESNET
 from test_solver import Quiet, solver_param
@@ -64,7 +65,8 @@ def test_a_budget_below_the_parameters_streams_them_and_still_trains(monkeypatch
     from superneurons.memory.plan import make_plan
 
     # planned as the solver's Net is: with the grouped update's tables (resident even when the parameters stream)
-    plan = make_plan(base.net.graph, plan_backward=False, solver_history=len(base.net.history), grouped_update=True)
+    plan = make_plan(base.net.graph, plan_backward=False, solver_history=len(base.net.history),
+                     update_chunk=CHUNK)
     budget = plan.peak("recompute")[0] + params // 2  # the parameters alone would not fit beside the peak
     solver, w, h = _train(net_text, text, "recompute", pool_bytes=budget, test_nets=True)
     assert solver.net.params.offloaded and solver.net.pool.capacity < params + plan.peak("recompute")[0]
@@ -169,7 +171,7 @@ def test_replayed_steps_read_streamed_weights_from_the_device(monkeypatch):
     base, ref_w, _ = _train(net_text, text, "baseline")
     # The pool the recompute plan (Eltwise checkpoints) needs with the parameters streamed: they cannot stay.
     plan = make_plan(base.net.graph, plan_backward=False, checkpoint_types=("Eltwise",),
-                     solver_history=len(base.net.history), grouped_update=True)
+                     solver_history=len(base.net.history), update_chunk=CHUNK)
     solver = Solver(solver_param(text + " snapshot_after_train: false", net=net_text), "s.prototxt",
                     memory="recompute", pool_bytes=plan.streamed_peak("recompute"), log=Quiet())
     store = solver.net.params

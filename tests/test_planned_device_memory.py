@@ -14,7 +14,7 @@ from superneurons.backend.cpu import CpuBackend
 from superneurons.memory.plan import make_plan, to_json
 from superneurons.memory.pool import round_up
 from superneurons.solver import Solver
-from superneurons.solver.fused_update import ENV, table_entries
+from superneurons.solver.fused_update import CHUNK, ENV, table_entries
 from test_solver import Quiet, solver_param
 
 SGD = 'type: "SGD" base_lr: 0.05 lr_policy: "fixed" momentum: 0.9 weight_decay: 0.01 max_iter: 3 ' \
@@ -67,7 +67,7 @@ def test_the_grouped_updates_tables_are_a_planned_pool_tensor(monkeypatch):
 def test_the_plan_counts_the_tables_in_every_modes_peak_and_in_no_step():
     graph = _solver().net.graph
     plain = make_plan(graph, solver_history=1)
-    grouped = make_plan(graph, solver_history=1, grouped_update=True)
+    grouped = make_plan(graph, solver_history=1, update_chunk=CHUNK)
     nbytes = grouped.program.tensors["#update"].nbytes
     assert nbytes == round_up(8 * table_entries(_param_lengths()))
     assert grouped.layer_bytes == plain.layer_bytes  # no step uses them: the solver does, between iterations

@@ -69,7 +69,8 @@ def run(args) -> int:
     history = max(0, args.history)
     # The tables of the grouped update the default solver (SGD) runs on float32 masters (solver/fused_update.py).
     grouped = train and history > 0 and graph.precision.master == FLOAT32 and fused_update.wanted(None)
-    plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=history, grouped_update=grouped)
+    chunk = fused_update.CHUNK if grouped else 0
+    plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=history, update_chunk=chunk)
     doc = to_json(plan, args.batch or _batch_of(graph))
 
     def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> MemoryPlan:
@@ -77,7 +78,7 @@ def run(args) -> int:
         if types == plan.checkpoint_types and not recompute_limit:
             return plan
         return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=history,
-                         recompute_limit=recompute_limit, grouped_update=grouped)
+                         recompute_limit=recompute_limit, update_chunk=chunk)
 
     choice = choose(budget, sets, plan_for) if budget is not None else None
     if choice is not None:

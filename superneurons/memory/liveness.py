@@ -70,11 +70,11 @@ class Program:
     run backward does, and every bottom produced by such a layer gets a gradient. `layout`: the tensors
     as a Net declared them (`net.layout`, for the plan the Net's memory manager runs); by default they
     are declared here, with the same function (`tensors.declare_tensors`), with `history` solver history
-    sets per learnable parameter (and, with `grouped_update`, the grouped solver update's tables).
+    sets per learnable parameter (and, with `update_chunk`, the grouped solver update's tables).
     """
 
     def __init__(self, graph: Graph, train: bool = True, plan_backward: bool = False,
-                 layout: TensorLayout | None = None, history: int = 0, grouped_update: bool = False):
+                 layout: TensorLayout | None = None, history: int = 0, update_chunk: int = 0):
         self.graph = graph
         self.need_backward, self.propagate_down = self._backward_flags(graph, plan_backward)
         # Gradients the loss seeds (Net.backward fills them before the first backward step); a deploy net
@@ -84,7 +84,7 @@ class Program:
         if layout is None:
             layout = declare_tensors(graph, train=train, need_backward=self.need_backward,
                                      propagate_down=self.propagate_down, seeds=self.seed_blobs, history=history,
-                                     grouped_update=grouped_update)
+                                     update_chunk=update_chunk)
         self.layout = layout
         # Split / Eltwise SUM top gradients that are views of a bottom gradient (as the Net declares them).
         self.aliases = layout.aliases

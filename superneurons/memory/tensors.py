@@ -124,7 +124,7 @@ class TensorLayout:
     history: list[list[str]] = field(default_factory=list)  # per solver history set, per learnable owned parameter
     aliases: DiffAliases = field(default_factory=DiffAliases)
     scratch: str | None = None  # the key of the net's scratch region (`scratch_entries`)
-    update: str | None = None  # the key of the grouped solver update's tables (`declare_tensors(grouped_update=)`)
+    update: str | None = None  # the key of the grouped solver update's tables (`declare_tensors(update_chunk=)`)
     reduce: str | None = None  # the key of the half gradient run a data-parallel net reduces in (`reduce_entries`)
 
     def root(self, key: str) -> str:
@@ -182,17 +182,26 @@ def reduce_entries(layout: TensorLayout) -> int:
                for p in layout.learnable() if p.diff is not None)
 
 
+def update_table_entries(lengths, chunk: int) -> int:
+    """The 8-byte entries of the grouped solver update's tables (solver/fused_update.py) for parameters of
+    `lengths` elements: its work split's rows (3 each, one per block of at most `chunk` elements), then per
+    parameter its factors (2 float64) and its segment (4 int64)."""
+    lengths = np.asarray(lengths, np.int64)
+    return 3 * int((-(-lengths // chunk)).sum()) + 6 * len(lengths)
+
+
 def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool] | None = None,
                     propagate_down: dict[str, list[bool]] | None = None, seeds: Iterable[str] | None = None,
                     borrowed: Iterable[tuple[str, int]] = (), history: int = 0, layouts=None,
-                    grouped_update: bool = False, reduce_type=None) -> TensorLayout:
+                    update_chunk: int = 0, reduce_type=None) -> TensorLayout:
     """Every tensor of one iteration of `graph`. `need_backward`/`propagate_down`: the backward flags
     (default: the graph's own, as its Net runs them); `seeds`: blobs whose gradients the loss fills (default:
     the loss blobs); `borrowed`: (layer, index) of parameters read from another net; `history`: solver
     history sets per learnable parameter; `layouts`: a graph.layout.BlobLayouts (default: every tensor NCHW);
-    `grouped_update`: the solver updates the learnable parameters in one launch (solver/fused_update.py), whose
-    tables `#update` then holds; `reduce_type`: a half type in which a data-parallel training net reduces its gradients (None: in their
-    own type, in place), which declares the resident buffer `#reduce` of that type (`reduce_entries`)."""
+    `update_chunk`: the solver updates the learnable parameters in one launch (solver/fused_update.py) over blocks
+    of that many elements, and `#update` holds its tables (`update_table_entries`); 0: it does not;
+    `reduce_type`: a half type in which a data-parallel training net reduces its gradients (None: in their own
+    type, in place), which declares the resident buffer `#reduce` of that type (`reduce_entries`)."""
     nodes = graph.nodes
     blob_layout = layouts.blob if layouts is not None else (lambda _b: NCHW)
     buffer_layout = layouts.buffer if layouts is not None else (lambda _layer, _shape: NCHW)
@@ -276,11 +285,8 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
     learnable = [(p, cast(str, p.data)) for p in out.learnable()]  # learnable parameters own their tensors
     out.history = [[out.add(HISTORY, data, j, out.by_key[data].shape, master, layer=p.node) for p, data in learnable]
                    for j in range(history)]
-    if train and grouped_update and history and learnable:
-        # Imported here: the solver package imports the runtime, which imports this module.
-        from superneurons.solver.fused_update import table_entries
-
-        entries = table_entries([element_count(out.by_key[data].shape) for _p, data in learnable])
+    if train and update_chunk > 0 and history and learnable:
+        entries = update_table_entries([element_count(out.by_key[data].shape) for _p, data in learnable], update_chunk)
         out.update = out.add(BUFFER, SCRATCH_OWNER, UPDATE_NAME, (entries,), np.int64)
     if train and reduce_type is not None and learnable:
         out.reduce = out.add(BUFFER, SCRATCH_OWNER, REDUCE_NAME, (reduce_entries(out),), reduce_type)

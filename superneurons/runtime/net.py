@@ -45,7 +45,7 @@ class Net:
                  pool_bytes: int | None = None, share_params_with: "Net | None" = None,
                  memory: str | type[MemoryManager] | None = "baseline",
                  checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0,
-                 data_workers: int | None = None, grouped_update: bool = False, reduce_type: Any = None):
+                 data_workers: int | None = None, update_chunk: int = 0, reduce_type: Any = None):
         """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default),
         or a MemoryManager class to run instead of the modes' (memory/interface.py).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
@@ -53,8 +53,8 @@ class Net:
         `checkpoint_types` (None: `memory_param.checkpoint_type`, else Convolution, or under auto the set it
         picks; `self.checkpoint_types` says which, `self.memory.auto` why). `solver_history`: history
         sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest.
-        `grouped_update`: the solver may update every parameter in one launch (solver/fused_update.py), whose
-        tables are then a pool tensor too (`update_table`). `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
+        `update_chunk`: the solver may update every parameter in one launch over blocks of that many elements
+        (solver/fused_update.py), whose tables are then a pool tensor too (`update_table`); 0: it does not. `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
         `reduce_type`: the half type a data-parallel training net reduces its gradients in (parallel/reducer.py),
         whose buffer the layout declares and the plan holds (None: none)."""
         self.graph = graph
@@ -73,7 +73,7 @@ class Net:
         # train net's, through which it streams the train net's weights.
         self.params: Any = None
         self._shared_params: Any = None
-        self._declare_tensors(share_params_with, solver_history, grouped_update, reduce_type)
+        self._declare_tensors(share_params_with, solver_history, update_chunk, reduce_type)
         from superneurons.memory import make_manager, resolve_memory  # the modes live there
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
@@ -109,7 +109,7 @@ class Net:
         self._build_steps()
 
     # -- construction -------------------------------------------------------------------------
-    def _declare_tensors(self, share: "Net | None", solver_history: int, grouped_update: bool,
+    def _declare_tensors(self, share: "Net | None", solver_history: int, update_chunk: int,
                          reduce_type: Any = None) -> None:
         """The layout (`memory.tensors`, the planner's too) and one Tensor per entry, in its order."""
         for node in self.graph.nodes:
@@ -117,8 +117,6 @@ class Net:
             node.layer.ctx = self.ctx
         borrowed = read_param_specs(self.graph, share.graph if share is not None else None)
         self.layout = declare_tensors(self.graph, train=self.train, borrowed=borrowed, history=solver_history,
-                                      layouts=self.blob_layouts, grouped_update=grouped_update,
-                                      reduce_type=reduce_type)
         wired = wire_tensors(self.graph, self.layout)
         self.tensors: list[Tensor] = wired.tensors
         self.data: dict[str, Tensor] = wired.data

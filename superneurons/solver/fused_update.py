@@ -12,8 +12,8 @@ tensor is freed and re-allocated. The pool counts such moves of the blocks it wa
 table when it changed: stale offsets are never used, and the check costs the same for 10 or 1000 tensors.
 
 The tables (the thread blocks' work split, each parameter's rate and decay factors, the segment offsets) are
-one pool tensor of the Net, `#update` (memory/tensors.py; `table_entries` sizes it when the Net is declared,
-`wanted` says whether it is), resident and in the plan like the ops' scratch region: the update allocates
+one pool tensor of the Net, `#update` (memory/tensors.py; the Solver passes its Net the block size, `update_chunk`,
+where `wanted` says it may run), resident and in the plan like the ops' scratch region: the update allocates
 nothing on the device. The Net plans it for a training net whose solver may take this path; where the path turns
 out not to apply (streamed parameters, the malloc allocator) the few bytes stay unused.
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from superneurons import settings
 from superneurons.dtypes import element_count
+from superneurons.memory.tensors import update_table_entries
 from superneurons.proto import superneurons_pb2 as pb
 
 ENV = "SUPERNEURONS_MULTI_UPDATE"  # 0: always the per-parameter ops (for comparisons and benchmarks)
@@ -44,11 +45,9 @@ def wanted(rule: str | None) -> bool:
 
 
 def table_entries(lengths, chunk: int | None = None) -> int:
-    """The 8-byte entries of the tables of parameters of `lengths` elements: the work split's rows (3 each, blocks
-    of `chunk` elements, default CHUNK), then per parameter its factors (2 float64) and its segment (4 int64)."""
-    chunk = CHUNK if chunk is None else chunk
-    lengths = np.asarray(lengths, np.int64)
-    return 3 * int((-(-lengths // chunk)).sum()) + 6 * len(lengths)
+    """The 8-byte entries of the tables for parameters of `lengths` elements, in blocks of `chunk` (default CHUNK,
+    read when called: what the Solver passes its Net as `update_chunk`)."""
+    return update_table_entries(lengths, CHUNK if chunk is None else chunk)
 
 
 def unsupported(net: Any, rule: str) -> str | None:
@@ -60,7 +59,7 @@ def unsupported(net: Any, rule: str) -> str | None:
     if not net.learnable or not net.history:
         return "no learnable parameters or no solver history"
     if getattr(net, "update_table", None) is None:
-        return "the net planned no update tables (Net(grouped_update=False))"
+        return "the net planned no update tables (Net(update_chunk=0))"
     if net.params.offloaded:
         return "the parameters are streamed from the host"
     if getattr(net.pool, "arena", None) is None or not hasattr(net.pool, "watch"):

@@ -112,8 +112,8 @@ class Solver:
         return Net(graph, self.backend, train=train, seed=self.seed, share_params_with=share,
                    memory=memory, memory_param=memory_param, pool_bytes=pool,
                    solver_history=self.rule.n_history if train else 0, data_workers=self.data_workers,
-                   grouped_update=train and graph.precision.master == FLOAT32
-                   and fused_update.wanted(self.rule.name),
+                   update_chunk=fused_update.CHUNK if train and graph.precision.master == FLOAT32
+                   and fused_update.wanted(self.rule.name) else 0,
                    reduce_type=self.gradient_reduce_type(graph) if train else None)
 
     def gradient_reduce_type(self, graph: Any) -> Any:
