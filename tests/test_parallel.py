@@ -83,7 +83,8 @@ def test_two_ranks_train_to_the_one_rank_weights(tmp_path, layer_wise):
 def test_streamed_parameters_are_reduced_after_backward(tmp_path):
     """Under a budget that keeps the parameters on the host between uses, each gradient comes to the device,
     is averaged, and goes home: the same weights as one rank on the whole batch."""
-    ranks = run_job(tmp_path, 2, "plain", iters=4, batch=4, memory=("recompute", 12288))
+    # (13 KiB: the streamed plan's 12 KiB and the grouped update's tables, which the Net plans either way)
+    ranks = run_job(tmp_path, 2, "plain", iters=4, batch=4, memory=("recompute", 13312))
     assert bool(ranks[0]["streamed"]) and int(ranks[0]["started"]) == 0
     assert max_rel(_weights_only(ranks[0]), single("plain", iters=4, batch=8)) < 1e-5
 

@@ -117,6 +117,8 @@ class Net:
             node.layer.ctx = self.ctx
         borrowed = read_param_specs(self.graph, share.graph if share is not None else None)
         self.layout = declare_tensors(self.graph, train=self.train, borrowed=borrowed, history=solver_history,
+                                      layouts=self.blob_layouts, update_chunk=update_chunk,
+                                      reduce_type=reduce_type)
         wired = wire_tensors(self.graph, self.layout)
         self.tensors: list[Tensor] = wired.tensors
         self.data: dict[str, Tensor] = wired.data
