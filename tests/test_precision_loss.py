@@ -9,7 +9,7 @@ import numpy as np
 
 from tools.bench import precision_loss
 
-TINY = ["--net", "tiny", "--device", "cpu", "--batch", "16", "--images", "32", "--iterations", "6",
+TINY = ["--net", "tiny", "--device", "cpu", "--batch", "16", "--held-out", "32", "--iterations", "6",
         "--base-lr", "0.1", "--timeout", "300"]
 
 
@@ -23,6 +23,10 @@ def _run(tmp_path, name, extra):
 def test_precision_loss_reports_each_seed_against_float32_and_repeats_float32_bit_for_bit(tmp_path):
     doc = _run(tmp_path, "a", ["--precisions", "fp32,bf16", "--seeds", "11,12"])
     assert doc["seeds"] == [11, 12] and doc["errors"] == {}
+    assert doc["images"] == 6 * 16 and doc["held_out"] == 32  # one pass over the training images by default
+    floor = doc["floor"]
+    right, wrong = 0.91, 0.01  # 10% of the labels drawn from 10 classes: 0.9 + 0.1 / 10 stay right
+    assert math.isclose(floor, -right * math.log(right) - 9 * wrong * math.log(wrong), rel_tol=1e-12)
     runs, summary = doc["runs"], doc["summary"]
     for p in ("fp32", "bf16"):
         for s in ("11", "12"):
@@ -37,6 +41,8 @@ def test_precision_loss_reports_each_seed_against_float32_and_repeats_float32_bi
     assert math.isclose(summary["bf16"]["mean_difference"], float(np.mean(diffs)), rel_tol=1e-12)
     assert math.isclose(summary["bf16"]["std_difference"], float(np.std(diffs, ddof=1)), rel_tol=1e-12)
     assert math.isclose(summary["fp32"]["seed_spread"], float(np.std(ref, ddof=1) / np.mean(ref)), rel_tol=1e-12)
+    excess = [(runs["bf16"][s]["final_loss"] - floor) / (runs["fp32"][s]["final_loss"] - floor) - 1 for s in ("11", "12")]
+    assert math.isclose(summary["bf16"]["mean_excess_difference"], float(np.mean(excess)), rel_tol=1e-9)
     (target,) = doc["targets"]
     assert target["name"] == "precision loss bf16" and target["measured"] == summary["bf16"]["mean_difference"]
     assert target["met"] == (abs(target["measured"]) <= 0.02)
@@ -50,21 +56,32 @@ def test_precision_loss_reports_each_seed_against_float32_and_repeats_float32_bi
     assert again["targets"] == []
 
 
-def test_the_schedule_decays_to_near_zero_and_the_test_pass_reads_every_image_once(tmp_path):
+def test_the_schedule_decays_to_near_zero_and_the_test_pass_reads_the_held_out_images_once(tmp_path):
+    import h5py
+
     from superneurons.solver.lr_policy import LrPolicy
 
-    listing = precision_loss.make_data(tmp_path, 32, precision_loss.SIDES["tiny"], 0.1)
-    param = precision_loss.solver_param("tiny", listing, 16, 300, 32, 1701, 0.01)
+    data = precision_loss.make_data(tmp_path, 64, precision_loss.SIDES["tiny"], 0.1, held_out=32)
+    param = precision_loss.solver_param("tiny", data, 16, 300, 32, 1701, 0.01)
     policy = LrPolicy(param, "precision_loss")
     assert math.isclose(policy.rate(0), 0.01, rel_tol=1e-6) and policy.rate(299) < 0.01 / 200
     assert list(param.test_iter) == [2] and param.test_interval == 0
-    import h5py
+    sources = [n.layer[0].hdf5_data_param.source for n in (param.train_net_param, param.test_net_param[0])]
+    assert sources == [str(data[0]), str(data[1])]
 
-    labels = []
-    for name in listing.read_text().split():
-        with h5py.File(name) as f:
-            assert f["data"].shape[1:] == (3, 16, 16)
-            labels += list(f["label"][:])
-    assert len(labels) == 32 and set(labels) <= set(range(10))
+    def rows(listing):
+        out = []
+        for name in listing.read_text().split():
+            with h5py.File(name) as f:
+                assert f["data"].shape[1:] == (3, 16, 16)
+                out += [(f["data"][i].tobytes(), float(f["label"][i])) for i in range(f["label"].shape[0])]
+        return out
+
+    train, test = rows(data[0]), rows(data[1])
+    assert len(train) == 64 and len(test) == 32 and {label for _, label in train + test} <= set(range(10))
+    assert not {x for x, _ in train} & {x for x, _ in test}  # never trained on
     # the data set is a function of its parameters alone: a second call reads the same files
-    assert precision_loss.make_data(tmp_path, 32, 16, 0.1) == listing
+    assert precision_loss.make_data(tmp_path, 64, 16, 0.1, held_out=32) == data
+    # without held-out images the TEST pass reads the training images
+    same = precision_loss.make_data(tmp_path, 64, 16, 0.1)
+    assert same[0] == same[1] and same[0] != data[0]
