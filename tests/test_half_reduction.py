@@ -178,28 +178,29 @@ def test_train_flag_the_setting_and_ranks_that_disagree():
         in r.stderr, r.stderr[-2000:]
 
 
-def test_scaling_benchmark_measures_a_row_per_reduction_type(tmp_path, capsys):
-    """`tools.bench.scaling --reduce fp32,backward --precision bf16`: a job per type, each row saying what it
-    summed in and how many bytes a rank handed the collective per iteration (half under `backward`)."""
+def test_scaling_benchmark_alternates_the_reduction_types_in_one_job(tmp_path, capsys):
+    """`tools.bench.scaling --reduce fp32,backward --precision bf16`: one job per row, whose net has the half
+    buffer and whose reducer sums in float32 and in bfloat16 in turn, every window round; the row says what each
+    type made per second and how many bytes a rank handed the collective per iteration (half under `backward`)."""
     from tools.bench import scaling
 
     assert scaling.main(["--dry-run", "--gpus", "2", "--nets", "resnet50", "--budget", "0", "--precision", "bf16",
                          "--reduce", "fp32,backward"]) == 0
-    jobs = capsys.readouterr().out.splitlines()
-    assert len(jobs) == 2 and all("--precision bf16" in j for j in jobs)
-    assert "--reduce" not in jobs[0] and "rank ours,torch " in jobs[0]
-    assert "--reduce backward" in jobs[1] and "rank ours " in jobs[1]  # DDP sums in float32: timed once
+    (job_line,) = capsys.readouterr().out.splitlines()
+    assert "--precision bf16" in job_line and "--reduce fp32,backward" in job_line and "rank ours,torch " in job_line
     with pytest.raises(SystemExit, match="--reduce 'half'"):
         scaling.main(["--dry-run", "--reduce", "half"])
     code = scaling.main(["--device", "cpu", "--nets", "cifar10_quick", "--gpus", "2", "--batches", "2",
-                         "--iterations", "1", "--warmup", "1", "--budget", "0", "--repeats", "1", "--precision",
+                         "--iterations", "1", "--warmup", "1", "--budget", "0", "--repeats", "2", "--precision",
                          "bf16", "--reduce", "fp32,backward", "--out", str(tmp_path)])
     assert code == 0
-    rows = json.loads((tmp_path / "bench_scaling.json").read_text())["rows"]
-    assert [(r["reduce"], r["ours"]["reduce_type"]) for r in rows] == [("fp32", "float32"), ("backward", "bfloat16")]
-    assert all(r["ours"]["ok"] and r["ours"]["img_per_s"] > 0 for r in rows)
-    full, half = (r["ours"]["wire_bytes_per_iter"] for r in rows)
-    assert half * 2 == full > 0
+    (row,) = json.loads((tmp_path / "bench_scaling.json").read_text())["rows"]
+    ours = row["ours"]
+    assert ours["ok"] and ours["reduce_type"] == "float32" and len(ours["windows"]) == 2  # the row's: the first
+    assert set(row["ours_reduce"]) == {"fp32", "backward"} and all(v > 0 for v in row["ours_reduce"].values())
+    assert row["ours_reduce"]["fp32"] == ours["img_per_s"]
+    wire = row["ours_wire_bytes"]
+    assert wire["backward"] * 2 == wire["fp32"] == ours["wire_bytes_per_iter"] > 0
 
 
 def test_memory_command_counts_the_half_buffer(capsys):

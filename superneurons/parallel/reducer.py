@@ -222,6 +222,14 @@ class GradientReducer(StepHooks):
             b.flat = None
         self._half_base = None  # the half views follow the arrays reduced
 
+    def sum_in_half(self, on: bool) -> None:
+        """Whether the buckets are summed in the half type of the net's `#reduce` buffer (the default when it
+        has one) or in float32, in place; the benchmarks alternate the two in one process (same net, same
+        convolution engines, same pool). Every rank must choose alike."""
+        if on and self.half_tensor is None:
+            raise ValueError("this net has no half reduction buffer (built without reduce_type)")
+        self.half_type = np.dtype(self.half_tensor.dtype) if on else None
+
     @property
     def reduce_type_name(self) -> str:
         """What the start line and the benchmarks call the type the ranks sum in."""

@@ -32,11 +32,12 @@ Both time the slowest rank (device synchronized); img/s counts every rank's batc
 the machine has are skipped and say so. NCCL_NVLS_ENABLE=0 (NVLink multicast off) unless the environment
 sets it.
 
-`--precision bf16` stores ours' activations and gradients in bfloat16 (DDP stays float32: compare it with
-`--no-torch`), and `--reduce fp32,backward` measures each row once per reduction type (a job each: the half
-reduction's buffer is part of the net's plan): gradients summed in float32, or in the net's half backward type
-(`train --reduce-type`, docs/PARALLEL.md). Ours also reports the type and the bytes each rank hands NCCL per
-iteration (`reduce_type`, `wire_bytes_per_iter`).
+`--precision bf16` stores ours' activations and gradients in bfloat16 (DDP stays float32). `--reduce` says what
+ours sums gradients in: fp32, or backward, the net's half backward type (`train --reduce-type`, docs/PARALLEL.md);
+`--reduce fp32,backward` times both in every window round of the same job, as bucket sizes are (one net built
+with the half buffer, its reducer switched between the two: the same convolution engines and pool, which
+separate jobs would not share); the row's ours is the first type, `ours_reduce` holds each type's img/s and
+`ours_wire_bytes` the bytes each rank hands NCCL per iteration (`MiB/it` in the table: the row's type).
 
 `--device cpu` runs ours over MPI on the CPU (ranks instead of GPUs, no PyTorch): the plumbing, for tests.
 `--dry-run` prints the jobs without running them. Prints a table and writes bench_scaling[_TAG].json to --out.
@@ -85,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
                     help="ours' storage of activations and gradients (default: the prototxt's, float32)")
     ap.add_argument("--reduce", default="fp32",
                     help="ours' gradient reduction type(s), comma-separated: fp32 (float32), backward (the net's "
-                         "half backward type; needs --precision bf16/fp16); a row each (default %(default)s)")
+                         "half backward type; needs --precision bf16/fp16); several: timed in turn in every window "
+                         "round (default %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="print the MPI jobs, run nothing")
     return ap
 
@@ -129,7 +131,7 @@ def available_gpus(device: str) -> int:
 
 
 def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.Namespace, budget: int | None,
-                 repeats: int, reduce: str = "fp32") -> list[str]:
+                 repeats: int) -> list[str]:
     from superneurons.parallel.launch import find_mpiexec
 
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tools.bench.scaling", "rank", ",".join(systems),
@@ -139,8 +141,8 @@ def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.N
         cmd += ["--bucket-mb", a.bucket_mb]
     if a.precision:
         cmd += ["--precision", a.precision]
-    if reduce != "fp32":
-        cmd += ["--reduce", reduce]
+    if a.reduce != "fp32":
+        cmd += ["--reduce", ",".join(parse_reduce(a.reduce))]
     return cmd + (["--budget", str(budget)] if budget else [])
 
 
@@ -175,12 +177,12 @@ def merge_windows(parts: list[dict], system: str) -> dict:
 
 
 def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, batch: int,
-                budget: int | None, reduce: str = "fp32") -> dict:
-    row: dict[str, Any] = {"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget, "reduce": reduce}
+                budget: int | None) -> dict:
+    row: dict[str, Any] = {"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget}
     jobs = [(systems, a.repeats)] if not a.apart else [([s], 1) for _ in range(a.repeats) for s in systems]
     parts = []
     for job_systems, repeats in jobs:
-        cmd = rank_command(n, job_systems, net, batch, a, budget, repeats, reduce)
+        cmd = rank_command(n, job_systems, net, batch, a, budget, repeats)
         if a.dry_run:
             print(" ".join(cmd))
             continue
@@ -191,30 +193,33 @@ def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, bat
     buckets = [p["ours_buckets"] for p in parts if p.get("ours_buckets")]
     if buckets:
         row["ours_buckets"] = {mb: statistics.median(w for b in buckets for w in b.get(mb, [])) for mb in buckets[0]}
+    kinds = [p["ours_reduce"] for p in parts if p.get("ours_reduce")]
+    if kinds:
+        row["ours_reduce"] = {k: statistics.median(w for b in kinds for w in b.get(k, [])) for k in kinds[0]}
+        row["ours_wire_bytes"] = next(p["ours_wire_bytes"] for p in parts if p.get("ours_wire_bytes"))
     return row
 
 
 def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batches: Any, budget: int | None,
                  have: int) -> list[dict]:
-    every = [s for s, off in (("ours", a.no_ours), ("torch", a.no_torch or a.device == "cpu")) if not off]
+    systems = [s for s, off in (("ours", a.no_ours), ("torch", a.no_torch or a.device == "cpu")) if not off]
     rows = []
     for net in nets:
         default = [DEFAULT_BATCH.get(net, common.NETS[net].speed_batch)]
         for batch in common.batches_for(net, batches, default if budget is None else []):
-            for n, reduce in [(n, r) for n in counts for r in parse_reduce(a.reduce)]:
-                # DDP reduces in float32 whatever ours does: timed in the float32 row only
-                systems = every if reduce == "fp32" else [s for s in every if s == "ours"]
+            for n in counts:
                 if n > have and not a.dry_run:
-                    rows.append({"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget, "reduce": reduce,
+                    rows.append({"net": net, "gpus": n, "batch_per_gpu": batch, "budget": budget,
                                  **{s: {"ok": False, "skipped": f"this machine has {have} GPU(s)"} for s in systems}})
                     continue
-                row = measure_row(a, systems, net, n, batch, budget, reduce)
+                row = measure_row(a, systems, net, n, batch, budget)
                 if not a.dry_run:
-                    print(f"{net} x{n} b{batch}{' budget' if budget else ''}"
-                          f"{' reduce ' + reduce if reduce != 'fp32' else ''}: "
+                    print(f"{net} x{n} b{batch}{' budget' if budget else ''}: "
                           + ", ".join(f"{s} {common.fmt(row[s].get('img_per_s'))} img/s {row[s].get('error', '')}"
                                       for s in systems)
-                          + (f" buckets {row['ours_buckets']}" if row.get("ours_buckets") else ""), flush=True)
+                          + (f" buckets {row['ours_buckets']}" if row.get("ours_buckets") else "")
+                          + (f" reduce {row['ours_reduce']} bytes/iter {row['ours_wire_bytes']}"
+                             if row.get("ours_reduce") else ""), flush=True)
                 rows.append(row)
     add_efficiency(rows)
     return rows
@@ -222,12 +227,12 @@ def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batc
 
 def add_efficiency(rows: list[dict]) -> None:
     """efficiency = img/s on N / (N x img/s on 1), per net, batch, budget and system; ours / DDP."""
-    one = {(r["net"], r["batch_per_gpu"], r["budget"], r.get("reduce", "fp32"), s): r[s].get("img_per_s")
+    one = {(r["net"], r["batch_per_gpu"], r["budget"], s): r[s].get("img_per_s")
            for r in rows if r["gpus"] == 1 for s in SYSTEMS if s in r}
     for r in rows:
         for s in SYSTEMS:
             if s in r:
-                base = one.get((r["net"], r["batch_per_gpu"], r["budget"], r.get("reduce", "fp32"), s))
+                base = one.get((r["net"], r["batch_per_gpu"], r["budget"], s))
                 speed = r[s].get("img_per_s")
                 r[s]["efficiency"] = speed / (r["gpus"] * base) if speed and base else None
         r["ours_vs_ddp"] = common.ratio(r.get("ours", {}).get("img_per_s"), r.get("torch", {}).get("img_per_s"))
@@ -262,7 +267,7 @@ def _size(n: int | None) -> str:
 def targets(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
-        if r["budget"] or r["gpus"] != TARGET_GPUS or r["batch_per_gpu"] != 64 or r.get("reduce", "fp32") != "fp32":
+        if r["budget"] or r["gpus"] != TARGET_GPUS or r["batch_per_gpu"] != 64:
             continue
         o, t = r.get("ours", {}), r.get("torch", {})
         net = r["net"]
@@ -328,7 +333,7 @@ def rank_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget", type=int)
     ap.add_argument("--workspace", default=common.DEFAULT_WORKSPACE)
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
-    ap.add_argument("--reduce", choices=("fp32", "backward"), default="fp32")
+    ap.add_argument("--reduce", default="fp32")
     return ap
 
 
@@ -355,6 +360,9 @@ def rank_main(argv: list[str]) -> int:
             result[s] = side.result()
             if s == "ours" and len(side.sizes) > 1:
                 result["ours_buckets"] = {str(mb): w for mb, w in side.by_size.items()}
+            if s == "ours" and len(side.kinds) > 1:
+                result["ours_reduce"] = side.by_kind
+                result["ours_wire_bytes"] = side.wire_bytes
         for side in sides.values():
             side.close()
     except Exception as e:  # noqa: BLE001 - report it, then end every rank (none may wait in a collective)
@@ -396,6 +404,9 @@ class OursSide:
         self.collective = (MpiCollective(world, self.backend.ops) if a.device == "cpu"
                            else NcclCollective(world, self.backend, world.local_rank))
         self.sizes = parse_buckets(a.bucket_mb) or [bucket_bytes_setting() >> 20]
+        self.kinds = parse_reduce(a.reduce)  # the first is the row's; a net with the half buffer if any is backward
+        self.by_kind: dict[str, list[float]] = {k: [] for k in self.kinds}
+        self.wire_bytes: dict[str, int] = {}
         memory = "auto" if a.budget else "baseline"
         pool = a.budget - (workspace or 0) if a.budget else None
         self.windows: list[float] = []
@@ -406,7 +417,7 @@ class OursSide:
             self.solver = common.make_solver(a.net, a.batch, self.backend, memory, pool, factory=RankSolver,
                                              world=world, collective=self.collective, log=TrainLog(stream=self.sink),
                                              bucket_bytes=self.sizes[0] << 20, precision=a.precision,
-                                             reduce=a.reduce)
+                                             reduce="backward" if "backward" in self.kinds else "fp32")
         except (PoolExhausted, UserError) as e:
             self.fits, self.error = False, f"{type(e).__name__}: {e}"
             return
@@ -428,17 +439,32 @@ class OursSide:
         s._agree_on_buckets()
         s.reducer.attach()
 
+    def _reduce_in(self, kind: str) -> None:
+        reducer = self.solver.reducer
+        if reducer.half_tensor is not None:
+            reducer.sum_in_half(kind == "backward")
+        self.wire_bytes[kind] = reducer.wire_bytes()
+
+    def _time(self) -> float:
+        seconds = _timed(self.world, lambda: self.solver.step(1), self.backend.synchronize, self.a.warmup,
+                         self.a.iterations)
+        return self.world.size * self.a.batch * self.a.iterations / seconds
+
     def window(self) -> None:
+        for kind in self.kinds[1:]:  # the other reduction types, at the row's bucket size
+            self._use(self.sizes[0])
+            self._reduce_in(kind)
+            self.by_kind[kind].append(self._time())
         for mb in self.sizes[1:] + self.sizes[:1]:  # the row's own size last: `result` reads its reducer
             self._use(mb)
+            self._reduce_in(self.kinds[0])
             reducer = self.solver.reducer
             first = len(reducer.settle_timing())
-            seconds = _timed(self.world, lambda: self.solver.step(1), self.backend.synchronize, self.a.warmup,
-                             self.a.iterations)
-            speed = self.world.size * self.a.batch * self.a.iterations / seconds
+            speed = self._time()
             self.by_size[mb].append(speed)
             if mb == self.sizes[0]:
                 self.windows.append(speed)
+                self.by_kind[self.kinds[0]].append(speed)
                 waits = reducer.settle_timing()[first + self.a.warmup:]
                 self.waits.append(statistics.median(waits) if waits else 0.0)
 
