@@ -219,3 +219,20 @@ def test_memory_command_counts_the_half_buffer(capsys):
     assert half["gradient_bytes"] / 2 <= half["extra_pool_bytes"] < half["gradient_bytes"] / 2 + 161 * 1024
     assert main(args + ["--reduce-type", "backward"]) == 0
     assert "summed in bfloat16 in a buffer of their own: +48.8 MiB in the pool" in capsys.readouterr().out
+
+
+def test_streamed_parameters_are_reduced_in_half_as_the_resident_ones(tmp_path):
+    """Under a budget that streams the parameters from the host (each gradient comes to the device, is rounded
+    into its run of `#reduce`, summed and widened, one at a time), two ranks train to the weights of the resident
+    run, whose buckets round the same elements the same way: bit for bit."""
+    for name in ("streamed", "resident"):
+        (tmp_path / name).mkdir()
+    streamed = run_job(tmp_path / "streamed", 2, "plain", iters=3, batch=4, memory=("recompute", 20480),
+                       JOB_PRECISION="bf16", JOB_REDUCE="backward")
+    resident = run_job(tmp_path / "resident", 2, "plain", iters=3, batch=4, JOB_PRECISION="bf16",
+                       JOB_REDUCE="backward")
+    assert bool(streamed[0]["streamed"]) and not bool(resident[0]["streamed"])
+    assert str(streamed[0]["reduce_type"]) == "bfloat16" == str(resident[0]["reduce_type"])
+    for key in job.weights(Solver(job.solver_param("plain", 0, 8), "job.prototxt", memory="baseline", log=Quiet())):
+        np.testing.assert_array_equal(streamed[0][key], resident[0][key], err_msg=key)
+        np.testing.assert_array_equal(streamed[1][key], streamed[0][key], err_msg=key)
