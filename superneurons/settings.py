@@ -87,6 +87,9 @@ _DECLARED = (
     Setting("SUPERNEURONS_TRANSFER_LAG", INT, 0,
             "CPU backend: each host copy completes this many transfer calls late, to exercise the asynchronous "
             "paths without a GPU."),
+    Setting("SUPERNEURONS_COPY_RESERVE", INT, 0,
+            "Bytes of pool a half or channels-last net plans for the copies a GPU op makes when it refuses its "
+            "arguments' types or layouts (backend/cuda/copy_room.py); an op needing more is refused in one line."),
     Setting("SUPERNEURONS_MULTI_UPDATE", FLAG, True,
             "One kernel updates every parameter and one clears every gradient (solver/fused_update.py); 0 runs "
             "the per-parameter ops."),

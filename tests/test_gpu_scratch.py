@@ -124,3 +124,33 @@ def test_from_the_first_iteration_every_device_byte_is_the_pools(gpu, monkeypatc
         assert net.ctx.workspace.measure_bytes >= 8 * 16 * 16 * 16 * 4
     assert not net.pool.owns("#measure")  # given back after the call
     assert np.isfinite(net.backend.to_host(net.data["loss"].array)).all()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_channels_last_nets_conversions_come_from_its_steps_rooms(gpu, monkeypatch, precision):
+    """With NHWC blobs the first convolution converts the data layer's NCHW batch and the InnerProduct's input
+    comes from an NHWC blob: those copies are views of the steps' planned rooms (Layer.use_layout_copies), so
+    from the first iteration on numba allocates nothing beside the pool."""
+    from superneurons.backend.cuda import layout_conversion
+
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    text = "base_lr: 0.01 momentum: 0.9 max_iter: 3 snapshot_after_train: false"
+    solver = Solver(solver_param(text, net=NET), "s.prototxt", backend=gpu, log=Quiet(), precision=precision,
+                    memory="liveness")
+    net = solver.net
+    assert net.blob_layouts.any and net.layer("conv").layout_copies("forward") is not None
+    calls = []
+    real = cuda.device_array
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    for name in ("device_array", "device_array_like", "to_device"):
+        monkeypatch.setattr(cuda, name, counted)
+    before = sum(layout_conversion.conversions().values())
+    solver.step(3)
+    cuda.synchronize()
+    assert sum(layout_conversion.conversions().values()) > before  # it converted, and
+    assert calls == []  # every copy was pool memory
+    assert np.isfinite(net.backend.to_host(net.data["loss"].array)).all()

@@ -90,3 +90,42 @@ def test_an_op_without_a_half_path_runs_on_float32_copies_rounded_back():
     assert seen == {"types": (np.float32, np.float32), "same": True}
     np.testing.assert_array_equal(x.view(np.uint16), before.view(np.uint16))
     np.testing.assert_array_equal(y, (before.astype(np.float32) * np.float32(1.0 / 3.0)).astype(BFLOAT16))
+
+
+@simulated
+def test_in_a_net_the_float32_copies_come_from_the_planned_room_or_are_refused():
+    """Inside a Net's step (copy_room.install) the copies are views of the step's room, given back when the op
+    returns; a room too small for them is refused in one line naming the layer, the op and the bytes; outside a
+    Net (NO_NET) the module's own buffers serve, as before."""
+    from superneurons.backend.cuda import copy_room, half_math
+    from superneurons.errors import UserError
+
+    rng = np.random.default_rng(1)
+    x = _half(rng, BFLOAT16, 64)
+    y = np.zeros(64, BFLOAT16)
+    seen = []
+
+    def float32_only(src, dst):
+        seen.append((src, dst))
+        K.launch(ek.scale_copy, dst.size)(np.float32(2.0), src, dst)
+
+    room = np.zeros(2 * copy_room.ALIGN, np.uint8)  # two float32 copies of 64 values, each aligned
+    try:
+        copy_room.install(room, "loss")
+        half_math.on_float32_copies(float32_only, (x, y), {})
+        src, dst = seen[-1]
+        assert np.shares_memory(src, room) and np.shares_memory(dst, room) and not np.shares_memory(src, dst)
+        assert copy_room.mark() == 0  # given back
+        np.testing.assert_array_equal(y, (x.astype(np.float32) * 2).astype(BFLOAT16))
+        copy_room.install(room[:copy_room.ALIGN], "loss")
+        with pytest.raises(UserError, match=r"layer 'loss': GPU op float32_only needs 512 bytes .* planned 256 "
+                                            r".*SUPERNEURONS_COPY_RESERVE"):
+            half_math.on_float32_copies(float32_only, (x, y), {})
+        assert copy_room.mark() == 0
+        copy_room.install(None, "ip")  # a step that planned no room
+        with pytest.raises(UserError, match="layer 'ip'.* planned 0"):
+            half_math.on_float32_copies(float32_only, (x, y), {})
+    finally:
+        copy_room.install(copy_room.NO_NET, "")
+    half_math.on_float32_copies(float32_only, (x, y), {})
+    assert not np.shares_memory(seen[-1][0], room)

@@ -103,3 +103,69 @@ def test_every_mode_trains_bit_identically_to_baseline(precision):
         solver.solve()
         assert solver._grouped is not None, memory
         assert _state(solver) == _state(reference), memory
+
+
+CHANNELS_LAST_NET = """
+name: "nhwc"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _graph(text: str):
+    from google.protobuf import text_format
+
+    from superneurons.graph.build import build_graph
+    from superneurons.proto import superneurons_pb2 as pb
+
+    return build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN)
+
+
+def test_a_channels_last_nets_layout_conversions_are_buffers_of_their_steps(monkeypatch):
+    """The first convolution reads the NCHW batch and the pooling writes the NCHW blob the InnerProduct reads: each
+    declares a room for those blobs' NHWC copies in its forward and its backward step (graph/layout.py), which the
+    plan counts in that step's l_i and nowhere else."""
+    from superneurons.graph.layout import choose
+    from superneurons.memory.tensors import declare_tensors
+
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
+    graph = _graph(CHANNELS_LAST_NET)
+    layouts = choose(graph, ("NCHW", "NHWC"))
+    assert layouts.blob("conv") == "NHWC" and layouts.blob("data") == layouts.blob("pool") == "NCHW"
+    layout = declare_tensors(graph, train=True, layouts=layouts)
+    plan = make_plan(graph, plan_backward=False, layout=layout)
+    program = plan.program
+    for name, blob in (("conv", (2, 3, 8, 8)), ("pool", (2, 4, 4, 4))):
+        values = 4 * int(np.prod(blob))
+        forward, backward = f"{name}#layout_copies", f"{name}#layout_copies_bw"
+        assert program.tensors[forward].nbytes == round_up(values)
+        assert program.tensors[backward].nbytes == round_up(2 * values)  # the blob's values and its gradient
+        holding = [(s.index, s.phase) for s in program.steps if forward in s.uses or backward in s.uses]
+        assert [phase for _s, phase in holding] == ["forward", "backward"]
+        assert all(s.node.name == name for s in program.steps if forward in s.uses or backward in s.uses)
+    assert layout.copies is None  # no reserve unless SUPERNEURONS_COPY_RESERVE asks for one
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nchw")
+    nchw = _graph(CHANNELS_LAST_NET)
+    assert not any("layout_copies" in k for k in make_plan(nchw, plan_backward=False).program.tensors)
+
+
+@pytest.mark.parametrize("precision", ["FLOAT", "BFLOAT16"])
+def test_the_reserve_for_refused_ops_is_planned_for_half_nets_only(monkeypatch, precision):
+    """SUPERNEURONS_COPY_RESERVE plans `#copies` in a net whose ops may refuse their arguments (half types here):
+    resident and in every step, as the scratch region; a float32 NCHW net's ops never do, so it plans none."""
+    monkeypatch.setenv("SUPERNEURONS_COPY_RESERVE", "5000")
+    text = CROP_NET if precision == "FLOAT" else CROP_NET.replace('name: "crop"\n', 'name: "crop"\ndefault_forward_type: '
+                                                                   'BFLOAT16 default_backward_type: BFLOAT16\n', 1)
+    plan = make_plan(_graph(text), plan_backward=False)
+    program = plan.program
+    if precision == "FLOAT":
+        assert "#copies" not in program.tensors
+        return
+    assert program.tensors["#copies"].nbytes == round_up(5000) and "#copies" in program.resident
+    assert all("#copies" in s.uses for s in program.steps)

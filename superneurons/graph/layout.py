@@ -64,6 +64,27 @@ def wanted(graph) -> bool:
     return choice == "nhwc" or (choice == "auto" and graph.precision.name() in AUTO_CHANNELS_LAST)
 
 
+def _declare_conversions(graph, node, out: BlobLayouts) -> None:
+    """A layer with NHWC blobs whose other 4-D blobs are NCHW converts those on the device at each call (to NHWC
+    copies, backend/cuda/layout_conversion.py): it declares the bytes, every such blob's values in forward and
+    its values and gradient in backward, each rounded to the room's alignment (an upper bound: an op converts
+    only the arrays it is given)."""
+    from superneurons.backend.cuda.copy_room import ALIGN  # numbers only: no GPU needed
+    from superneurons.dtypes import tensor_bytes
+
+    precision = graph.precision
+    mixed = [b for b in dict.fromkeys((*node.bottoms, *node.tops))
+             if len(graph.blob_shapes[b]) == 4 and out.blob(b) == NCHW]
+    if not mixed:
+        return
+
+    def room(b: str, types) -> int:
+        return -(-tensor_bytes(graph.blob_shapes[b], types.get(b, FLOAT32)) // ALIGN) * ALIGN
+
+    values = sum(room(b, precision.data) for b in mixed)
+    graph.step_layer(node).use_layout_copies(values, values + sum(room(b, precision.diff) for b in mixed))
+
+
 def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
     """The layouts of `graph`'s blobs on a backend storing `layouts` (see the module docstring)."""
     out = BlobLayouts()
@@ -98,6 +119,7 @@ def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
         if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
             out.layers.add(node.name)
             layer = node.layer
+            _declare_conversions(graph, node, out)
             # cuDNN's NHWC convolutions want the filter KRSC: a float32 layer gets working copies to hold it,
             # unless its filter is 1x1 (or of one input channel), where KRSC and KCRS are the same bytes
             if layer.data_typed_params and not any("_copy" in name for name in layer.buffers) and any(

@@ -115,6 +115,10 @@ def _float32_copy_name(j: int, kind: str) -> str:
     return f"bottom{j}_{kind}_float32"
 
 
+# The buffers a layer's ops take their layout-converted copies from (`use_layout_copies`), per step.
+_LAYOUT_COPIES = {"forward": "layout_copies", "backward": "layout_copies_bw"}
+
+
 def _copy_name(k: int, backward: bool) -> str:
     """The buffer name of parameter k's half working copy for the forward or the backward step."""
     return f"param{k}_copy_bw" if backward else f"param{k}_copy"
@@ -295,6 +299,21 @@ class Layer:
         if self.phase == pb.TRAIN and self.has_backward:
             for j, shape in diffs:
                 self.add_buffer(_float32_copy_name(j, "diff"), shape, np.float32, in_forward=False)
+
+    # ---- room for the layout conversions of a layer whose blobs mix NCHW and NHWC (graph/layout.py) -------------
+    def use_layout_copies(self, forward_bytes: int, backward_bytes: int) -> None:
+        """Declare the bytes this layer's ops convert at once in its forward and its backward step (its NCHW 4-D
+        blobs, and their gradients, beside NHWC ones: the first convolution reading the data layer's batch, the
+        pooling writing the blob an InnerProduct flattens). Each is a buffer of that step alone, which the Net hands
+        the ops as the room their copies come from (backend/cuda/copy_room.py), so the plan counts them."""
+        if forward_bytes:
+            self.add_buffer(_LAYOUT_COPIES["forward"], (int(forward_bytes),), np.uint8, for_backward=False)
+        if backward_bytes and self.phase == pb.TRAIN and self.has_backward:
+            self.add_buffer(_LAYOUT_COPIES["backward"], (int(backward_bytes),), np.uint8, in_forward=False)
+
+    def layout_copies(self, kind: str) -> BufferDecl | None:
+        """The room of step `kind` ("forward", "backward") for layout-converted copies, if declared."""
+        return self.buffers.get(_LAYOUT_COPIES[kind])
 
     def backward_reads_bottom(self, j: int) -> bool:
         """Whether backward reads bottom j's values (a finer `backward_needs`, for the float32 copies)."""

@@ -105,13 +105,16 @@ class Program:
         # A data-parallel net's half gradient run (tensors.py: `#reduce`): written after each backward step that
         # finishes a bucket and read until the update, so held for the whole run as the scratch region is.
         self.reduce: tuple[str, ...] = (layout.reduce,) if layout.reduce is not None else ()
+        # The reserve the GPU ops' fallback copies come from in any step (tensors.py: `#copies`): resident and in
+        # every step's uses, as the scratch region.
+        self.copies: tuple[str, ...] = (layout.copies,) if layout.copies is not None else ()
         self.steps: list[StepInfo] = []
         self.seeds: list[str] = []
         self._build_steps(train, plan_backward)
         self.n_forward = len(graph.nodes)
         # Inputs written by data layers (or by the caller, for Input) live in the pool for the whole run.
         self.resident = {self.root[self.data_key[t]] for n in graph.nodes if n.layer.is_data for t in n.tops}
-        self.resident.update(self.scratch + self.reduce)
+        self.resident.update(self.scratch + self.reduce + self.copies)
         # The grouped solver update's tables (tensors.py): used between iterations, by no step, so in no l_i, but
         # resident, so in every step's live bytes and every peak.
         self.update: tuple[str, ...] = (layout.update,) if layout.update is not None else ()
@@ -149,7 +152,7 @@ class Program:
             uses = [r[data[b]] for b in node.bottoms] + [r[data[t]] for t in node.tops]
             buffers = tuple(k for k, _fb in self.buffer_keys[node.name] if k not in self.backward_only)
             uses += buffers
-            uses += self.scratch + self.reduce
+            uses += self.scratch + self.reduce + self.copies
             view = node.layer.views_bottom_data
             # A forward step (re)writes its tops and every buffer it keeps: a replay rebuilds them together.
             tops = () if view else tuple(r[data[t]] for t in node.tops)
@@ -174,7 +177,7 @@ class Program:
             uses += [r[diff[t]] for t in self.graph.top_gradient_blobs(node) if t in diff]
             written = self.graph.bottom_gradients_written(node, self.propagate_down[node.name])
             uses += [r[diff[b]] for b, w in zip(node.bottoms, written) if w and b in diff]
-            uses += self.scratch + self.reduce
+            uses += self.scratch + self.reduce + self.copies
             self.steps.append(StepInfo(len(self.steps), BACKWARD, node, i, tuple(dict.fromkeys(uses))))
 
     # -- helpers -------------------------------------------------------------------------------------

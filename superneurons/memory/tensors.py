@@ -32,10 +32,12 @@ from typing import Iterable, cast
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.backend import scratch as need
 from superneurons.dtypes import FLOAT32, element_count, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
+from superneurons.graph.precision import stored_types
 from superneurons.memory.aliases import DiffAliases, diff_aliases
 from superneurons.memory.pool import round_up
 
@@ -57,6 +59,8 @@ NCHW, NHWC = "NCHW", "NHWC"
 SCRATCH_OWNER, SCRATCH_NAME, UPDATE_NAME = "", "scratch", "update"
 # A data-parallel training net's half copy of its gradient run (parallel/reducer.py), spelled `#reduce`.
 REDUCE_NAME = "reduce"
+# The reserve the GPU ops' fallback copies come from (backend/cuda/copy_room.py), spelled `#copies`.
+COPIES_NAME = "copies"
 
 
 def tensor_key(kind: str, owner: str, index: int | str = 0) -> str:
@@ -126,6 +130,7 @@ class TensorLayout:
     scratch: str | None = None  # the key of the net's scratch region (`scratch_entries`)
     update: str | None = None  # the key of the grouped solver update's tables (`declare_tensors(update_chunk=)`)
     reduce: str | None = None  # the key of the half gradient run a data-parallel net reduces in (`reduce_entries`)
+    copies: str | None = None  # the key of the reserve for the GPU ops' fallback copies (`copies_reserve`)
 
     def root(self, key: str) -> str:
         """The key of the tensor that owns `key`'s memory (itself unless it is a view)."""
@@ -180,6 +185,15 @@ def reduce_entries(layout: TensorLayout) -> int:
     ranks reduce tensor by tensor."""
     return sum(round_up(layout.by_key[p.diff].nbytes) // layout.by_key[p.diff].dtype.itemsize
                for p in layout.learnable() if p.diff is not None)
+
+
+def copies_reserve(graph: Graph, layouts=None) -> int:
+    """The bytes of the net's reserve `#copies` for the copies a GPU op makes when it refuses its arguments' types
+    or layouts (backend/cuda/copy_room.py): SUPERNEURONS_COPY_RESERVE, for a net that stores half types or NHWC
+    tensors (a float32 NCHW net's ops take every argument they are given). Which op refuses is known only when it
+    does, so no layer can declare it: the reserve bounds it, and a call past it is refused in one line."""
+    mixed = bool(layouts is not None and layouts.any) or stored_types(graph) != {FLOAT32}
+    return int(settings.get("SUPERNEURONS_COPY_RESERVE")) if mixed else 0
 
 
 def update_table_entries(lengths, chunk: int) -> int:
@@ -288,6 +302,9 @@ def declare_tensors(graph: Graph, *, train: bool, need_backward: dict[str, bool]
     if train and update_chunk > 0 and history and learnable:
         entries = update_table_entries([element_count(out.by_key[data].shape) for _p, data in learnable], update_chunk)
         out.update = out.add(BUFFER, SCRATCH_OWNER, UPDATE_NAME, (entries,), np.int64)
+    reserve = copies_reserve(graph, layouts)
+    if reserve > 0:
+        out.copies = out.add(BUFFER, SCRATCH_OWNER, COPIES_NAME, (reserve,), np.uint8)
     if train and reduce_type is not None and learnable:
         out.reduce = out.add(BUFFER, SCRATCH_OWNER, REDUCE_NAME, (reduce_entries(out),), reduce_type)
     return out

@@ -60,6 +60,7 @@ class Net:
         self.graph = graph
         self.name = graph.name
         self.backend = HostAwareBackend(backend, self)
+        self._device_backend = backend
         # Which 4-D blobs this backend keeps channels last (graph/layout.py; before the tensors are declared:
         # a float32 convolution may get working copies for its KRSC filter)
         self.blob_layouts = choose_layouts(graph, getattr(backend, "layouts", ("NCHW",)))
@@ -174,6 +175,15 @@ class Net:
         self._float32_copies = {kind: {id(n): copies for n in graph.nodes
                                        if (copies := self._step_layers[id(n)].float32_copies(kind))}
                                 for kind in FLOAT32_COPIES}
+        # Where a step's GPU ops take the copies they make of arguments whose types or layouts they refuse
+        # (backend/cuda/copy_room.py): the layer's planned room for its layout conversions, else the net's reserve
+        # `#copies`; installed around each step of a net that may make such copies (half types or NHWC tensors).
+        install = getattr(self._device_backend, "install_copy_room", None)
+        mixed = self.blob_layouts.any or stored_types(graph) != {FLOAT32}
+        self._install_room = install if mixed else None
+        reserve = next((t for t in self.tensors if t.key == self.layout.copies), None)
+        self._rooms = {kind: {id(n): buf if (buf := self._step_layers[id(n)].layout_copies(kind)) is not None
+                              else reserve for n in graph.nodes} for kind in ("forward", "backward")}
         self.loss_blobs = [(self.data[t], self.diff.get(t), w) for t, w in graph.loss_blobs]
         stores = self.param_stores()
         self.streaming = ParamStreaming(stores, graph, self.train, self.backward_steps) if stores else None
@@ -286,9 +296,13 @@ class Net:
             copies = self._float32_copies["forward"].get(id(step.node))
             if copies:
                 bottoms = self._as_float32(copies, bottoms)
+            if self._install_room is not None:
+                self._enter_room("forward", step)
             layer.forward(bottoms, tops)
         finally:
             ctx.recomputing = outer
+            if self._install_room is not None:
+                self._device_backend.leave_copy_room()
             if streaming is not None:  # weights are unchanged; running statistics go home
                 streaming.send_home(streaming.forward, i, changed=not replay)
 
@@ -345,9 +359,21 @@ class Net:
         copies = self._float32_copies["diff"].get(id(step.node))
         if copies:
             bottom_diffs, rounded = self._float32_gradients(copies, bottom_diffs, top_diffs, accumulate)
-        layer.backward(tops, top_diffs, step.node.propagate_down, bottoms, bottom_diffs, **extra)
+        if self._install_room is not None:
+            self._enter_room("backward", step)
+        try:
+            layer.backward(tops, top_diffs, step.node.propagate_down, bottoms, bottom_diffs, **extra)
+        finally:
+            if self._install_room is not None:
+                self._device_backend.leave_copy_room()
         for copy, gradient in rounded:  # the float32 gradients rounded into their half tensors
             self.ops.copy(copy, gradient)
+
+    def _enter_room(self, kind: str, step: Step) -> None:
+        """Install step `step`'s room (`kind`: forward or backward) for its ops' fallback copies."""
+        room = self._rooms[kind][id(step.node)]
+        assert self._install_room is not None
+        self._install_room(room.array if room is not None else None, step.node.name)
 
     def _as_float32(self, copies: list, arrays: list) -> list:
         """`arrays` with each half array that has a planned float32 copy (bottom j: `copies`) cast into it."""

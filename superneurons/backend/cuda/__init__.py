@@ -83,6 +83,20 @@ class CudaBackend:
             wrapped = self._layout_ops[key] = with_layout_conversion(ops, half=ops is self.ops)
         return wrapped
 
+    def install_copy_room(self, region, where: str) -> None:
+        """Where the ops' fallback copies come from until the next call (copy_room.py): a Net's step installs its
+        planned room (`region`, a uint8 pool array; None: none planned, so a copy is refused) for layer `where`,
+        and leaves it after the step (`leave_copy_room`)."""
+        from superneurons.backend.cuda import copy_room
+
+        copy_room.install(region, where)
+
+    def leave_copy_room(self) -> None:
+        """Copies outside a Net's steps come from the ops' own buffers again."""
+        from superneurons.backend.cuda import copy_room
+
+        copy_room.install(copy_room.NO_NET, "")
+
     def layout_conversions(self) -> int:
         """Op calls so far that converted arrays between NCHW and NHWC (layout_conversion.py; the profiler's)."""
         from superneurons.backend.cuda.layout_conversion import conversions

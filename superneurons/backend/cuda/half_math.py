@@ -9,8 +9,10 @@ two equal operand types), and a numba kernel that does not compile for a half ty
 way the op then runs once more on float32 copies of its half arrays, and the copies are rounded back into them
 (as the CPU backend runs every op, backend/cpu/half_storage.py); the first such call of each op logs one line.
 
-The copies live in per-argument device buffers kept by this module, beside the pool and outside the plan. A
-float32 layer reading a half bottom (a loss reading the last InnerProduct's output), the case the zoo nets have,
+In a Net the copies come from the pool (copy_room.py): a step's planned room for them, else the net's reserve
+(SUPERNEURONS_COPY_RESERVE bytes, none by default), and a call that needs more is refused in one line: which op
+refuses is known only when it refuses, so no layer can declare the bytes. Outside a Net they live in
+per-argument device buffers kept by this module. A float32 layer reading a half bottom (a loss reading the last InnerProduct's output), the case the zoo nets have,
 never comes here: the Net casts its half bottoms and their gradients into float32 buffers the plan holds
 (`Layer.use_float32_copies`), so its ops see one type. What is left is an op refusing the types a layer stores
 on purpose, which the log line names.
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from superneurons.backend.cuda import kernels as K
+from superneurons.backend.cuda import copy_room, kernels as K
 from superneurons.backend.cuda.device import channels_last, flat, make, pointer, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek
 from superneurons.dtypes import FLOAT32, HALF_TYPES, dtype_name
@@ -114,6 +116,8 @@ def on_float32_copies(fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run `fn` with each half array replaced by a float32 copy, then round every copy back into its array.
     Arrays over the same memory share one copy, so an op given a tensor twice (in place) sees one array."""
     copies: dict[tuple[int, int], tuple[Any, Any]] = {}  # (address, size) -> (half array, float32 copy)
+    planned = copy_room.in_net()
+    start = copy_room.mark()
 
     def widen(a: Any) -> Any:
         if isinstance(a, (list, tuple)) and not hasattr(a, "dtype"):
@@ -123,16 +127,24 @@ def on_float32_copies(fn: Callable, args: tuple, kwargs: dict) -> Any:
         key = (_address(a) if a.size else id(a), a.size)
         entry = copies.get(key)
         if entry is None:
-            buf = _float32_buffer(len(copies), a.size)
-            copy = (make(buf.gpu_data, a.shape, FLOAT32, "NHWC" if channels_last(a) else "NCHW")  # its layout
-                    if hasattr(buf, "gpu_data") else buf[:a.size].reshape(a.shape))
+            layout = "NHWC" if channels_last(a) else "NCHW"
+            if planned:
+                copy = copy_room.take(a.shape, FLOAT32, layout, getattr(fn, "__name__", "op"),
+                                      f"float32 copies of {dtype_name(a.dtype)} arguments")
+            else:
+                buf = _float32_buffer(len(copies), a.size)
+                copy = (make(buf.gpu_data, a.shape, FLOAT32, layout)  # its layout
+                        if hasattr(buf, "gpu_data") else buf[:a.size].reshape(a.shape))
             _cast(a, copy)
             entry = copies[key] = (a, copy)
         return entry[1]
 
-    result = fn(*(widen(a) for a in args), **{k: widen(v) for k, v in kwargs.items()})
-    for half, copy in copies.values():  # unchanged values round back to themselves exactly
-        _cast(copy, half)
+    try:
+        result = fn(*(widen(a) for a in args), **{k: widen(v) for k, v in kwargs.items()})
+        for half, copy in copies.values():  # unchanged values round back to themselves exactly
+            _cast(copy, half)
+    finally:
+        copy_room.release(start)
     return result
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from superneurons.backend.cuda import channels_last_ops
+from superneurons.backend.cuda import channels_last_ops, copy_room
 from superneurons.backend.cuda.device import make
 from superneurons.backend.cuda.half_math import half_fallback
 from superneurons.backend.cuda.layout import NCHW, NHWC, LayoutUnsupported, convert, layout_of
@@ -106,9 +106,13 @@ READ_ONLY = {"conv_forward": (0, 1), "conv_relu_forward": (0, 1), "conv_backward
 def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str, read_only: tuple[int, ...] = ()) -> Any:
     """Run `fn` with every 4-D array not stored in `target` layout replaced by a copy in it, then write the
     copies back, but for the positional arguments `read_only` names. Arrays over the same memory share one copy
-    (an op given a tensor twice sees one array)."""
+    (an op given a tensor twice sees one array). In a Net the copies come from the step's planned room
+    (copy_room.py: the layer's `use_layout_copies` buffer, or the net's reserve); outside one, from this module's
+    buffers."""
     copies: dict[tuple, tuple[Any, Any]] = {}
     written: set[tuple] = set()
+    planned = copy_room.in_net()
+    start = copy_room.mark()
 
     def swap(a: Any, reading: bool = False) -> Any:
         if isinstance(a, (list, tuple)) and not hasattr(a, "dtype"):
@@ -121,16 +125,20 @@ def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str, read_only: t
             written.add(key)
         entry = copies.get(key)
         if entry is None:
-            copy = _buffer(len(copies), a, target)
+            copy = (copy_room.take(a.shape, a.dtype, target, getattr(fn, "__name__", "op"), f"{target} copies")
+                    if planned else _buffer(len(copies), a, target))
             convert(a, copy)
             entry = copies[key] = (a, copy)
         return entry[1]
 
-    swapped = [swap(a, k in read_only) for k, a in enumerate(args)]
-    result = fn(*swapped, **{k: swap(v) for k, v in kwargs.items()})
-    for key, (original, copy) in copies.items():
-        if key in written:
-            convert(copy, original)
+    try:
+        swapped = [swap(a, k in read_only) for k, a in enumerate(args)]
+        result = fn(*swapped, **{k: swap(v) for k, v in kwargs.items()})
+        for key, (original, copy) in copies.items():
+            if key in written:
+                convert(copy, original)
+    finally:
+        copy_room.release(start)
     return result
 
 

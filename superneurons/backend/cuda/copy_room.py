@@ -1,0 +1,85 @@
+"""Where the ops' fallback copies come from: the float32 copies of half arrays an op refuses (half_math.py) and
+the layout-converted copies of a channels-last net (layout_conversion.py).
+
+In a Net every such copy is pool memory the plan counts. Before each step the Net installs the region the step's
+copies come from (`install`): the layer's own buffer for them where its layouts are known to mix at setup
+(`Layer.use_layout_copies`, declared by graph/layout.py, a buffer of that step alone), else the net's reserve
+`#copies` (memory/tensors.py: SUPERNEURONS_COPY_RESERVE bytes, resident), or nothing. An op call takes its copies
+one after the other from the region's start and gives them back when it returns (ops run one at a time on one
+stream, so the next call may reuse the bytes once this one is queued); a call that needs more than the region
+holds is refused in one line naming the layer, the op and the bytes. Outside a Net (`install` never called, or
+`NO_NET` installed: tests, benchmarks) the modules keep buffers of their own, as before there was a plan.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from superneurons.errors import UserError
+
+ALIGN = 256  # bytes: cuDNN's and the kernels' operands start on such boundaries in the pool too
+NO_NET = object()  # installed outside a Net: the callers' own buffers
+
+
+class _Room:
+    __slots__ = ("region", "where", "used", "views")
+
+    def __init__(self) -> None:
+        self.region: Any = NO_NET  # a uint8 device array, None (a Net step with no room), or NO_NET
+        self.where = ""
+        self.used = 0
+        self.views: dict[tuple, Any] = {}  # (offset, shape, dtype, layout) -> the view (kernel launches key by id)
+
+
+_room = _Room()
+
+
+def install(region: Any, where: str) -> None:
+    """Copies from now on come from `region` (a uint8 array of pool memory; None: this step planned none, so any
+    copy is refused), for messages `where` (the layer). NO_NET: the callers' own buffers."""
+    if region is not _room.region:
+        _room.views.clear()
+    _room.region, _room.where, _room.used = region, where, 0
+
+
+def in_net() -> bool:
+    """Whether a Net has installed a room (copies then come from it or are refused)."""
+    return _room.region is not NO_NET
+
+
+def mark() -> int:
+    """The bytes taken so far in this op call (give them back with `release`)."""
+    return _room.used
+
+
+def release(at: int) -> None:
+    _room.used = at
+
+
+def take(shape: tuple, dtype: Any, layout: str, op: str, why: str) -> Any:
+    """An array of `shape` and `dtype` (NHWC strides for `layout` NHWC) over the next bytes of the installed
+    region, for op `op`; refused in one line past the region's end."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    at = _room.used
+    end = at + -(-max(nbytes, 1) // ALIGN) * ALIGN
+    region = _room.region
+    have = 0 if region is None else int(region.size)
+    if end > have:
+        raise UserError(f"layer {_room.where!r}: GPU op {op} needs {end} bytes of device copies ({why}), the net "
+                        f"planned {have} for this step: set SUPERNEURONS_COPY_RESERVE to at least {end} (bytes) to "
+                        f"plan a reserve for them")
+    _room.used = end
+    key = (at, tuple(shape), dtype.str, layout)
+    view = _room.views.get(key)
+    if view is None:
+        piece = region[at:at + nbytes]
+        if hasattr(piece, "gpu_data"):
+            from superneurons.backend.cuda.device import make
+
+            view = make(piece.gpu_data, shape, dtype, layout)
+        else:  # the simulator's arrays are NumPy arrays
+            view = piece.view(dtype).reshape(shape)
+        _room.views[key] = view
+    return view
