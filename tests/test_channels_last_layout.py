@@ -72,11 +72,15 @@ def test_vgg_like_net(monkeypatch):
         assert specs[blob].shape[1] in (4, 5)  # the shape stays N, C, H, W
     for blob in ("data", "pool2", "fc"):
         assert specs[blob].layout == NCHW
+    rooms = {"layout_copies", "layout_copies_bw"}  # for the NCHW blobs it converts (Layer.use_layout_copies)
     for conv_name in ("conv1", "conv2"):
-        copies = [s for s in specs.values() if s.kind == BUFFER and s.owner == conv_name]
+        copies = [s for s in specs.values() if s.kind == BUFFER and s.owner == conv_name and "layout" not in s.key]
         assert {s.key.split("#")[1] for s in copies} == {"param0_copy", "param0_copy_bw"}
         assert all(s.layout == NHWC and s.dtype == FLOAT32 and len(s.shape) == 4 for s in copies)
         assert specs[f"{conv_name}.0"].layout == NCHW  # the master stays KCRS
+    # conv1 reads the NCHW batch and pool2 writes the NCHW blob fc flattens: each has a room of its steps
+    assert {s.key for s in specs.values() if "layout_copies" in s.key} == \
+        {f"{name}#{room}" for name in ("conv1", "pool2") for room in rooms}
     assert specs["pool1#mask"].layout == NHWC and specs["pool2#mask"].layout == NHWC
     assert all(s.layout == NCHW for s in specs.values() if len(s.shape) != 4)
 
@@ -119,13 +123,16 @@ def test_a_layer_without_a_channels_last_path_keeps_its_blobs_nchw(monkeypatch):
 
 
 def test_bytes_are_the_same_in_either_layout(monkeypatch):
-    """Layout moves elements, not bytes: the plan's sizes do not change (the float32 filter copies aside)."""
+    """Layout moves elements, not bytes: the plan's sizes do not change (the float32 filter copies aside); the
+    rooms for the conversions of the layers that mix layouts are added."""
     graph = _graph(VGG, "bf16")
     before = {s.key: s.nbytes for s in declare_tensors(graph, train=True).specs}
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
     graph = _graph(VGG, "bf16")
     after = {s.key: s.nbytes for s in declare_tensors(graph, train=True, layouts=layout.choose(graph, GPU_LAYOUTS)).specs}
-    assert before == after
+    rooms = {k for k in after if "layout_copies" in k}
+    assert {k: v for k, v in after.items() if k not in rooms} == before
+    assert {k.split("#")[0] for k in rooms} == {"conv1", "pool2"}
     assert np.dtype(BFLOAT16).itemsize == 2
 
 

@@ -135,7 +135,11 @@ def test_a_channels_last_nets_conversions_come_from_its_steps_rooms(gpu, monkeyp
 
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
     text = "base_lr: 0.01 momentum: 0.9 max_iter: 3 snapshot_after_train: false"
-    solver = Solver(solver_param(text, net=NET), "s.prototxt", backend=gpu, log=Quiet(), precision=precision,
+    pooled = NET.replace('layer { name: "ip" type: "InnerProduct" bottom: "conv"',
+                         'layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX '
+                         'kernel_size: 2 stride: 2 } }\nlayer { name: "ip" type: "InnerProduct" bottom: "pool"')
+    assert "Pooling" in pooled
+    solver = Solver(solver_param(text, net=pooled), "s.prototxt", backend=gpu, log=Quiet(), precision=precision,
                     memory="liveness")
     net = solver.net
     assert net.blob_layouts.any and net.layer("conv").layout_copies("forward") is not None

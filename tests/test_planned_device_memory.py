@@ -169,3 +169,29 @@ def test_the_reserve_for_refused_ops_is_planned_for_half_nets_only(monkeypatch, 
         return
     assert program.tensors["#copies"].nbytes == round_up(5000) and "#copies" in program.resident
     assert all("#copies" in s.uses for s in program.steps)
+
+
+def test_the_net_installs_each_steps_room_and_leaves_it_after(monkeypatch):
+    """A half net hands the GPU ops, around each layer call, the room its copies come from (the reserve here, pool
+    memory) and takes it back after, so ops outside a step never write into it."""
+    monkeypatch.setenv("SUPERNEURONS_COPY_RESERVE", "3000")
+    events = []
+
+    class Recording(CpuBackend):
+        def install_copy_room(self, region, where):
+            events.append(("in", where, region))
+
+        def leave_copy_room(self):
+            events.append(("out",))
+
+    solver = Solver(solver_param(SGD.replace("max_iter: 3", "max_iter: 1"), net=CROP_NET), "s.prototxt",
+                    memory="liveness", log=Quiet(), backend=Recording(), precision="bf16")
+    solver.solve()
+    net = solver.net
+    reserve = next(t for t in net.tensors if t.key == "#copies")
+    assert net.pool.owns(reserve.key) and reserve.nbytes == 3000
+    entered = [e for e in events if e[0] == "in"]
+    steps = len(net.forward_steps) + len(net.backward_steps)
+    assert len(entered) == steps and events[1::2] == [("out",)] * steps  # each step: in, then out
+    assert all(region is reserve.array for _in, _where, region in entered)
+    assert [where for _in, where, _r in entered[:len(net.forward_steps)]] == [s.node.name for s in net.forward_steps]

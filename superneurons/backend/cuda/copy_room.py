@@ -23,13 +23,12 @@ NO_NET = object()  # installed outside a Net: the callers' own buffers
 
 
 class _Room:
-    __slots__ = ("region", "where", "used", "views")
+    __slots__ = ("region", "where", "used")
 
     def __init__(self) -> None:
         self.region: Any = NO_NET  # a uint8 device array, None (a Net step with no room), or NO_NET
         self.where = ""
         self.used = 0
-        self.views: dict[tuple, Any] = {}  # (offset, shape, dtype, layout) -> the view (kernel launches key by id)
 
 
 _room = _Room()
@@ -38,8 +37,6 @@ _room = _Room()
 def install(region: Any, where: str) -> None:
     """Copies from now on come from `region` (a uint8 array of pool memory; None: this step planned none, so any
     copy is refused), for messages `where` (the layer). NO_NET: the callers' own buffers."""
-    if region is not _room.region:
-        _room.views.clear()
     _room.region, _room.where, _room.used = region, where, 0
 
 
@@ -71,8 +68,17 @@ def take(shape: tuple, dtype: Any, layout: str, op: str, why: str) -> Any:
                         f"planned {have} for this step: set SUPERNEURONS_COPY_RESERVE to at least {end} (bytes) to "
                         f"plan a reserve for them")
     _room.used = end
+    # The views are kept on the region's array, as device.reshape keeps its views: the same step's copies are the
+    # same objects every iteration, so kernel launches keep their fast path (they key arrays by identity).
+    views = getattr(region, "_sn_room_views", None)
+    if views is None:
+        views = {}
+        try:
+            region._sn_room_views = views
+        except AttributeError:  # a NumPy array (the simulator's): nothing to keep
+            pass
     key = (at, tuple(shape), dtype.str, layout)
-    view = _room.views.get(key)
+    view = views.get(key)
     if view is None:
         piece = region[at:at + nbytes]
         if hasattr(piece, "gpu_data"):
@@ -81,5 +87,5 @@ def take(shape: tuple, dtype: Any, layout: str, op: str, why: str) -> Any:
             view = make(piece.gpu_data, shape, dtype, layout)
         else:  # the simulator's arrays are NumPy arrays
             view = piece.view(dtype).reshape(shape)
-        _room.views[key] = view
+        views[key] = view
     return view
