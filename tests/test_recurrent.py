@@ -310,3 +310,78 @@ def test_a_longer_test_net_reads_every_step_weight_from_the_train_net():
 
     w_hc = root(train.layer("rec").params[-1])
     assert all(root(test.layer(name).params[-1]) is w_hc for name in ("rec", "rec/transform_1", "rec/transform_5"))
+
+
+def _wide_lstm(steps):
+    """LSTM_NET with streams and width large enough that one step's tensors span several pool blocks."""
+    return (LSTM_NET.replace("dim: 8 dim: 4 dim: 8", f"dim: {steps} dim: 8 dim: 16")
+            .replace("shape { dim: 8 dim: 4 }", f"shape {{ dim: {steps} dim: 8 }}").replace("num_output: 32", "num_output: 64"))
+
+
+def test_recurrent_checkpoints_train_an_lstm_like_baseline_below_livenesss_peak():
+    """With the recurrent state as checkpoints (memory.RECURRENT_CHECKPOINTS, also what auto weighs for this
+    net) offload moves the states to the host and recomputation rebuilds every step's gate input from them: both
+    train, in a pool below liveness's peak, to baseline's weights bit for bit."""
+    from test_memory_modes import BACKEND, _graph, train
+
+    from superneurons.memory import RECURRENT_CHECKPOINTS, checkpoint_sets
+    from superneurons.memory.plan import make_plan
+    from superneurons.runtime.net import Net
+
+    text = _wide_lstm(12)
+    assert checkpoint_sets(_graph(text))[-1] == RECURRENT_CHECKPOINTS
+    _, ref, ref_losses = train(text, "baseline")
+    liveness = make_plan(_graph(text), plan_backward=False).peak("liveness")[0]
+    plan = make_plan(_graph(text), plan_backward=False, checkpoint_types=RECURRENT_CHECKPOINTS)
+    params = Net(_graph(text), BACKEND, memory="liveness").memory.param_bytes
+    budget = params + liveness - 1024
+    for mode in ("offload", "recompute"):
+        assert plan.peak(mode)[0] < liveness
+        net = Net(_graph(text), BACKEND, train=True, seed=7, pool_bytes=budget, memory=mode,
+                  checkpoint_types=RECURRENT_CHECKPOINTS)
+        _, got, losses = _train_net(net)
+        assert got == ref and losses == ref_losses, mode
+        assert max(net.memory.trace) <= budget - params, mode
+        if mode == "offload":
+            assert net.memory.bytes_offloaded > 0
+    # auto in the same pool weighs the recurrent set too, and trains alike
+    net, got, losses = train(text, "auto", pool_bytes=budget)
+    assert got == ref and losses == ref_losses
+
+
+def _train_net(net, iters=3):
+    """test_memory_modes.train's loop on a Net already built."""
+    rng = np.random.default_rng(1)
+    losses = []
+    for it in range(iters):
+        net.ctx.iteration = it
+        net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape).astype(np.float32)
+        net.data["label"].array[...] = rng.integers(0, 3, net.data["label"].shape).astype(np.float32)
+        net.clear_param_diffs()
+        losses.append(net.forward_backward())
+        for decl in net.learnable:
+            decl.data -= np.float32(0.1) * decl.diff
+    return net, [t.array.tobytes() for t in net.tensors if t.kind == "param"], losses
+
+
+def test_recurrent_checkpoints_keep_only_the_state_per_step():
+    """What each further time step adds to the planned peak: under liveness a step's activations (the gate input,
+    4H wide, and the rest), under recompute and offload with the recurrent checkpoints only its recurrent state
+    beside the net's own per-step tensors (inputs x and label, the LSTM's output h and what reads it)."""
+    from test_memory_modes import _graph
+
+    from superneurons.memory import RECURRENT_CHECKPOINTS
+    from superneurons.memory.plan import make_plan
+
+    n, hidden = 8, 64
+    state = n * hidden * 4  # h_t or c_t, float32: 2 KiB, whole pool blocks
+    grow = {}
+    for types in (("Convolution",), RECURRENT_CHECKPOINTS):
+        peaks = [make_plan(_graph(_wide_lstm(t)), plan_backward=False, checkpoint_types=types) for t in (16, 32)]
+        grow[types] = {m: (peaks[1].peak(m)[0] - peaks[0].peak(m)[0]) / 16 for m in ("liveness", "offload", "recompute")}
+    # x_t (16 wide), the label (T, N) and the fc/softmax tensors over (T, N, 3): under one state's bytes a step
+    net_own = state
+    assert grow[("Convolution",)]["liveness"] >= 4 * state + net_own  # the gate input alone is 4H wide
+    rec = grow[RECURRENT_CHECKPOINTS]
+    assert rec["recompute"] <= 2 * state + net_own, rec  # h_t and the output's h_t slice
+    assert rec["offload"] < grow[("Convolution",)]["offload"], grow

@@ -167,7 +167,7 @@ def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, 
 class _Part:
     """A layer of the net being built, for the layers an unrolled layer became: the class that builds it (None:
     its registered type), the position of the prototxt's layer it comes from, the name of the unrolled layer
-    (None for the others), and whether it is the first part, which keeps the prototxt's LayerParameter."""
+    (None for the others), and, on the part that keeps the prototxt's name, the prototxt's LayerParameter."""
 
     cls: type[Layer] | None
     index: int
@@ -198,8 +198,9 @@ def _unroll(net: pb.NetParameter, phase: int, where: str) -> tuple[pb.NetParamet
             parts.append(_Part(None, i))
             out.layer.add().CopyFrom(p)
             continue
-        for k, (part, cls) in enumerate(layer.unroll()):
-            parts.append(_Part(cls, i, layer.name, p if k == 0 else None))
+        for part, cls in layer.unroll():
+            # The part that keeps the prototxt's name stands for the layer (caffemodels, pycaffe)
+            parts.append(_Part(cls, i, layer.name, p if part.name == p.name else None))
             out.layer.add().CopyFrom(part)
     split = insert_splits(out, where)
     # insert_splits keeps the layers' order and puts each new Split right after the layer whose top it splits.

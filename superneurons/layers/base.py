@@ -181,9 +181,10 @@ class Layer:
         self.in_place = len(param.top) > 0 and len(param.bottom) > 0 and param.top[0] == param.bottom[0]
         self.ctx: Any = None  # set by the runtime: RunContext (iteration, seed, recomputing flag)
         self.layer_index = 0  # position in the prototxt; part of Dropout's mask hash
-        # Set by graph.build on the layers a layer that `unrolls` became: `part_of` on every part but the first,
-        # the name of the prototxt's layer they compute (caffemodels and pycaffe's layer lists leave them out);
-        # `prototxt_param` on the first, the prototxt's own LayerParameter (what a caffemodel saves).
+        # Set by graph.build on the layers a layer that `unrolls` became: `part_of` on every part but the one that
+        # keeps the prototxt's name, the name of the prototxt's layer they compute (caffemodels and pycaffe's layer
+        # lists leave them out); `prototxt_param` on that one, the prototxt's own LayerParameter (what a caffemodel
+        # saves).
         self.part_of: str | None = None
         self.prototxt_param = param
         # Set by graph.build on a layer that `can_copy_data`: its tops hold copies, not views, of bottom 0.
@@ -223,8 +224,8 @@ class Layer:
 
     def unroll(self) -> list[tuple[pb.LayerParameter, "type[Layer] | None"]]:
         """The layers to run instead of this one (after `setup`), in order, each with the class that builds it
-        (None: its registered type); the first keeps this layer's name and the others read their weights from
-        it by parameter name."""
+        (None: its registered type); one keeps this layer's name and owns its weights, and the others read them
+        from it by parameter name."""
         raise NotImplementedError
 
     @property

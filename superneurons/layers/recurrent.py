@@ -10,10 +10,13 @@ Caffe runs each such layer as an inner net unrolled over the T steps. Here the u
 runtime's own: `unroll` rewrites the layer into the same per-step layers (Slice, Scale, InnerProduct,
 Eltwise, TanH or LSTMUnit, Concat) sharing their weights by parameter name, which graph.build puts in the
 net in its place. Liveness, offload and recomputation then plan every time step like any other layer, and
-`superneurons memory` shows them. The layer of the prototxt stays in the net as the step that transforms x
-(and x_static) for all time steps at once (one matrix product, as Caffe's x_transform): it keeps the
-prototxt's name and owns every weight in Caffe's blob order, so caffemodels and pycaffe see Caffe's
-blobs; the step layers are named `<layer>/<Caffe's inner name>` and are not saved.
+`superneurons memory` shows them. The layer of the prototxt stays in the net as the step that transforms
+x_1 (and x_static) -- it keeps the prototxt's name and owns every weight in Caffe's blob order, so
+caffemodels and pycaffe see Caffe's blobs; the step layers are named `<layer>/<Caffe's inner name>` and are
+not saved. Caffe transforms x for all T steps in one matrix product; here each step transforms its own
+x_t (an InnerProduct sharing W_xc), so that nothing of (T, N, G) exists at once: a step's gate input is
+rebuilt in backward from the step's own tensors (the state before it and x_t), which is what lets
+recomputation and offload keep only the per-step state (memory.RECURRENT_CHECKPOINTS).
 
     LSTM (blobs W_xc, b_c[, W_xc_static], W_hc):
         gate_input_t = W_hc (cont_t h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static]
@@ -121,8 +124,8 @@ class _Recurrent(Layer):
         head = pb.LayerParameter()
         head.CopyFrom(self.param)
         del head.bottom[:], head.top[:], head.propagate_down[:], head.loss_weight[:]
-        head.bottom.append(bottoms[0])
-        head.top.append(f"{name}/{x_t}")
+        head.bottom.append(f"{name}/x_1")
+        head.top.append(f"{name}/{x_t}_1")
         if self.static:
             head.bottom.append(bottoms[2])
             head.top.append(f"{name}/{x_static}")
@@ -130,16 +133,18 @@ class _Recurrent(Layer):
             head.propagate_down.extend([self.param.propagate_down[0]] +
                                        ([self.param.propagate_down[2]] if self.static else []))
         self.fill_param_names(head)
-        out: list[tuple[pb.LayerParameter, type[Layer] | None]] = [(head, self.transform_class)]
+        steps = range(1, self.steps + 1)
+        x_slice = self._part("x_slice", "Slice", [bottoms[0]], [f"{name}/x_{t}" for t in steps],
+                             slice_param=pb.SliceParameter(axis=0))
+        if self.param.propagate_down:
+            x_slice.propagate_down.append(self.param.propagate_down[0])
+        out: list[tuple[pb.LayerParameter, type[Layer] | None]] = [(x_slice, None), (head, self.transform_class)]
         if exposed:
             first = {s: bottoms[len(bottoms) - states + k] for k, s in enumerate(self.state_names)}
         else:
             first = {s: f"{name}/{s}_0" for s in self.state_names}
             out.append((self._carried_state(list(first.values()), []), _CarriedState))
-        steps = range(1, self.steps + 1)
         out.append((self._part("cont_slice", "Slice", [bottoms[1]], [f"{name}/cont_{t}" for t in steps],
-                               slice_param=pb.SliceParameter(axis=0)), None))
-        out.append((self._part(f"{x_t}_slice", "Slice", [f"{name}/{x_t}"], [f"{name}/{x_t}_{t}" for t in steps],
                                slice_param=pb.SliceParameter(axis=0)), None))
         outputs = []
         for t in steps:
@@ -149,7 +154,8 @@ class _Recurrent(Layer):
             else:
                 last = {s: f"{name}/{s}_{t}" for s in self.state_names}
             parts, output = self.step(t, state, last)
-            out += [(part, None) for part in parts]
+            out += [(part, _StepTransform if part.type == "InnerProduct" and len(part.bottom) == 2 else None)
+                    for part in parts]
             outputs.append(output)
         out.append((self._part(self.concat_name, "Concat", outputs, [tops[0]],
                                concat_param=pb.ConcatParameter(axis=0)), None))
@@ -215,6 +221,16 @@ class _Recurrent(Layer):
         scale.propagate_down.extend([True, False])
         return scale, top
 
+    def x_transform(self, t: int, h_prev: str, blobs: tuple[str, str], width: int) -> list[pb.LayerParameter]:
+        """W x_t + b of step t, from the head's weights `blobs` (by name); step 1's is the head itself. It also
+        reads h_{t-1} (`_StepTransform`), which the step's Scale reads in forward and backward anyway."""
+        if t == 1:
+            return []
+        ip = self.shared_ip(f"{self.input_blobs[0]}_{t}", f"{self.name}/x_{t}",
+                            f"{self.name}/{self.input_blobs[0]}_{t}", blobs, width)
+        ip.bottom.append(h_prev)
+        return [ip]
+
     def gate_sum(self, part: str, top: str, recurrent: str, t: int) -> pb.LayerParameter:
         bottoms = [recurrent, f"{self.name}/{self.input_blobs[0]}_{t}"]
         if self.static:
@@ -223,6 +239,18 @@ class _Recurrent(Layer):
 
     def _part(self, part: str, type_name: str, bottoms: list[str], tops: list[str], **fields) -> pb.LayerParameter:
         return pb.LayerParameter(name=f"{self.name}/{part}", type=type_name, bottom=bottoms, top=tops, **fields)
+
+
+class _StepTransform(InnerProduct):
+    """W x_t + b of one time step (bottom 0, x_t). Bottom 1, h_{t-1}, is not read: it places the step in the
+    route after the previous step (graph/route.py runs a layer as soon as its bottoms exist, so without it every
+    step's transform would run right after the Slice of x, and all T outputs would be on the device at once)."""
+
+    n_bottoms = (2, 2)
+    label_bottoms = (1,)
+
+    def setup(self, bottom_shapes):
+        return super().setup(bottom_shapes[:1])
 
 
 class _CarriedState(Layer):
@@ -264,10 +292,11 @@ class _CarriedState(Layer):
 
 
 class _InputTransform(Layer):
-    """The recurrent layer of the prototxt once unrolled (`_Recurrent.unroll`): x (T, N, D) -> W x + b for every
-    time step at once (T, N, G), and x_static (N, ...) -> W_static x_static (1, N, G), where G is the gate
-    width. It owns every blob of the layer in Caffe's order, the recurrent ones included (the steps share
-    them by name), so a caffemodel's blobs for the layer land here."""
+    """The recurrent layer of the prototxt once unrolled (`_Recurrent.unroll`): the first time step's
+    x_1 (1, N, D) -> W x_1 + b (1, N, G), and x_static (N, ...) -> W_static x_static (1, N, G), where G is the
+    gate width (the later steps' transforms are InnerProducts sharing W and b). It owns every blob of the
+    layer in Caffe's order, the recurrent ones included (the steps share them by name), so a caffemodel's
+    blobs for the layer land here."""
 
     n_bottoms = (1, 2)
     n_tops = (1, 2)
@@ -366,6 +395,7 @@ class LSTM(_Recurrent):
         gate_input = f"{name}/gate_input_{t}"
         parts = [scale,
                  self.shared_ip(f"transform_{t}", h_conted, f"{name}/W_hc_h_{t - 1}", ("W_hc",), 4 * self.hidden),
+                 *self.x_transform(t, state["h"], ("W_xc", "b_c"), 4 * self.hidden),
                  self.gate_sum(f"gate_input_{t}", gate_input, f"{name}/W_hc_h_{t - 1}", t),
                  self._part(f"unit_{t}", "LSTMUnit", [state["c"], gate_input, f"{name}/cont_{t}"],
                             [last["c"], last["h"]])]
@@ -388,6 +418,7 @@ class RNN(_Recurrent):
         neuron_input = f"{name}/h_neuron_input_{t}"
         parts = [scale,
                  self.shared_ip(f"W_hh_h_{t - 1}", h_conted, f"{name}/W_hh_h_{t - 1}", ("W_hh",), self.hidden),
+                 *self.x_transform(t, state["h"], ("W_xh", "b_h"), self.hidden),
                  self.gate_sum(f"h_input_sum_{t}", neuron_input, f"{name}/W_hh_h_{t - 1}", t),
                  self._part(f"h_neuron_{t}", "TanH", [neuron_input], [last["h"]]),
                  self.shared_ip(f"W_ho_h_{t}", last["h"], f"{name}/W_ho_h_{t}", ("W_ho", "b_o"), self.hidden),

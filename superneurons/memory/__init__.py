@@ -23,19 +23,27 @@ MODES = ("baseline", "liveness", "offload", "recompute", "auto")
 # block boundaries of ResNet (Eltwise), Inception/DenseNet (Concat) and plain nets (Pooling), which keep
 # far fewer bytes and recompute the convolutions inside a block instead of moving their outputs.
 BLOCK_CHECKPOINTS: tuple[str, ...] = ("Eltwise", "Concat", "Pooling")
+# The time steps of unrolled recurrent layers (layers/recurrent.py): the recurrent state each step leaves
+# (LSTMUnit's c_t and h_t; an RNN's h_t and o_t, TanH tops), each step's x_t (the Slice of x) and the first
+# step's input transform (the LSTM or RNN layer itself, which also keeps the static input's transform). With
+# these kept (recompute) or moved to the host (offload), a step's gate input is rebuilt in backward from that
+# step's own tensors, so what stays on the device per step is the state, not the step's activations.
+RECURRENT_CHECKPOINTS: tuple[str, ...] = ("LSTMUnit", "TanH", "Slice", "LSTM", "RNN")
+RECURRENT_LAYERS = frozenset({"LSTMUnit", "LSTM", "RNN"})  # the net has unrolled time steps
 
 
 def checkpoint_sets(graph: Any, given: Iterable[str] | None = None) -> list[tuple[str, ...]]:
     """The checkpoint sets `auto` considers: the user's only, when given; else the default, always (what
     `--memory offload`/`recompute` run, so auto never refuses a budget they train in; in a net without
-    convolutions only the data layers are checkpoints), and the block boundaries if one is a layer of the net
-    (data layers are checkpoints in every set)."""
+    convolutions only the data layers are checkpoints), the block boundaries if one is a layer of the net,
+    and the recurrent state if the net has unrolled time steps (data layers are checkpoints in every set)."""
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
     if given:
         return [tuple(given)]
     present = {n.layer.type_name for n in graph.nodes}
-    return [DEFAULT_CHECKPOINTS] + ([BLOCK_CHECKPOINTS] if present.intersection(BLOCK_CHECKPOINTS) else [])
+    return ([DEFAULT_CHECKPOINTS] + ([BLOCK_CHECKPOINTS] if present.intersection(BLOCK_CHECKPOINTS) else [])
+            + ([RECURRENT_CHECKPOINTS] if present.intersection(RECURRENT_LAYERS) else []))
 
 
 def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):

@@ -46,8 +46,9 @@ def checkpoint_tensors(program: Program, types: Iterable[str]) -> set[str]:
     cps = set(checkpoint_steps(program, types))
     roots = {k for k, ws in program.writers.items() if ws[0] in cps}
     steps = program.steps
-    chained = {b for k in roots if program.tensors[k].kind == "data" for w in program.writers[k]
-               for b in steps[w].writes if program.tensors[b].kind == "buffer"}
+    # Each writer once: a Slice of T time steps writes T roots, and visiting its writes per root is quadratic in T.
+    rewriters = {w for k in roots if program.tensors[k].kind == "data" for w in program.writers[k]}
+    chained = {b for w in rewriters for b in steps[w].writes if program.tensors[b].kind == "buffer"}
     split_from = program.graph.internal_blobs
     rejoined = {tensor_key(DATA, split_from[k]) for k in roots if k in split_from}
     return roots | chained | (rejoined & program.writers.keys())
