@@ -78,7 +78,7 @@ def run(args) -> int:
         if types == plan.checkpoint_types and not recompute_limit:
             return plan
         return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=history,
-                         recompute_limit=recompute_limit, update_chunk=chunk)
+                         recompute_limit=recompute_limit, update_chunk=chunk, program=plan.program)
 
     choice = choose(budget, sets, plan_for) if budget is not None else None
     if choice is not None:

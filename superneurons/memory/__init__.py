@@ -54,10 +54,14 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
     from superneurons.memory.host import host_limit
     from superneurons.memory.plan import make_plan
 
+    programs: list[Any] = []  # the net's Program, built by the first plan and planned on by the others
+
     def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> Any:
         # On the Net's layout: its parameter tensors and solver history are the plan's (plan.layout_param_bytes).
-        return make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
-                         layout=net.layout, recompute_limit=recompute_limit)
+        plan = make_plan(net.graph, train=net.train, plan_backward=False, checkpoint_types=types, modes=modes,
+                         layout=net.layout, recompute_limit=recompute_limit, program=next(iter(programs), None))
+        programs[:] = [plan.program]
+        return plan
 
     return choose(net.pool.capacity, checkpoint_sets(net.graph, checkpoint_types), plan_for, host_limit())
 

@@ -13,6 +13,7 @@ running it is O(actions) per step.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,6 +190,11 @@ class Program:
         """forward index -> global index of that layer's backward step."""
         return {s.forward_index: s.index for s in self.steps[self.n_forward:]}
 
+    @functools.cached_property
+    def sizes(self) -> dict[str, int]:
+        """Root key -> pool bytes (every simulation of a schedule reads them)."""
+        return {k: t.nbytes for k, t in self.tensors.items()}
+
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
 
@@ -257,7 +263,7 @@ class Trace:
 def simulate(program: Program, schedule: Schedule, run_extra: list[int] | None = None) -> Trace:
     """Run a schedule on paper: the bytes a pool executing it would hold at every step. `run_extra`: bytes
     a replay of forward step w needs beside the activations (its streamed parameters), per w."""
-    sizes = {k: t.nbytes for k, t in program.tensors.items()}
+    sizes = program.sizes
     live = set(program.resident)
     cur = sum(sizes[k] for k in live)
     out_b, out_c, out_r = [], [], []

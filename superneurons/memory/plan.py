@@ -189,17 +189,21 @@ def _param_steps(program: Program, train: bool) -> tuple[list[int], list[int]]:
 def make_plan(graph: Graph, *, train: bool = True, checkpoint_types: Iterable[str] = DEFAULT_CHECKPOINTS,
               modes: Iterable[str] = PLAN_MODES, solver_history: int = 0,
               plan_backward: bool | None = None, layout: TensorLayout | None = None,
-              recompute_limit: int = 0, update_chunk: int = 0) -> MemoryPlan:
+              recompute_limit: int = 0, update_chunk: int = 0, program: Program | None = None) -> MemoryPlan:
     """Plan `graph` under each of `modes`. A net with no loss is planned as if its outputs fed one
     (unless `plan_backward=False`: the runtime plans exactly the steps its Net will run, and passes the
     `layout` its tensors were built from). `recompute_limit`: the bytes a recompute step may hold before
     a segment is replayed step by step instead of once (memory-centric); below max(l_i) (0, the default)
     recompute plans down to max(l_i), the paper's floor. `update_chunk`: plan the grouped solver update's
-    tables for blocks of that many elements (as a Net built with it declares them; ignored when `layout` is given)."""
+    tables for blocks of that many elements (as a Net built with it declares them; ignored when `layout` is given).
+    `program`: the Program of an earlier plan of the same graph with the same arguments, to plan on again
+    (planners only read it; `auto` plans a net once per checkpoint set and replay limit, and building the
+    Program is a third of planning a long unrolled net)."""
     if plan_backward is None:
         plan_backward = train and not graph.loss_blobs
-    program = Program(graph, train=train, plan_backward=plan_backward, layout=layout, history=solver_history,
-                      update_chunk=update_chunk)
+    if program is None:
+        program = Program(graph, train=train, plan_backward=plan_backward, layout=layout, history=solver_history,
+                          update_chunk=update_chunk)
     live = Liveness(program)
     types = tuple(checkpoint_types)
     n = len(program.steps)

@@ -47,13 +47,18 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, pre
     from superneurons.graph.build import build_graph
     from superneurons.memory import checkpoint_sets
     from superneurons.memory.cost import choose
-    from superneurons.memory.plan import make_plan
+    from superneurons.memory.plan import PLAN_MODES, make_plan
     from superneurons.proto import superneurons_pb2 as pb
 
     graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
+    programs: list = []
 
-    def plan_for(types, modes=None, recompute_limit=0):
-        return make_plan(graph, train=True, checkpoint_types=types, recompute_limit=recompute_limit)
+    def plan_for(types, modes=PLAN_MODES, recompute_limit=0):
+        program = next(iter(programs), None)  # one Program for every plan of the net
+        plan = make_plan(graph, train=True, checkpoint_types=types, modes=modes, recompute_limit=recompute_limit,
+                         program=program)
+        programs[:] = [plan.program]
+        return plan
 
     try:
         return choose(pool, checkpoint_sets(graph, None), plan_for, host_limit).mode
