@@ -22,6 +22,8 @@ from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 
 __all__ = ["pool_forward", "pool_backward"]
 
+NO_MASK = np.zeros((0, 0, 0, 0), np.int32)  # what the average methods pass for the mask they do not write
+
 
 def pool_forward(x: np.ndarray, y: np.ndarray, mask: np.ndarray | None, geom: PoolGeometry,
                  top_mask: np.ndarray | None = None, signed_mask: bool = False) -> None:
@@ -33,15 +35,15 @@ def pool_forward(x: np.ndarray, y: np.ndarray, mask: np.ndarray | None, geom: Po
     if geom.method == "max":
         assert mask is not None, "max pooling writes its mask"
         check_signed_mask(signed_mask, top_mask)
-        _max_forward(x, y, mask, *window)
+        _window_forward(x, y, mask, MAX, 0.0, *window)
         if top_mask is not None:
             np.copyto(top_mask, mask, casting="unsafe")
         if signed_mask:
             np.copyto(mask, ~mask, where=~(y > 0))
     elif geom.method == "ave":
-        _ave_forward(x, y, *window)
+        _window_forward(x, y, NO_MASK, AVE, 0.0, *window)
     elif geom.method == "stochastic":
-        _stochastic_test_forward(x, y, float(np.finfo(y.dtype).tiny), *window)
+        _window_forward(x, y, NO_MASK, STOCHASTIC, float(np.finfo(y.dtype).tiny), *window)
     else:
         raise ValueError(f"unknown pooling method {geom.method!r}")
 
@@ -80,25 +82,43 @@ def _span(o, k, s, p, n):
     return max(start, 0), min(end, n), end - start
 
 
+# The forward methods, one kernel: `_window_forward`'s `method`.
+MAX, AVE, STOCHASTIC = 0, 1, 2
+
+
 @njit(cache=True)
-def _max_forward(x, y, mask, kh, kw, sh, sw, ph, pw):
+def _window_forward(x, y, mask, method, tiny, kh, kw, sh, sw, ph, pw):
+    """Every output's window: MAX (the first largest pixel inside the image, its flat index into `mask`), AVE
+    (the pixels inside the image summed, over the window clipped at the padding) or STOCHASTIC, Caffe's TEST
+    rule (the activation-weighted mean sum(x^2) / sum(x), the sum started at `tiny` = FLT_MIN so that an
+    all-zero window gives 0, not NaN)."""
     n_img, ch, h, w = x.shape
     oh, ow = y.shape[2], y.shape[3]
     for plane in range(n_img * ch):
         n, c = plane // ch, plane % ch
         for r in range(oh):
-            h0, h1, _ = _span(r, kh, sh, ph, h)
+            h0, h1, size_h = _span(r, kh, sh, ph, h)
             for q in range(ow):
-                w0, w1, _ = _span(q, kw, sw, pw, w)
-                best = x[n, c, h0, w0]
-                arg = h0 * w + w0
+                w0, w1, size_w = _span(q, kw, sw, pw, w)
+                if method == MAX:
+                    best = x[n, c, h0, w0]
+                    arg = h0 * w + w0
+                    for i in range(h0, h1):
+                        for j in range(w0, w1):
+                            if x[n, c, i, j] > best:
+                                best = x[n, c, i, j]
+                                arg = i * w + j
+                    y[n, c, r, q] = best
+                    mask[n, c, r, q] = arg
+                    continue
+                total = 0.0 if method == AVE else tiny
+                weighted = 0.0
                 for i in range(h0, h1):
                     for j in range(w0, w1):
-                        if x[n, c, i, j] > best:
-                            best = x[n, c, i, j]
-                            arg = i * w + j
-                y[n, c, r, q] = best
-                mask[n, c, r, q] = arg
+                        v = x[n, c, i, j]
+                        total += v
+                        weighted += v * v
+                y[n, c, r, q] = total / (size_h * size_w) if method == AVE else weighted / total
 
 
 @njit(cache=True)
@@ -112,23 +132,6 @@ def _max_backward(dy, mask, dx):
             for q in range(ow):
                 a = mask[n, c, r, q]
                 dx[n, c, a // w, a % w] += dy[n, c, r, q]
-
-
-@njit(cache=True)
-def _ave_forward(x, y, kh, kw, sh, sw, ph, pw):
-    n_img, ch, h, w = x.shape
-    oh, ow = y.shape[2], y.shape[3]
-    for plane in range(n_img * ch):
-        n, c = plane // ch, plane % ch
-        for r in range(oh):
-            h0, h1, size_h = _span(r, kh, sh, ph, h)
-            for q in range(ow):
-                w0, w1, size_w = _span(q, kw, sw, pw, w)
-                total = 0.0
-                for i in range(h0, h1):
-                    for j in range(w0, w1):
-                        total += x[n, c, i, j]
-                y[n, c, r, q] = total / (size_h * size_w)
 
 
 @njit(cache=True)
@@ -146,24 +149,3 @@ def _ave_backward(dy, dx, kh, kw, sh, sw, ph, pw):
                 for i in range(h0, h1):
                     for j in range(w0, w1):
                         dx[n, c, i, j] += share
-
-
-@njit(cache=True)
-def _stochastic_test_forward(x, y, tiny, kh, kw, sh, sw, ph, pw):
-    """Caffe's TEST-time stochastic pooling: the activation-weighted mean sum(x^2) / sum(x) per window."""
-    n_img, ch, h, w = x.shape
-    oh, ow = y.shape[2], y.shape[3]
-    for plane in range(n_img * ch):
-        n, c = plane // ch, plane % ch
-        for r in range(oh):
-            h0, h1, _ = _span(r, kh, sh, ph, h)
-            for q in range(ow):
-                w0, w1, _ = _span(q, kw, sw, pw, w)
-                total = tiny  # Caffe starts the sum at FLT_MIN so an all-zero window gives 0, not NaN
-                weighted = 0.0
-                for i in range(h0, h1):
-                    for j in range(w0, w1):
-                        v = x[n, c, i, j]
-                        total += v
-                        weighted += v * v
-                y[n, c, r, q] = weighted / total
