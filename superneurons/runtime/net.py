@@ -54,7 +54,8 @@ class Net:
         picks; `self.checkpoint_types` says which, `self.memory.auto` why). `solver_history`: history
         sets per learnable parameter the solver keeps (momentum: 1); they are pool tensors like the rest.
         `update_chunk`: the solver may update every parameter in one launch over blocks of that many elements
-        (solver/fused_update.py), whose tables are then a pool tensor too (`update_table`); 0: it does not. `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
+        (solver/fused_update.py), whose tables are then a pool tensor too (`update_table`); 0: it does not.
+        `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
         `reduce_type`: the half type a data-parallel training net reduces its gradients in (parallel/reducer.py),
         whose buffer the layout declares and the plan holds (None: none)."""
         self.graph = graph
