@@ -22,7 +22,7 @@ from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 
 __all__ = ["pool_forward", "pool_backward"]
 
-NO_MASK = np.zeros((0, 0, 0, 0), np.int32)  # what the average methods pass for the mask they do not write
+NO_MASK = np.zeros((0, 0, 0, 0), np.int32)  # what the average methods pass for the mask they do not use
 
 
 def pool_forward(x: np.ndarray, y: np.ndarray, mask: np.ndarray | None, geom: PoolGeometry,
@@ -56,20 +56,21 @@ def pool_backward(dy: np.ndarray, mask: np.ndarray | None, dx: np.ndarray, geom:
     leaves its backward to the pooling (graph/fuse.py), so dx goes on through that ReLU too, as relu_backward
     would apply it. A pixel that a window chose holds that window's maximum, whose sign the mask keeps; the
     pixels no window chose get no gradient either way."""
+    window = geom.kernel + geom.stride + geom.pad
     if geom.method == "max":
         assert mask is not None, "max pooling's backward reads its mask"
         if relu_slope is None:
-            _max_backward(dy, mask, dx)
+            _window_backward(dy, mask, dx, MAX, *window)
             return
         chosen = np.where(mask >= 0, mask, ~mask)
-        _max_backward(dy, chosen, dx)
+        _window_backward(dy, chosen, dx, MAX, *window)
         positive = np.zeros(dx.shape, bool)
         planes = positive.reshape(dx.shape[0] * dx.shape[1], -1)
         np.put_along_axis(planes, chosen.reshape(planes.shape[0], -1), (mask >= 0).reshape(planes.shape[0], -1),
                           axis=1)
         relu_backward(positive, dx, dx, relu_slope)
     elif geom.method == "ave":
-        _ave_backward(dy, dx, *(geom.kernel + geom.stride + geom.pad))
+        _window_backward(dy, NO_MASK, dx, AVE, *window)
     else:
         raise ValueError(f"pooling method {geom.method!r} has no backward")
 
@@ -122,20 +123,9 @@ def _window_forward(x, y, mask, method, tiny, kh, kw, sh, sw, ph, pw):
 
 
 @njit(cache=True)
-def _max_backward(dy, mask, dx):
-    n_img, ch, h, w = dx.shape
-    oh, ow = dy.shape[2], dy.shape[3]
-    for plane in range(n_img * ch):
-        n, c = plane // ch, plane % ch
-        dx[n, c] = 0
-        for r in range(oh):
-            for q in range(ow):
-                a = mask[n, c, r, q]
-                dx[n, c, a // w, a % w] += dy[n, c, r, q]
-
-
-@njit(cache=True)
-def _ave_backward(dy, dx, kh, kw, sh, sw, ph, pw):
+def _window_backward(dy, mask, dx, method, kh, kw, sh, sw, ph, pw):
+    """dx, overwritten: MAX routes each output's gradient to its mask pixel; AVE spreads it evenly over the
+    window's pixels inside the image, each share over the window clipped at the padding (as forward divides)."""
     n_img, ch, h, w = dx.shape
     oh, ow = dy.shape[2], dy.shape[3]
     for plane in range(n_img * ch):
@@ -144,6 +134,10 @@ def _ave_backward(dy, dx, kh, kw, sh, sw, ph, pw):
         for r in range(oh):
             h0, h1, size_h = _span(r, kh, sh, ph, h)
             for q in range(ow):
+                if method == MAX:
+                    a = mask[n, c, r, q]
+                    dx[n, c, a // w, a % w] += dy[n, c, r, q]
+                    continue
                 w0, w1, size_w = _span(q, kw, sw, pw, w)
                 share = dy[n, c, r, q] / (size_h * size_w)
                 for i in range(h0, h1):
