@@ -89,7 +89,8 @@ _DECLARED = (
             "paths without a GPU."),
     Setting("SUPERNEURONS_COPY_RESERVE", INT, 0,
             "Bytes of pool a half or channels-last net plans for the copies a GPU op makes when it refuses its "
-            "arguments' types or layouts (backend/cuda/copy_room.py); an op needing more is refused in one line."),
+            "arguments' types or layouts (backend/cuda/copy_room.py); copies past it live outside the plan, logged "
+            "once per layer and op with the bytes to set here."),
     Setting("SUPERNEURONS_MULTI_UPDATE", FLAG, True,
             "One kernel updates every parameter and one clears every gradient (solver/fused_update.py); 0 runs "
             "the per-parameter ops."),

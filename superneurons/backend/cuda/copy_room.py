@@ -6,9 +6,11 @@ copies come from (`install`): the layer's own buffer for them where its layouts 
 (`Layer.use_layout_copies`, declared by graph/layout.py, a buffer of that step alone), else the net's reserve
 `#copies` (memory/tensors.py: SUPERNEURONS_COPY_RESERVE bytes, resident), or nothing. An op call takes its copies
 one after the other from the region's start and gives them back when it returns (ops run one at a time on one
-stream, so the next call may reuse the bytes once this one is queued); a call that needs more than the region
-holds is refused in one line naming the layer, the op and the bytes. Outside a Net (`install` never called, or
-`NO_NET` installed: tests, benchmarks) the modules keep buffers of their own, as before there was a plan.
+stream, so the next call may reuse the bytes once this one is queued). A call that needs more than the region
+holds (an op that refuses its types, known only when it refuses) takes its copies from the module's own buffers
+instead, outside the plan, and says so once per layer and op with the bytes that SUPERNEURONS_COPY_RESERVE
+would plan: refusing there would stop a run midway, which the plan promises never happens. Outside a Net
+(`install` never called, or `NO_NET` installed: tests, benchmarks) the modules keep buffers of their own.
 """
 from __future__ import annotations
 
@@ -16,19 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from superneurons.errors import UserError
+from superneurons.backend.log_line import log_line
 
 ALIGN = 256  # bytes: cuDNN's and the kernels' operands start on such boundaries in the pool too
 NO_NET = object()  # installed outside a Net: the callers' own buffers
 
 
 class _Room:
-    __slots__ = ("region", "where", "used")
+    __slots__ = ("region", "where", "used", "short")
 
     def __init__(self) -> None:
         self.region: Any = NO_NET  # a uint8 device array, None (a Net step with no room), or NO_NET
         self.where = ""
-        self.used = 0
+        self.used = 0  # bytes this op call asked for so far, those past the region's end included
+        self.short: tuple[str, str] | None = None  # (op, why) of this call's first copy past the region's end
 
 
 _room = _Room()
@@ -36,8 +39,8 @@ _room = _Room()
 
 def install(region: Any, where: str) -> None:
     """Copies from now on come from `region` (a uint8 array of pool memory; None: this step planned none, so any
-    copy is refused), for messages `where` (the layer). NO_NET: the callers' own buffers."""
-    _room.region, _room.where, _room.used = region, where, 0
+    copy goes outside the plan), for messages `where` (the layer). NO_NET: the callers' own buffers."""
+    _room.region, _room.where, _room.used, _room.short = region, where, 0, None
 
 
 def in_net() -> bool:
@@ -51,23 +54,37 @@ def mark() -> int:
 
 
 def release(at: int) -> None:
+    """Give back the bytes taken since `at` (the call's `mark()`); a call whose copies went past the region says
+    so here, once per layer and op, with all the bytes it asked for."""
+    if _room.short is not None and at == 0:
+        op, why = _room.short
+        if (_room.where, op) not in _unplanned:
+            _unplanned.add((_room.where, op))
+            have = 0 if _room.region is None else int(_room.region.size)
+            log_line("W", "copy_room.py", f"layer {_room.where!r}: GPU op {op} needs {_room.used} bytes of device "
+                     f"copies ({why}), the net planned {have} for this step: they live outside the plan; "
+                     f"SUPERNEURONS_COPY_RESERVE={_room.used} (bytes) plans them")
+        _room.short = None
     _room.used = at
+
+
+_unplanned: set[tuple[str, str]] = set()  # (layer, op) already logged as copying outside the plan
 
 
 def take(shape: tuple, dtype: Any, layout: str, op: str, why: str) -> Any:
     """An array of `shape` and `dtype` (NHWC strides for `layout` NHWC) over the next bytes of the installed
-    region, for op `op`; refused in one line past the region's end."""
+    region, for op `op`; None past the region's end (the caller then copies into buffers of its own, and
+    `release` logs it)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     at = _room.used
     end = at + -(-max(nbytes, 1) // ALIGN) * ALIGN
     region = _room.region
     have = 0 if region is None else int(region.size)
-    if end > have:
-        raise UserError(f"layer {_room.where!r}: GPU op {op} needs {end} bytes of device copies ({why}), the net "
-                        f"planned {have} for this step: set SUPERNEURONS_COPY_RESERVE to at least {end} (bytes) to "
-                        f"plan a reserve for them")
     _room.used = end
+    if end > have:  # the caller copies into its own buffer; release() says so
+        _room.short = _room.short or (op, why)
+        return None
     # The views are kept on the region's array, as device.reshape keeps its views: the same step's copies are the
     # same objects every iteration, so kernel launches keep their fast path (they key arrays by identity).
     views = getattr(region, "_sn_room_views", None)

@@ -20,9 +20,6 @@ on purpose, which the log line names.
 from __future__ import annotations
 
 import functools
-import sys
-import threading
-import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -31,6 +28,7 @@ import numpy as np
 from superneurons.backend.cuda import copy_room, kernels as K
 from superneurons.backend.cuda.device import channels_last, flat, make, pointer, scalar
 from superneurons.backend.cuda.kernels import elementwise as ek
+from superneurons.backend.log_line import log_line
 from superneurons.dtypes import FLOAT32, HALF_TYPES, dtype_name
 
 HALF = frozenset(HALF_TYPES)
@@ -83,11 +81,8 @@ def _signature(args, kwargs) -> tuple:
 
 def _log(name: str, signature: tuple, why: str) -> None:
     kinds = sorted({s for s in signature if s})
-    now = time.time()
-    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
-    # glog's line format, as the runtime's log writes it (the backend sits below runtime/logging.py)
-    sys.stderr.write(f"W{stamp} {threading.get_native_id()} half_math.py:{sys._getframe().f_lineno}] GPU op {name} "
-                     f"has no {'/'.join(kinds)} path for these arguments ({why}): it runs on float32 copies\n")
+    log_line("W", "half_math.py", f"GPU op {name} has no {'/'.join(kinds)} path for these arguments ({why}): it "
+             f"runs on float32 copies")
 
 
 def _float32_buffer(slot: int, size: int) -> Any:
@@ -128,10 +123,9 @@ def on_float32_copies(fn: Callable, args: tuple, kwargs: dict) -> Any:
         entry = copies.get(key)
         if entry is None:
             layout = "NHWC" if channels_last(a) else "NCHW"
-            if planned:
-                copy = copy_room.take(a.shape, FLOAT32, layout, getattr(fn, "__name__", "op"),
-                                      f"float32 copies of {dtype_name(a.dtype)} arguments")
-            else:
+            copy = copy_room.take(a.shape, FLOAT32, layout, getattr(fn, "__name__", "op"),
+                                  f"float32 copies of {dtype_name(a.dtype)} arguments") if planned else None
+            if copy is None:  # outside a Net, or past its room (copy_room.py)
                 buf = _float32_buffer(len(copies), a.size)
                 copy = (make(buf.gpu_data, a.shape, FLOAT32, layout)  # its layout
                         if hasattr(buf, "gpu_data") else buf[:a.size].reshape(a.shape))

@@ -3,9 +3,6 @@ the conversion; see its docstring for the rules)."""
 from __future__ import annotations
 
 import functools
-import sys
-import threading
-import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -16,6 +13,7 @@ from superneurons.backend.cuda import channels_last_ops, copy_room
 from superneurons.backend.cuda.device import make
 from superneurons.backend.cuda.half_math import half_fallback
 from superneurons.backend.cuda.layout import NCHW, NHWC, LayoutUnsupported, convert, layout_of
+from superneurons.backend.log_line import log_line
 
 # ---- which ops take what ---------------------------------------------------------------------------------
 ELEMENTWISE = frozenset({
@@ -43,10 +41,7 @@ def conversions() -> dict[str, int]:
 
 
 def _log(name: str, why: str) -> None:
-    now = time.time()
-    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
-    sys.stderr.write(f"I{stamp} {threading.get_native_id()} layout.py:{sys._getframe().f_lineno}] GPU op {name} "
-                     f"converts layouts ({why})\n")
+    log_line("I", "layout_conversion.py", f"GPU op {name} converts layouts ({why})")
 
 
 _views: dict[tuple, Any] = {}  # (slot, shape, dtype, layout) -> the array over that slot's buffer
@@ -126,7 +121,9 @@ def on_copies(fn: Callable, args: tuple, kwargs: dict, target: str, read_only: t
         entry = copies.get(key)
         if entry is None:
             copy = (copy_room.take(a.shape, a.dtype, target, getattr(fn, "__name__", "op"), f"{target} copies")
-                    if planned else _buffer(len(copies), a, target))
+                    if planned else None)
+            if copy is None:  # outside a Net, or past its room (copy_room.py)
+                copy = _buffer(len(copies), a, target)
             convert(a, copy)
             entry = copies[key] = (a, copy)
         return entry[1]
