@@ -1,7 +1,7 @@
 """The Tensor Cache (paper section 3.3, Alg. 2): device-resident offloadable tensors in LRU order, with locks.
 
 The cache does not move bytes itself; it answers the two questions the offloader asks:
-`check(key)` (is it resident? -- a hit moves it to the front) and `victims()` (which unlocked
+`check(key)` (is it resident? -- a hit moves it to the front) and `victims()` / `victim()` (which unlocked
 tensors to evict, least recently used first). A step locks every tensor it computes on, so an
 eviction triggered by that step's own allocations can never take them away.
 """
@@ -57,3 +57,8 @@ class TensorCache:
     def victims(self) -> Iterator[str]:
         """LRU.out's order: unlocked resident tensors, least recently used first (a snapshot)."""
         return iter([k for k in self._lru if k not in self._locks])
+
+    def victim(self) -> str | None:
+        """The first of `victims()`, found without listing them all: an allocation evicts one at a time, and a
+        snapshot per eviction made a long unrolled net's iteration quadratic in its time steps."""
+        return next((k for k in self._lru if k not in self._locks), None)

@@ -188,7 +188,7 @@ class OffloadManager(LivenessManager):
                     continue
                 if not self.use_cache and self._defragment(nbytes):
                     continue  # without the cache only the plan moves tensors: the bytes are free, in pieces
-                victim = next(self.cache.victims(), None)
+                victim = self.cache.victim()
                 if victim is None:
                     # Last resort, as compaction stops the device: the bytes are free but in pieces.
                     if self._defragment(nbytes):

@@ -10,7 +10,8 @@ loss. Both time forward + backward (no update), device synchronized, after --war
 --precision: ours stores activations and gradients in that type (as --precision of train); nn.LSTM runs under
 autocast to the same type (weights float32, as ours).
 --longest: ours, the planner's largest T (a multiple of --step) whose `--memory auto` plan fits the budget
-(less the cuDNN workspace) with the pinned host memory it may take within --host-limit, then trained 2 iterations there, stepping down on failure; PyTorch, the largest T
+(less the cuDNN workspace) with the pinned host memory it may take within --host-limit (searched from where
+the planned need per step says the edge is: `guess_longest`), then trained 2 iterations there, stepping down on failure; PyTorch, the largest T
 that trains with set_per_process_memory_fraction(budget / total), found by doubling and bisection in fresh
 worker processes (each probe may run out of memory). Writes recurrent.json.
 """
@@ -40,9 +41,12 @@ def lstm_net(steps: int, streams: int, inputs: int, hidden: int, precision: str 
 
 
 def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32",
-              host_limit: int = common.HOST_PINNED_LIMIT) -> str | None:
+              host_limit: int = common.HOST_PINNED_LIMIT, rank: bool = True) -> str | None:
     """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes with at most `host_limit` bytes of
-    pinned host memory (the host store, streamed parameters), or None when nothing fits."""
+    pinned host memory (the host store, streamed parameters), or None when nothing fits. `rank=False`, for the
+    search of the longest T, which only asks whether something fits: auto's higher replay limits are not
+    planned (a recompute plan held to a higher limit never peaks below the one held to max(l_i), which is
+    weighed), so a probe plans each checkpoint set once instead of up to four times."""
     from superneurons.errors import UserError
     from superneurons.graph.build import build_graph
     from superneurons.memory import checkpoint_sets
@@ -53,17 +57,43 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, pre
     graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
     programs: list = []
 
+    floors: dict = {}
+
     def plan_for(types, modes=PLAN_MODES, recompute_limit=0):
+        if not rank and recompute_limit and types in floors:
+            return floors[types]  # weighed as the same candidate (cost._with_limits drops the repeat)
         program = next(iter(programs), None)  # one Program for every plan of the net
         plan = make_plan(graph, train=True, checkpoint_types=types, modes=modes, recompute_limit=recompute_limit,
                          program=program)
         programs[:] = [plan.program]
+        if "recompute" in modes and not recompute_limit:
+            floors[types] = plan
         return plan
 
     try:
         return choose(pool, checkpoint_sets(graph, None), plan_for, host_limit).mode
     except UserError:
         return None
+
+
+def guess_longest(step: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32") -> int:
+    """Where the longest-T search starts: the T at which the smallest planned need (any mode, any checkpoint set,
+    parameters resident) reaches `pool`, extrapolated from plans at 16 and 32 steps of `step` (needs grow
+    linearly with T), so the search probes long sequences, the slow ones to plan, only near the edge."""
+    from superneurons.graph.build import build_graph
+    from superneurons.memory import checkpoint_sets
+    from superneurons.memory.plan import make_plan
+    from superneurons.proto import superneurons_pb2 as pb
+
+    def need(steps: int) -> int:
+        graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
+        plans = [make_plan(graph, train=True, checkpoint_types=types) for types in checkpoint_sets(graph, None)]
+        return min(p.resident_need(m) for p in plans for m in ("liveness", "offload", "recompute"))
+
+    a, b = 16 * step, 32 * step
+    low, high = need(a), need(b)
+    per_step = max(1.0, (high - low) / (b - a))
+    return max(step, int(a + (pool - low) / per_step) // step * step)
 
 
 def ours_task(steps: int, streams: int, inputs: int, hidden: int, device: str = "cuda", iterations: int = 10,
@@ -150,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.longest:
         longest = {}
         if not args.no_ours:
-            predicted = common.largest_fitting(lambda t: fits_plan(t, **shape, pool=budget - workspace,
-                                                                       host_limit=host_limit) is not None,
-                                               step=args.step, start=args.steps)
+            predicted = common.search_edge(lambda t: fits_plan(t, **shape, pool=budget - workspace,
+                                                                   host_limit=host_limit, rank=False) is not None,
+                                           guess_longest(args.step, **shape, pool=budget - workspace),
+                                           step=args.step, max_probes=12)
             ok = 0
             for t in (predicted, predicted - args.step, predicted - 2 * args.step):
                 if t <= 0:
