@@ -78,7 +78,7 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, pre
 
 def guess_longest(step: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32") -> int:
     """Where the longest-T search starts: the T at which the smallest planned need (any mode, any checkpoint set,
-    parameters resident) reaches `pool`, extrapolated from plans at 16 and 32 steps of `step` (needs grow
+    parameters resident) reaches `pool`, extrapolated from plans at 4 and 8 steps of `step` (needs grow
     linearly with T), so the search probes long sequences, the slow ones to plan, only near the edge."""
     from superneurons.graph.build import build_graph
     from superneurons.memory import checkpoint_sets
@@ -90,7 +90,7 @@ def guess_longest(step: int, streams: int, inputs: int, hidden: int, pool: int, 
         plans = [make_plan(graph, train=True, checkpoint_types=types) for types in checkpoint_sets(graph, None)]
         return min(p.resident_need(m) for p in plans for m in ("liveness", "offload", "recompute"))
 
-    a, b = 16 * step, 32 * step
+    a, b = 4 * step, 8 * step
     low, high = need(a), need(b)
     per_step = max(1.0, (high - low) / (b - a))
     return max(step, int(a + (pool - low) / per_step) // step * step)
