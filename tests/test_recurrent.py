@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_harness import GPU_ONLY
 from harness import _numeric, check_gradients, cpu_net, forward, make_layer
 
 from superneurons.errors import UserError
@@ -350,18 +351,20 @@ def test_recurrent_checkpoints_train_an_lstm_like_baseline_below_livenesss_peak(
 
 
 def _train_net(net, iters=3):
-    """test_memory_modes.train's loop on a Net already built."""
+    """test_memory_modes.train's loop on a Net already built (on either backend)."""
     rng = np.random.default_rng(1)
     losses = []
     for it in range(iters):
         net.ctx.iteration = it
-        net.data["data"].array[...] = rng.standard_normal(net.data["data"].shape).astype(np.float32)
-        net.data["label"].array[...] = rng.integers(0, 3, net.data["label"].shape).astype(np.float32)
+        net.backend.from_host(net.data["data"].array,
+                              rng.standard_normal(net.data["data"].shape).astype(np.float32))
+        net.backend.from_host(net.data["label"].array,
+                              rng.integers(0, 3, net.data["label"].shape).astype(np.float32))
         net.clear_param_diffs()
         losses.append(net.forward_backward())
         for decl in net.learnable:
             decl.data -= np.float32(0.1) * decl.diff
-    return net, [t.array.tobytes() for t in net.tensors if t.kind == "param"], losses
+    return net, [net.backend.to_host(t.array).tobytes() for t in net.tensors if t.kind == "param"], losses
 
 
 def test_recurrent_checkpoints_keep_only_the_state_per_step():
@@ -385,3 +388,30 @@ def test_recurrent_checkpoints_keep_only_the_state_per_step():
     rec = grow[RECURRENT_CHECKPOINTS]
     assert rec["recompute"] <= 2 * state + net_own, rec  # h_t and the output's h_t slice
     assert rec["offload"] < grow[("Convolution",)]["offload"], grow
+
+
+@pytest.mark.parametrize("mode", ["offload", "recompute"])
+@GPU_ONLY[0]
+@GPU_ONLY[1]
+def test_recurrent_checkpoints_on_the_gpu_train_like_its_baseline(gpu, mode):
+    """On the GPU, with asynchronous copies to pinned host memory: the recurrent set below liveness's peak trains
+    to the GPU baseline's weights (the same kernels in the same order; bit for bit is expected)."""
+    from test_memory_modes import _graph
+
+    from superneurons.memory import RECURRENT_CHECKPOINTS
+    from superneurons.memory.plan import make_plan
+    from superneurons.runtime.net import Net
+
+    text = _wide_lstm(24)
+    liveness = make_plan(_graph(text), plan_backward=False).peak("liveness")[0]
+    params = Net(_graph(text), gpu, memory="liveness").memory.param_bytes
+    budget = params + liveness - 1024
+
+    def weights(net):
+        return _train_net(net)[1:]
+
+    ref = weights(Net(_graph(text), gpu, train=True, seed=7, memory="baseline"))
+    net = Net(_graph(text), gpu, train=True, seed=7, pool_bytes=budget, memory=mode,
+              checkpoint_types=RECURRENT_CHECKPOINTS)
+    assert weights(net) == ref
+    assert max(net.memory.trace) <= budget - params
