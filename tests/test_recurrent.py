@@ -319,7 +319,8 @@ def _wide_lstm(steps):
             .replace("shape { dim: 8 dim: 4 }", f"shape {{ dim: {steps} dim: 8 }}").replace("num_output: 32", "num_output: 64"))
 
 
-def test_recurrent_checkpoints_train_an_lstm_like_baseline_below_livenesss_peak():
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_recurrent_checkpoints_train_like_baseline_below_livenesss_peak(kind):
     """With the recurrent state as checkpoints (memory.RECURRENT_CHECKPOINTS, also what auto weighs for this
     net) offload moves the states to the host and recomputation rebuilds every step's gate input from them: both
     train, in a pool below liveness's peak, to baseline's weights bit for bit."""
@@ -329,7 +330,7 @@ def test_recurrent_checkpoints_train_an_lstm_like_baseline_below_livenesss_peak(
     from superneurons.memory.plan import make_plan
     from superneurons.runtime.net import Net
 
-    text = _wide_lstm(12)
+    text = _wide_lstm(12).replace("type: 'LSTM'", f"type: '{kind}'")
     assert checkpoint_sets(_graph(text))[-1] == RECURRENT_CHECKPOINTS
     _, ref, ref_losses = train(text, "baseline")
     liveness = make_plan(_graph(text), plan_backward=False).peak("liveness")[0]
