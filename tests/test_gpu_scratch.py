@@ -42,6 +42,20 @@ layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: 
 """
 
 
+def count_device_arrays(monkeypatch) -> list:
+    """The list every later numba device allocation (device_array, device_array_like, to_device) appends to."""
+    calls: list = []
+    real = cuda.device_array
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    for name in ("device_array", "device_array_like", "to_device"):
+        monkeypatch.setattr(cuda, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_no_device_array_is_allocated_after_the_first_iterations(gpu, monkeypatch, precision):
     text = ("base_lr: 0.01 momentum: 0.9 max_iter: 5 clip_gradients: 100 debug_info: true test_iter: 1 "
@@ -54,15 +68,7 @@ def test_no_device_array_is_allocated_after_the_first_iterations(gpu, monkeypatc
     assert region.size == max(2 * 16, 2 * 10, 5)  # the bias and BatchNorm sums of 16 channels lead
     arena = net.backend.address(net.pool.arena)
     assert arena <= net.backend.address(region) < arena + net.pool.capacity  # pool memory
-    calls = []
-    real = cuda.device_array
-
-    def counted(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    for name in ("device_array", "device_array_like", "to_device"):
-        monkeypatch.setattr(cuda, name, counted)
+    calls = count_device_arrays(monkeypatch)
     on_copies = []
     real_copies = half_math.on_float32_copies
     monkeypatch.setattr(half_math, "on_float32_copies", lambda fn, *a: (on_copies.append(fn.__name__),
@@ -107,15 +113,7 @@ def test_from_the_first_iteration_every_device_byte_is_the_pools(gpu, monkeypatc
     table = net.update_table
     assert solver._grouped is not None and net.pool.owns(table.key)
     assert arena <= net.backend.address(table.array) < arena + net.pool.capacity
-    calls = []
-    real = cuda.device_array
-
-    def counted(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    for name in ("device_array", "device_array_like", "to_device"):
-        monkeypatch.setattr(cuda, name, counted)
+    calls = count_device_arrays(monkeypatch)
     solver.step(3)
     cuda.synchronize()
     assert calls == []
@@ -143,15 +141,7 @@ def test_a_channels_last_nets_conversions_come_from_its_steps_rooms(gpu, monkeyp
                     memory="liveness")
     net = solver.net
     assert net.blob_layouts.any and net.layer("conv").layout_copies("forward") is not None
-    calls = []
-    real = cuda.device_array
-
-    def counted(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    for name in ("device_array", "device_array_like", "to_device"):
-        monkeypatch.setattr(cuda, name, counted)
+    calls = count_device_arrays(monkeypatch)
     before = sum(layout_conversion.conversions().values())
     solver.step(3)
     cuda.synchronize()
