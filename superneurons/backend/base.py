@@ -16,6 +16,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# Bytes: each copy an op takes from its step's planned room starts on such a boundary (cuDNN's and the kernels'
+# operands in the pool do too), so a layer declaring a room rounds every copy up to it (graph/layout.py).
+COPY_ALIGN = 256
+
 
 def collect_ops(package: ModuleType) -> SimpleNamespace:
     """Gather the functions each module of `package` lists in `__all__` into one `ops` namespace.

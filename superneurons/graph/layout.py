@@ -69,7 +69,7 @@ def _declare_conversions(graph, node, out: BlobLayouts) -> None:
     copies, backend/cuda/layout_conversion.py): it declares the bytes, every such blob's values in forward and
     its values and gradient in backward, each rounded to the room's alignment (an upper bound: an op converts
     only the arrays it is given)."""
-    from superneurons.backend.cuda.copy_room import ALIGN  # numbers only: no GPU needed
+    from superneurons.backend.base import COPY_ALIGN as ALIGN
     from superneurons.dtypes import tensor_bytes
 
     precision = graph.precision

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from superneurons.backend.base import COPY_ALIGN
 from superneurons.backend.log_line import log_line
 
-ALIGN = 256  # bytes: cuDNN's and the kernels' operands start on such boundaries in the pool too
+ALIGN = COPY_ALIGN  # every copy starts on such a boundary (backend/base.py)
 NO_NET = object()  # installed outside a Net: the callers' own buffers
 
 
