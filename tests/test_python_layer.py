@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import superneurons as caffe
+from gpu_harness import gpu_available
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.io.prototxt import read_net
@@ -246,6 +247,7 @@ def test_netspec_writes_python_param():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")
 def test_gpu_python_layer_matches_the_cpu(tmp_path):
     rng = np.random.default_rng()
     x, dy = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
