@@ -10,9 +10,9 @@ way the op then runs once more on float32 copies of its half arrays, and the cop
 (as the CPU backend runs every op, backend/cpu/half_storage.py); the first such call of each op logs one line.
 
 In a Net the copies come from the pool (copy_room.py): a step's planned room for them, else the net's reserve
-(SUPERNEURONS_COPY_RESERVE bytes, none by default), and a call that needs more is refused in one line: which op
-refuses is known only when it refuses, so no layer can declare the bytes. Outside a Net they live in
-per-argument device buffers kept by this module. A float32 layer reading a half bottom (a loss reading the last InnerProduct's output), the case the zoo nets have,
+(SUPERNEURONS_COPY_RESERVE bytes, none by default); a call that needs more uses this module's per-argument
+device buffers, outside the plan, with one warning naming the bytes to reserve: which op refuses is known only
+when it refuses, so no layer can declare the bytes. Outside a Net those buffers serve too. A float32 layer reading a half bottom (a loss reading the last InnerProduct's output), the case the zoo nets have,
 never comes here: the Net casts its half bottoms and their gradients into float32 buffers the plan holds
 (`Layer.use_float32_copies`), so its ops see one type. What is left is an op refusing the types a layer stores
 on purpose, which the log line names.
