@@ -159,18 +159,18 @@ def choose(budget: int, checkpoint_sets: Sequence[tuple[str, ...]], plan_for: Pl
         ranked = on_host(streamed)
     if not ranked:
         if fitting:
-            raise host_error(fitting, budget, host_limit or 0)
+            raise host_error(first.program.graph.name or "net", fitting, budget, host_limit or 0)
         raise no_fit_error(plans, budget)
     fastest = min(e.seconds for e in ranked)
     win = next(e for e in ranked if e.seconds <= fastest * (1 + TIE))
     return Choice(win.mode, win.checkpoint_types, budget, win.streams_params, win.recompute_limit, ranked, win)
 
 
-def host_error(fitting: list[Estimate], budget: int, host_limit: int) -> UserError:
+def host_error(net: str, fitting: list[Estimate], budget: int, host_limit: int) -> UserError:
     """What `auto` says when plans fit the device but each may pin more host memory than `host_limit`."""
     least = min(fitting, key=lambda e: e.host_bytes)
     return UserError(
-        f"every plan that fits {format_bytes(budget)} ({budget} bytes) on the device may pin more host memory "
+        f"{net}: every plan that fits {format_bytes(budget)} ({budget} bytes) on the device may pin more host memory "
         f"than the {format_bytes(host_limit)} ({host_limit} bytes) allowed: the least, {least.mode} with "
         f"checkpoints {', '.join(least.checkpoint_types)}"
         f"{' and the parameters streamed' if least.streams_params else ''}, may pin {least.host_bytes} bytes "
