@@ -6,6 +6,7 @@
 # (tools/bench/recurrent.py) and the widest bfloat16 ResNet-50 under 12 GiB (tools/bench/wider.py). Logs go to $OUT.
 #   bash tools/gpu/half.sh              # nets, ops, time
 #   HALF_PARTS="nets loss recurrent wider" bash tools/gpu/half.sh
+#   HALF_PARTS=ops HALF_OPS_STORAGE=fp16 bash tools/gpu/half.sh   # one storage type
 #   HALF_PARTS=wider HALF_WIDER_NETS=resnet101,resnet152 HALF_WIDER_TIMEOUT=560 bash tools/gpu/half.sh
 set -u
 source tools/gpu/env.sh || exit 1
@@ -19,7 +20,7 @@ for part in $PARTS; do
             > "$OUT/half_nets.log" 2>&1
         grep -E "^(FAILED|ERROR)|^(bf16|fp16):|float32 copies" "$OUT/half_nets.log" | head -20; tail -1 "$OUT/half_nets.log" ;;
     ops)
-        for storage in bf16 fp16; do
+        for storage in ${HALF_OPS_STORAGE:-bf16 fp16}; do
             echo "== GPU op tests, --storage $storage"
             timeout 200 python -m pytest -q -m gpu -rfE -p no:cacheprovider --storage "$storage" \
                 tests/test_cuda_ops.py tests/test_cuda_zoo_ops.py > "$OUT/half_ops_$storage.log" 2>&1

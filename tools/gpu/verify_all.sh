@@ -6,13 +6,14 @@
 # The tests take longer than one 10-minute GPU call (an H100, 2026-11-24), so they come in two parts:
 #   VERIFY_PART=1 bash tools/gpu/verify_all.sh   # all but SECOND's files, the memory table and LeNet
 #   VERIFY_PART=2 bash tools/gpu/verify_all.sh   # SECOND's files (about 4 minutes)
+#   VERIFY_PART=1 VERIFY_SKIP="tests/a.py" bash tools/gpu/verify_all.sh   # part 1 without those files too
 #   VERIFY_PART=files VERIFY_FILES="tests/a.py tests/b.py" bash tools/gpu/verify_all.sh   # those files only
 # Without VERIFY_PART, one run takes everything.
 set -u
 SECOND="tests/test_cuda_ops.py tests/test_conv_relu_fusion.py tests/test_concat_kernels_sim.py tests/test_pycaffe_net.py
         tests/test_pycaffe_scripts.py tests/test_random_nets.py"
 case "${VERIFY_PART:-all}" in
-    1) TESTS="tests $(for f in $SECOND; do printf -- ' --ignore=%s' "$f"; done)" ;;
+    1) TESTS="tests $(for f in $SECOND ${VERIFY_SKIP:-}; do printf -- ' --ignore=%s' "$f"; done)" ;;
     2) TESTS="$SECOND" ;;
     all) TESTS="tests" ;;
     files) TESTS="${VERIFY_FILES:?VERIFY_PART=files needs VERIFY_FILES, the test files to run}" ;;
