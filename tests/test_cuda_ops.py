@@ -349,6 +349,8 @@ class RecordingWorkspace:
         self.buf = cuda.device_array(max(budget, 1), np.uint8)
         self.acquired: list[int] = []
         self.held = False
+        self.borrowed: list[int] = []  # cuDNN's measuring outputs, one per accumulating direction measured
+        self.lent = None
 
     def available(self) -> int:
         return self.budget
@@ -362,6 +364,16 @@ class RecordingWorkspace:
     def release(self) -> None:
         assert self.held
         self.held = False
+
+    def borrow(self, nbytes: int) -> int:
+        from numba import cuda
+
+        self.borrowed.append(nbytes)
+        self.lent = cuda.device_array(max(nbytes, 1), np.uint8)
+        return self.lent.device_ctypes_pointer.value
+
+    def give_back(self) -> None:
+        self.lent = None
 
 
 @pytest.mark.parametrize("find", [True, False])
@@ -388,7 +400,8 @@ def test_conv_algorithms_respect_the_workspace_source(gpu, rng, budget, find, mo
         gpu.ops.conv_backward(*d, geom)
         close(gpu.to_host(d[3]), host[3], rtol=1e-4, atol_scale=1e-4)
         close(gpu.to_host(d[4]), host[4], rtol=1e-4, atol_scale=1e-4)  # dw accumulated once (Find used a scratch)
-        assert all(n <= budget for n in source.acquired) and not source.held
+        assert all(n <= budget for n in source.acquired) and not source.held and source.lent is None
+        assert source.borrowed == ([d[4].nbytes] if find else [])  # backward data here sets dx, it does not add
         plan = current().cudnn.conv_plan(shape, w.shape, y.shape, geom, gpu_harness.STORAGE)
         ran = [cudnn.FORWARD, cudnn.BACKWARD_DATA, cudnn.BACKWARD_FILTER]  # not the adding backward data
         assert all(plan.tables[d] is not None and plan.tables[d].measured == find for d in ran)

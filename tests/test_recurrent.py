@@ -295,6 +295,23 @@ def test_a_half_recurrent_layer_reads_its_input_transforms_weights_rounded(rng, 
         np.testing.assert_array_equal(copy, master.data.astype(ml_dtypes.bfloat16))
 
 
+def test_a_half_recurrent_layers_state_is_stored_half():
+    """A step's transform also takes h_{t-1} as a bottom it does not read (it only orders the step): that bottom
+    neither gets a gradient nor keeps the state in float32 as a label would, so W_hc h_{t-1} multiplies bfloat16
+    by bfloat16 on every step."""
+    from superneurons.dtypes import BFLOAT16
+
+    net = cpu_net("default_forward_type: BFLOAT16 default_backward_type: BFLOAT16 force_backward: true "
+                  "layer { name: 'in' type: 'Input' top: 'x' top: 'cont' input_param { shape { dim: 4 dim: 2 dim: 3 } "
+                  "shape { dim: 4 dim: 2 } } } "
+                  "layer { name: 'rec' type: 'LSTM' bottom: 'x' bottom: 'cont' top: 'out' "
+                  "recurrent_param { num_output: 5 weight_filler { type: 'gaussian' std: 0.3 } } }")
+    states = [b for b in net.graph.precision.data if b.startswith("rec/h_") and "conted" not in b]
+    assert len(states) >= 3 and all(net.graph.precision.data[b] == BFLOAT16 for b in states), states
+    transforms = [n for n in net.graph.nodes if n.name.startswith("rec/W_xc_x_") and len(n.bottoms) == 2]
+    assert len(transforms) == 3 and all(n.propagate_down == [True, False] for n in transforms)
+
+
 def test_a_longer_test_net_reads_every_step_weight_from_the_train_net():
     """A test net unrolled over more time steps than the train net: its extra steps share the train net's W_hc
     by name, as Caffe's test net shares the recurrent layer's blobs."""

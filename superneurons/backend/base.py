@@ -99,7 +99,7 @@ class Stream(Protocol):
 class WorkspaceSource(Protocol):
     """Where a convolution gets its scratch memory. A convolution asks `available()`, picks the fastest
     algorithm that fits, then `acquire`s that many bytes (only when it needs any) and `release`s them
-    when the call is queued."""
+    when the call is queued. Measuring an accumulating direction once per shape also `borrow`s its output."""
 
     def available(self) -> int:
         """Bytes a convolution may use right now."""
@@ -109,6 +109,13 @@ class WorkspaceSource(Protocol):
 
     def release(self) -> None:
         """The bytes last acquired are free again."""
+
+    def borrow(self, nbytes: int) -> int | None:
+        """Device address of `nbytes` beside the workspace until `give_back()`: where cuDNN measures a direction
+        that accumulates (its own output, not the sum). None where the source cannot spare them now."""
+
+    def give_back(self) -> None:
+        """The bytes last borrowed are free again."""
 
 
 class Backend(Protocol):

@@ -301,15 +301,16 @@ def _mark_backward(nodes: list[Node], force: bool) -> None:
     (a TEST net computes them only when its Net keeps gradients: the Python API's, for saliency maps)."""
     blob_needs: dict[str, bool] = {}
     for n in nodes:
+        no_gradient = n.layer.label_bottoms + n.layer.order_bottoms
         pd = list(n.layer.param.propagate_down)
         if pd and len(pd) != len(n.bottoms):
             raise UserError(f"layer {n.name!r}: {len(pd)} propagate_down values for {len(n.bottoms)} bottoms")
         n.propagate_down = [
-            (pd[j] if pd else True) and j not in n.layer.label_bottoms and blob_needs.get(b, False)
+            (pd[j] if pd else True) and j not in no_gradient and blob_needs.get(b, False)
             for j, b in enumerate(n.bottoms)
         ]
         if force and not n.layer.is_data:
-            n.propagate_down = [j not in n.layer.label_bottoms and (not pd or pd[j]) for j in range(len(n.bottoms))]
+            n.propagate_down = [j not in no_gradient and (not pd or pd[j]) for j in range(len(n.bottoms))]
         learnable = any(_lr_mult(n.layer, k) != 0 for k in range(len(n.layer.params)))
         n.need_backward = n.layer.has_backward and not n.layer.is_data and (learnable or any(n.propagate_down))
         for t in n.tops:

@@ -135,8 +135,11 @@ class Layer:
     # Stores its tops and their gradients in float32 whatever the net's precision (graph/precision.py): outputs
     # that half precision would round too coarsely (probabilities, metrics, indices, normalized sums).
     float32_only: ClassVar[bool] = False
-    # Bottom indexes that never receive a gradient (labels).
+    # Bottom indexes that never receive a gradient (labels); they stay float32 in a half net (graph/precision.py).
     label_bottoms: ClassVar[tuple[int, ...]] = ()
+    # Bottom indexes it does not read: they only place it in the route after their producer (the recurrent
+    # layers' step transforms). They get no gradient, and keep the type their producer gives them.
+    order_bottoms: ClassVar[tuple[int, ...]] = ()
     # Tops are views of bottom 0's data (Flatten, Reshape, Split) / its diff (Flatten, Reshape).
     shares_data: ClassVar[bool] = False
     shares_diff: ClassVar[bool] = False

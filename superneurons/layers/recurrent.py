@@ -247,7 +247,7 @@ class _StepTransform(InnerProduct):
     step's transform would run right after the Slice of x, and all T outputs would be on the device at once)."""
 
     n_bottoms = (2, 2)
-    label_bottoms = (1,)
+    order_bottoms = (1,)
 
     def setup(self, bottom_shapes):
         return super().setup(bottom_shapes[:1])
