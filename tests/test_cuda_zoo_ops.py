@@ -196,12 +196,16 @@ def test_depthwise_conv(gpu, rng, n, c, hw, stride):
     x, w, b = randn(rng, n, c, hw, hw), randn(rng, c, 1, 3, 3) * f32(0.3), randn(rng, c)
     y = np.zeros((n, c, oh, oh), f32)
     (*_, yc), (*_, yg) = run_both(gpu, "conv_forward", [x, w, b, y], geom)
-    close(yg, yc, rtol=1e-4, atol_scale=1e-4)
     dy = randn(rng, *y.shape)
     host = [x, w, dy, np.zeros_like(x), np.zeros_like(w), np.zeros_like(b)]
     CPU.ops.conv_backward(*host, geom)
     d = [dev(gpu, a) for a in (x, w, dy, np.zeros_like(x), np.zeros_like(w), np.zeros_like(b))]
     gpu.ops.conv_backward(*d, geom)
+    import gpu_harness
+
+    print(f"depthwise {c}x{hw}x{hw} s{stride}:",
+          gpu.ops.conv_algorithm(x.shape, w.shape, y.shape, geom, gpu_harness.STORAGE))
+    close(yg, yc, rtol=1e-4, atol_scale=1e-4)
     for i in (3, 4, 5):
         close(gpu.to_host(d[i]), host[i], rtol=1e-4, atol_scale=1e-4)
     dx_, dw_, db_ = d[3], d[4], d[5]

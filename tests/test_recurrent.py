@@ -380,8 +380,9 @@ def _train_net(net, iters=3):
                               rng.integers(0, 3, net.data["label"].shape).astype(np.float32))
         net.clear_param_diffs()
         losses.append(net.forward_backward())
-        for decl in net.learnable:
-            decl.data -= np.float32(0.1) * decl.diff
+        for decl in net.learnable:  # through the host, so a GPU net's parameters stay its device arrays
+            data, diff = net.backend.to_host(decl.data), net.backend.to_host(decl.diff)
+            net.backend.from_host(decl.data, data - np.float32(0.1) * diff)
     return net, [net.backend.to_host(t.array).tobytes() for t in net.tensors if t.kind == "param"], losses
 
 
