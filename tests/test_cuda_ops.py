@@ -477,7 +477,7 @@ def test_eltwise_sum_relu(gpu, rng, in_place):
         ops.eltwise_sum_relu_backward(put(stored), d, coeffs[::-1], outs, slope)
         grads.append([get(o) for o in outs])
     for got, want in zip(*grads[::-1]):
-        assert np.array_equal(got, want)  # a mask and one product each: exact
+        assert np.array_equal(got, np.asarray(want).astype(got.dtype))  # a mask and one product each: exact
 
 
 @pytest.mark.parametrize("rule", ["sgd", "nesterov", "adagrad", "rmsprop", "adadelta", "adam"])
