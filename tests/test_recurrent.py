@@ -3,7 +3,9 @@
 LSTMUnit against the cell's equations in float64 and central differences. RNN and LSTM run unrolled into the
 runtime's own steps; a float32 net is compared step by step with a float64 NumPy implementation of Caffe's
 documented equations (forward), and its gradients with central differences of that reference (backward),
-with and without expose_hidden, a static input and sequence starts (cont = 0) inside the batch.
+with and without expose_hidden, a static input and sequence starts (cont = 0) inside the batch, in both forms of
+the input transform (over the whole sequence, per time step), which also train alike and go to the memory modes
+memory.recurrent_input names.
 """
 from __future__ import annotations
 
@@ -102,11 +104,24 @@ def recurrent_net(kind, steps, streams, dim, hidden, static, exposed):
     return net, names, states
 
 
+@pytest.fixture
+def form(request, monkeypatch):
+    """The input transform's form every net of the test is built and run in (SUPERNEURONS_RECURRENT_INPUT)."""
+    monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", request.param)
+    return request.param
+
+
+BOTH_FORMS = pytest.mark.parametrize("form", ["sequence", "step"], indirect=True)
+STEP_FORM = pytest.mark.parametrize("form", ["step"], indirect=True)
+
+
 @pytest.mark.parametrize("kind", ["LSTM", "RNN"])
 @pytest.mark.parametrize("static,exposed", [(False, False), (True, True)])
-def test_unrolled_layer_matches_caffes_equations(rng, kind, static, exposed):
+@BOTH_FORMS
+def test_unrolled_layer_matches_caffes_equations(rng, kind, static, exposed, form):
     steps, streams, hidden = 4, 2, 3
     net, names, states = recurrent_net(kind, steps, streams, 2, hidden, static, exposed)
+    assert net.graph.recurrent_input == form
     layer = net.layer("rec")
     blobs = [b for b in BLOBS[kind] if static or "static" not in b]
     assert layer.type_name == kind and len(layer.params) == len(blobs)
@@ -188,10 +203,11 @@ layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'fc' bottom: 'label' top: '
 """
 
 
-def test_lstm_trains_to_the_same_weights_in_every_memory_mode():
-    """The unrolled time steps are the runtime's steps: every mode trains bit-identically to baseline, the pool
-    under liveness holds what the plan says at every step, and recomputation trains it in a pool below
-    liveness's peak."""
+@BOTH_FORMS
+def test_lstm_trains_to_the_same_weights_in_every_memory_mode(form):
+    """The unrolled time steps are the runtime's steps: in either form of the input transform every mode trains
+    bit-identically to baseline, the pool under liveness holds what the plan says at every step, and
+    recomputation trains it in a pool below liveness's peak."""
     from test_memory_modes import BACKEND, _check_modes, _graph, train
 
     from superneurons.runtime.net import Net
@@ -264,7 +280,8 @@ def test_lstm_sequence_example_learns_to_recall(tmp_path, monkeypatch, capsys):
     assert accuracies[-1] >= 0.99, out[-2000:]
 
 
-def test_lstm_in_bfloat16_storage_trains_alike_in_every_memory_mode():
+@BOTH_FORMS
+def test_lstm_in_bfloat16_storage_trains_alike_in_every_memory_mode(form):
     """Half storage (docs/PRECISION.md) reaches the unrolled steps too: every mode bit-identical to baseline."""
     from test_memory_modes import _check_modes
 
@@ -295,7 +312,8 @@ def test_a_half_recurrent_layer_reads_its_input_transforms_weights_rounded(rng, 
         np.testing.assert_array_equal(copy, master.data.astype(ml_dtypes.bfloat16))
 
 
-def test_a_half_recurrent_layers_state_is_stored_half():
+@STEP_FORM
+def test_a_half_recurrent_layers_state_is_stored_half(form):
     """A step's transform also takes h_{t-1} as a bottom it does not read (it only orders the step): that bottom
     neither gets a gradient nor keeps the state in float32 as a label would, so W_hc h_{t-1} multiplies bfloat16
     by bfloat16 on every step."""
@@ -337,7 +355,8 @@ def _wide_lstm(steps):
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "RNN"])
-def test_recurrent_checkpoints_train_like_baseline_below_livenesss_peak(kind):
+@STEP_FORM
+def test_recurrent_checkpoints_train_like_baseline_below_livenesss_peak(kind, form):
     """With the recurrent state as checkpoints (memory.RECURRENT_CHECKPOINTS, also what auto weighs for this
     net) offload moves the states to the host and recomputation rebuilds every step's gate input from them: both
     train, in a pool below liveness's peak, to baseline's weights bit for bit."""
@@ -386,7 +405,8 @@ def _train_net(net, iters=3):
     return net, [net.backend.to_host(t.array).tobytes() for t in net.tensors if t.kind == "param"], losses
 
 
-def test_recurrent_checkpoints_keep_only_the_state_per_step():
+@STEP_FORM
+def test_recurrent_checkpoints_keep_only_the_state_per_step(form):
     """What each further time step adds to the planned peak: under liveness a step's activations (the gate input,
     4H wide, and the rest), under recompute and offload with the recurrent checkpoints only its recurrent state
     beside the net's own per-step tensors (inputs x and label, the LSTM's output h and what reads it)."""
@@ -409,12 +429,128 @@ def test_recurrent_checkpoints_keep_only_the_state_per_step():
     assert rec["offload"] < grow[("Convolution",)]["offload"], grow
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_the_sequence_and_step_forms_train_alike(rng, monkeypatch, kind):
+    """One matrix product over the sequence and one per time step compute the same function: the same
+    outputs, losses and gradients, and after three SGD steps the same weights, up to float32 rounding (the
+    gradient of W_xc sums its time steps in another order). Static input, exposed state, and a stream that
+    starts again inside the batch."""
+    steps, streams, hidden = 6, 3, 5
+    values = {"x": rng.standard_normal((steps, streams, 4)), "xs": rng.standard_normal((streams, 3)),
+              "target": rng.standard_normal((steps, streams, hidden)),
+              "cont": np.ones((steps, streams)), "h0": rng.standard_normal((1, streams, hidden)),
+              "c0": rng.standard_normal((1, streams, hidden)), "t_h": rng.standard_normal((1, streams, hidden)),
+              "t_c": rng.standard_normal((1, streams, hidden))}
+    values["cont"][0] = values["cont"][3, 1] = 0
+    weights = None
+    runs = {}
+    for form in ("sequence", "step"):
+        monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", form)
+        net, names, _states = recurrent_net(kind, steps, streams, 4, hidden, static=True, exposed=True)
+        assert net.graph.recurrent_input == form
+        transforms = [n for n in net.graph.nodes if n.name.startswith("rec/W_x") and n.layer.type_name == "InnerProduct"]
+        assert len(transforms) == (steps - 1 if form == "step" else 0)  # the head transforms x_1, or every x_t
+        assert net.graph.blob_shapes[net.graph.node("rec").tops[0]][0] == (1 if form == "step" else steps)
+        params = net.layer("rec").params
+        if weights is None:
+            weights = [0.5 * rng.standard_normal(p.shape).astype(np.float32) for p in params]
+        for p, w in zip(params, weights):
+            p.data[...] = w
+        for name, v in values.items():
+            if name in net.data:
+                net.data[name].array[...] = v
+        losses, grads = [], []
+        for _ in range(3):
+            net.clear_param_diffs()
+            losses.append(net.forward_backward())
+            grads.append([p.diff.copy() for p in params] + [net.diff[b].array.copy() for b in names if b != "cont"])
+            for p in net.learnable:
+                p.data -= np.float32(0.2) * p.diff
+        runs[form] = (losses, grads, net.blob("out").copy(), [p.data.copy() for p in params])
+    (seq_losses, seq_grads, seq_out, seq_w), (step_losses, step_grads, step_out, step_w) = runs.values()
+    np.testing.assert_allclose(seq_losses, step_losses, rtol=1e-6)
+    np.testing.assert_allclose(seq_out, step_out, rtol=1e-5, atol=1e-6)
+    for a, b in zip(sum(seq_grads, []), sum(step_grads, [])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(seq_w, step_w):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not np.array_equal(a, w) for a, w in zip(seq_w, weights))  # it did train
+
+
+@pytest.mark.parametrize("mode,want", [("baseline", "sequence"), ("liveness", "sequence"), ("offload", "step"),
+                                       ("recompute", "step"), ("auto", "sequence")])
+def test_each_memory_mode_runs_its_form_of_the_input_transform(mode, want):
+    """Baseline and liveness keep every step's activations: one transform over the sequence (fewest layers per
+    step). Offload and recompute keep checkpoints: per step, so they keep only the state per step. Auto: the
+    sequence form where it fits (here, baseline). The Net builds the graph again where it came in the other."""
+    from test_memory_modes import BACKEND, _graph, _mlp_with_loss
+
+    from superneurons.memory import RECURRENT_CHECKPOINTS, recurrent_input
+    from superneurons.runtime.net import Net
+
+    assert recurrent_input(mode) == want
+    text = _wide_lstm(6)
+    graph = _graph(text)
+    assert graph.recurrent_input == "sequence"  # build_graph's default
+    types = RECURRENT_CHECKPOINTS if mode in ("offload", "recompute") else None
+    net = Net(graph, BACKEND, memory=mode, checkpoint_types=types)
+    assert net.graph.recurrent_input == want and (net.graph is graph) == (want == "sequence")
+    assert net.memory.name == ("baseline" if mode == "auto" else mode)
+    assert net.graph.blob_shapes[net.graph.node("lstm").tops[0]] == ((6 if want == "sequence" else 1), 8, 256)
+    assert _graph(_mlp_with_loss()).recurrent_input is None  # no recurrent layer: no form
+
+
+def test_the_setting_names_one_form_for_every_mode(monkeypatch):
+    from test_memory_modes import BACKEND, _graph
+
+    from superneurons.memory import MODES, auto_recurrent_inputs, recurrent_input
+    from superneurons.runtime.net import Net
+
+    assert auto_recurrent_inputs() == ("sequence", "step")
+    for setting in ("sequence", "step"):
+        monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", setting)
+        assert auto_recurrent_inputs() == (setting,) and _graph(_wide_lstm(3)).recurrent_input == setting
+        for mode in MODES:
+            assert recurrent_input(mode) == setting
+            assert Net(_graph(_wide_lstm(3)), BACKEND, memory=mode).graph.recurrent_input == setting, mode
+    monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", "steps")
+    with pytest.raises(UserError, match=r"SUPERNEURONS_RECURRENT_INPUT='steps': expected one of auto, sequence, step"):
+        _graph(_wide_lstm(3))
+
+
+def test_auto_runs_the_step_form_where_no_plan_of_the_sequence_form_fits(monkeypatch):
+    """A pool just above the step form's recompute plan: no plan of the sequence form fits it (with the
+    sequence form alone auto refuses it), so auto runs the step form, and trains to its baseline's weights."""
+    from test_memory_modes import BACKEND, _graph, train
+
+    from superneurons.memory import RECURRENT_CHECKPOINTS
+    from superneurons.memory.plan import make_plan
+    from superneurons.runtime.net import Net
+
+    text = _wide_lstm(24)
+    monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", "step")
+    plan = make_plan(_graph(text), plan_backward=False, checkpoint_types=RECURRENT_CHECKPOINTS)
+    _, ref, ref_losses = train(text, "baseline")
+    params = Net(_graph(text), BACKEND, memory="liveness").memory.param_bytes
+    budget = params + plan.peak("recompute")[0] + 4096
+    monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", "sequence")
+    with pytest.raises(UserError, match="cannot hold even the recompute plan"):
+        Net(_graph(text), BACKEND, memory="auto", pool_bytes=budget)
+    monkeypatch.delenv("SUPERNEURONS_RECURRENT_INPUT")
+    net, got, losses = train(text, "auto", pool_bytes=budget)
+    assert net.graph.recurrent_input == "step" and net.memory.name == "recompute"
+    assert net.checkpoint_types == RECURRENT_CHECKPOINTS
+    assert got == ref and losses == ref_losses
+
+
 @pytest.mark.parametrize("mode", ["offload", "recompute"])
+@STEP_FORM
 @GPU_ONLY[0]
 @GPU_ONLY[1]
-def test_recurrent_checkpoints_on_the_gpu_train_like_its_baseline(gpu, mode):
+def test_recurrent_checkpoints_on_the_gpu_train_like_its_baseline(gpu, mode, form):
     """On the GPU, with asynchronous copies to pinned host memory: the recurrent set below liveness's peak trains
-    to the GPU baseline's weights (the same kernels in the same order; bit for bit is expected)."""
+    to the GPU baseline's weights in the same (step) form (the same kernels in the same order; bit for bit is
+    expected)."""
     from test_memory_modes import _graph
 
     from superneurons.memory import RECURRENT_CHECKPOINTS

@@ -9,7 +9,7 @@ from superneurons.dtypes import FLOAT32
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults
-from superneurons.memory import BLOCK_CHECKPOINTS, checkpoint_sets
+from superneurons.memory import BLOCK_CHECKPOINTS, auto_recurrent_inputs, checkpoint_sets, recurrent_input
 from superneurons.memory.cost import TIE, Choice, choose
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
@@ -62,7 +62,10 @@ def run(args) -> int:
     if args.memory == "auto" and budget is None:
         raise UserError("--memory auto needs --gpu-memory SIZE (the budget auto must fit)")
     net = override_defaults(read_model(args), args.precision)
-    graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model)
+    # Recurrent layers in the form the shown mode runs (memory.recurrent_input); every mode's: the step form,
+    # which offload and recompute run.
+    shown_mode = args.memory if args.memory in PLAN_MODES else "recompute"
+    graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model, recurrent_input=recurrent_input(shown_mode))
     given = tuple(t.strip() for t in (args.checkpoints or "").split(",") if t.strip())
     sets = checkpoint_sets(graph, given)
     train = args.phase == "TRAIN"
@@ -72,15 +75,38 @@ def run(args) -> int:
     chunk = fused_update.CHUNK if grouped else 0
     plan = make_plan(graph, train=train, checkpoint_types=sets[0], solver_history=history, update_chunk=chunk)
     doc = to_json(plan, args.batch or _batch_of(graph))
+    if graph.recurrent_input is not None:
+        doc["recurrent_input"] = graph.recurrent_input
 
-    def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> MemoryPlan:
-        """The shown plan (every mode) serves the first set; the others are planned only if auto needs them."""
-        if types == plan.checkpoint_types and not recompute_limit:
-            return plan
-        return make_plan(graph, train=train, checkpoint_types=types, modes=modes, solver_history=history,
-                         recompute_limit=recompute_limit, update_chunk=chunk, program=plan.program)
+    def planner(g, shown: MemoryPlan | None):
+        """Plans of `g` for auto: `shown` (every mode) serves the first set; the others are planned only if auto
+        needs them, all on one Program."""
+        programs = [shown.program] if shown is not None else []
 
-    choice = choose(budget, sets, plan_for) if budget is not None else None
+        def plan_for(types: tuple[str, ...], modes, recompute_limit: int = 0) -> MemoryPlan:
+            if shown is not None and types == shown.checkpoint_types and not recompute_limit:
+                return shown
+            made = make_plan(g, train=train, checkpoint_types=types, modes=modes, solver_history=history,
+                             recompute_limit=recompute_limit, update_chunk=chunk, program=next(iter(programs), None))
+            programs[:] = [made.program]
+            return made
+        return plan_for
+
+    choice = None
+    if budget is not None:
+        # As the Net's auto: the first form of the recurrent layers with a plan that fits
+        forms = auto_recurrent_inputs()
+        for k, form in enumerate(forms):
+            g = graph.in_recurrent_input(form)
+            try:
+                choice = choose(budget, checkpoint_sets(g, given), planner(g, plan if g is graph else None))
+            except UserError:
+                if k == len(forms) - 1:
+                    raise
+                continue
+            if g.recurrent_input is not None:
+                doc["auto_recurrent_input"] = g.recurrent_input
+            break
     if choice is not None:
         doc.update(budget_bytes=budget, **auto_doc(choice))
     if args.ranks is not None:
@@ -100,6 +126,8 @@ def run(args) -> int:
             print(format_reduction(doc["reduction"]))
         if choice is not None:
             print(format_choice(choice))
+            if "auto_recurrent_input" in doc:
+                print(f"(recurrent layers' input transform {RECURRENT_FORMS[doc['auto_recurrent_input']]})")
         if args.at_peak:
             print(format_at_peak(plan, shown))
     return 0
@@ -144,6 +172,9 @@ def _batch_of(graph) -> int | None:
     return None
 
 
+RECURRENT_FORMS = {"sequence": "over the whole sequence", "step": "per time step"}
+
+
 def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
     mx = doc["max_layer"]
     stored = f", activations and gradients in {doc['precision']}" if doc["precision"] != "float32" else ""
@@ -156,7 +187,13 @@ def format_plan(plan: MemoryPlan, doc: dict, modes: list[str]) -> str:
              f"{format_bytes(doc['scratch_bytes'])}",
              f"max(l_i) = {_mib(mx['bytes'])} at {mx['name']} ({mx['phase']})",
              "pool needed: the smallest --gpu-memory the mode trains in (parameters resident, or streamed where "
-             "that needs less); a smaller pool is refused at setup", ""]
+             "that needs less); a smaller pool is refused at setup"]
+    form = doc.get("recurrent_input")
+    if form is not None:
+        lines.append(f"Recurrent layers planned with their input transform {RECURRENT_FORMS[form]} (layers/recurrent.py; "
+                     "baseline and liveness run it over the whole sequence, offload and recompute per time step, "
+                     "auto over the sequence where that fits: SUPERNEURONS_RECURRENT_INPUT)")
+    lines.append("")
     rows = [("mode", "peak_m", "at step", "live tensors", "pool needed", "notes")]
     for m in modes:
         e = doc["modes"][m]

@@ -21,6 +21,7 @@ from superneurons.errors import UserError
 from superneurons.graph.build import Graph, build_graph
 from superneurons.graph.precision import override_defaults
 from superneurons.graph.state import is_included
+from superneurons.memory import recurrent_input
 from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.net import Net
@@ -59,7 +60,7 @@ def run(args) -> int:
 
     def build() -> Graph:
         return build_graph(net_param, pb.Phase.Value(args.phase), args.level, tuple(split_stages(args.stage)),
-                           source=args.model)
+                           source=args.model, recurrent_input=recurrent_input(args.memory))
 
     graph = build()
     if not graph.loss_blobs:
@@ -76,6 +77,7 @@ def run(args) -> int:
         load_weights(net, args.weights)
     # Caffe's blobs start at zero; the pool's memory holds whatever was there, and timing on it can meet
     # overflows and NaNs (slow paths on the CPU). The Input layers' tops are all nobody writes.
+    graph = net.graph  # auto may run recurrent layers in another form than built (memory.recurrent_input)
     for node in graph.nodes:
         if node.layer.type_name == "Input":
             for top in node.tops:

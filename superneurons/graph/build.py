@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from superneurons.errors import UserError
 from superneurons.graph.fuse import fuse
@@ -22,7 +23,9 @@ from superneurons.graph.state import filter_net, make_state
 from superneurons.io.prototxt_lines import layer_line
 from superneurons.layers.base import Layer, Shape, count, layer_class
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons.settings import MemoryPolicy, memory_policy
+from superneurons.settings import MemoryPolicy, get as get_setting, memory_policy
+
+RECURRENT_INPUTS = ("sequence", "step")  # the forms of a recurrent layer's input transform (layers/recurrent.py)
 
 
 @dataclass
@@ -42,6 +45,19 @@ class Graph:
     fusions: Fusions = field(default_factory=Fusions)
     # Blobs whose batch is the count a Filter keeps at each forward, and the layers on them (graph/live_batch.py).
     live: LiveBatches | None = None
+    # The form the net's recurrent layers transform their input in, "sequence" or "step" (RECURRENT_INPUTS;
+    # None: the net has none), and how to build the graph again in the other (`in_recurrent_input`).
+    recurrent_input: str | None = None
+    _rebuild: Callable[[str], "Graph"] | None = field(default=None, repr=False, compare=False)
+
+    def in_recurrent_input(self, form: str) -> "Graph":
+        """This net with its recurrent layers' input transforms in `form` ("sequence" or "step"): this graph
+        when they already are (or it has none), else the net built again (with this graph's master type)."""
+        if self.recurrent_input in (None, form) or self._rebuild is None:
+            return self
+        graph = self._rebuild(form)
+        graph.precision.master = self.precision.master
+        return graph
 
     @property
     def internal_blobs(self) -> dict[str, str]:
@@ -81,13 +97,25 @@ class Graph:
 
 
 def build_graph(net: pb.NetParameter, phase: int = pb.TRAIN, level: int = 0, stages: tuple[str, ...] = (),
-                source: str = "", policy: MemoryPolicy | None = None) -> Graph:
+                source: str = "", policy: MemoryPolicy | None = None, recurrent_input: str | None = None) -> Graph:
     """`policy`: fusion and gradient aliasing (None: MemoryParameter's defaults and the environment's
-    overrides, settings.memory_policy). An error about a layer names the line of its `name:` in `source`."""
+    overrides, settings.memory_policy). `recurrent_input`: the form of the recurrent layers' input transform,
+    "sequence" or "step" (layers/recurrent.py; None: SUPERNEURONS_RECURRENT_INPUT's, sequence under its
+    `auto`: memory.recurrent_input gives a memory mode's). An error about a layer names the line of its
+    `name:` in `source`."""
+    if recurrent_input is None:
+        recurrent_input = "step" if get_setting("SUPERNEURONS_RECURRENT_INPUT") == "step" else "sequence"
+    if recurrent_input not in RECURRENT_INPUTS:
+        raise ValueError(f"recurrent_input must be one of {RECURRENT_INPUTS}, got {recurrent_input!r}")
     try:
-        return _build_graph(net, phase, level, stages, source, policy)
+        graph = _build_graph(net, phase, level, stages, source, policy, recurrent_input)
     except UserError as e:
         raise _at_layer_line(e, source) from None
+    if graph.recurrent_input is not None:
+        kept = pb.NetParameter()
+        kept.CopyFrom(net)  # the caller's may change after this (time's seed_outputs_as_loss)
+        graph._rebuild = lambda form: build_graph(kept, phase, level, stages, source, policy, form)
+    return graph
 
 
 _LAYER_NAMED = re.compile(r"""^: layer (['"])(.+?)\1""")
@@ -102,7 +130,7 @@ def _at_layer_line(e: UserError, source: str) -> UserError:
 
 
 def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str, ...], source: str,
-                 policy: MemoryPolicy | None) -> Graph:
+                 policy: MemoryPolicy | None, recurrent_input: str) -> Graph:
     policy = policy if policy is not None else memory_policy()
     where = source or net.name or "<net>"
     state = make_state(phase, level, tuple(stages) or tuple(net.state.stage))
@@ -111,7 +139,7 @@ def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str
     filtered = insert_splits(filter_net(net, state), where)
     if not filtered.layer:
         raise UserError(f"{where}: the net has no layers in phase {pb.Phase.Name(phase)}")
-    filtered, parts = _unroll(filtered, phase, where)
+    filtered, parts = _unroll(filtered, phase, where, recurrent_input == "step")
     nodes = _instantiate(filtered, phase, where, parts)
     shapes = _infer_shapes(nodes, where)
     _set_loss_weights(nodes)
@@ -133,7 +161,7 @@ def _build_graph(net: pb.NetParameter, phase: int, level: int, stages: tuple[str
             if t not in consumed and t not in outputs and t not in inner:
                 outputs.append(t)
     return Graph(net.name, phase, nodes, shapes, outputs, source, filtered, diff_alias=policy.diff_alias,
-                 fusions=fusions, precision=precision, live=live)
+                 fusions=fusions, precision=precision, live=live, recurrent_input=recurrent_input if parts else None)
 
 
 def _instantiate(net: pb.NetParameter, phase: int, where: str, parts: dict[int, "_Part"] | None = None) -> list[Node]:
@@ -179,10 +207,11 @@ class _Part:
         return self.unrolled if self.prototxt_param is None else None
 
 
-def _unroll(net: pb.NetParameter, phase: int, where: str) -> tuple[pb.NetParameter, dict[int, _Part]]:
+def _unroll(net: pb.NetParameter, phase: int, where: str, per_step: bool) -> tuple[pb.NetParameter, dict[int, _Part]]:
     """`net` with every layer that runs as several (`Layer.unrolls`: RNN and LSTM over their time steps) replaced
-    by its parts, splits inserted where the parts read a blob twice, and every layer's `_Part` by position. The
-    number of parts depends on the bottom shapes, so the net's shapes are inferred once as it is, first."""
+    by its parts (`per_step`: `Layer.unroll`'s), splits inserted where the parts read a blob twice, and every
+    layer's `_Part` by position (empty when no layer unrolls). The number of parts depends on the bottom
+    shapes, so the net's shapes are inferred once as it is, first."""
     if not any(getattr(layer_class(p.type, f"{where}: layer {p.name!r}"), "unrolls", False) for p in net.layer):
         return net, {}
     nodes = _instantiate(net, phase, where)
@@ -198,7 +227,7 @@ def _unroll(net: pb.NetParameter, phase: int, where: str) -> tuple[pb.NetParamet
             parts.append(_Part(None, i))
             out.layer.add().CopyFrom(p)
             continue
-        for part, cls in layer.unroll():
+        for part, cls in layer.unroll(per_step):
             # The part that keeps the prototxt's name stands for the layer (caffemodels, pycaffe)
             parts.append(_Part(cls, i, layer.name, p if part.name == p.name else None))
             out.layer.add().CopyFrom(part)

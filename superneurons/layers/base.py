@@ -225,10 +225,11 @@ class Layer:
     # sets it up once to learn its shapes, then puts the parts `unroll()` returns in its place.
     unrolls: ClassVar[bool] = False
 
-    def unroll(self) -> list[tuple[pb.LayerParameter, "type[Layer] | None"]]:
+    def unroll(self, per_step: bool = False) -> list[tuple[pb.LayerParameter, "type[Layer] | None"]]:
         """The layers to run instead of this one (after `setup`), in order, each with the class that builds it
         (None: its registered type); one keeps this layer's name and owns its weights, and the others read them
-        from it by parameter name."""
+        from it by parameter name. `per_step`: every time step computes its own share of the work the layer
+        could do at once for all of them (graph.build says when: layers/recurrent.py)."""
         raise NotImplementedError
 
     @property

@@ -10,13 +10,20 @@ Caffe runs each such layer as an inner net unrolled over the T steps. Here the u
 runtime's own: `unroll` rewrites the layer into the same per-step layers (Slice, Scale, InnerProduct,
 Eltwise, TanH or LSTMUnit, Concat) sharing their weights by parameter name, which graph.build puts in the
 net in its place. Liveness, offload and recomputation then plan every time step like any other layer, and
-`superneurons memory` shows them. The layer of the prototxt stays in the net as the step that transforms
-x_1 (and x_static) -- it keeps the prototxt's name and owns every weight in Caffe's blob order, so
-caffemodels and pycaffe see Caffe's blobs; the step layers are named `<layer>/<Caffe's inner name>` and are
-not saved. Caffe transforms x for all T steps in one matrix product; here each step transforms its own
-x_t (an InnerProduct sharing W_xc), so that nothing of (T, N, G) exists at once: a step's gate input is
-rebuilt in backward from the step's own tensors (the state before it and x_t), which is what lets
-recomputation and offload keep only the per-step state (memory.RECURRENT_CHECKPOINTS).
+`superneurons memory` shows them. The layer of the prototxt stays in the net as the input transform -- it
+keeps the prototxt's name and owns every weight in Caffe's blob order, so caffemodels and pycaffe see Caffe's
+blobs; the step layers are named `<layer>/<Caffe's inner name>` and are not saved.
+
+The input transform W_xc x_t + b_c takes one of two forms (graph.build picks; docs/MEMORY.md says when):
+  - sequence (Caffe's): the head transforms x for all T steps in one matrix product (T, N, G), which a Slice
+    hands to the steps. Fewest layers per step: the form of baseline and liveness, where every step's
+    activations stay on the device anyway and each layer per step costs host time.
+  - step: the head transforms x_1 only and every later step its own x_t (`_StepTransform`, an InnerProduct
+    sharing W_xc), so that nothing of (T, N, G) exists at once: a step's gate input is rebuilt in backward
+    from the step's own tensors (the state before it and x_t), which is what lets recomputation and offload
+    keep only the per-step state (memory.RECURRENT_CHECKPOINTS).
+Both compute the same function: they train to the same weights up to float rounding (the gradient of W_xc
+adds its T steps up in one matrix product or step by step).
 
     LSTM (blobs W_xc, b_c[, W_xc_static], W_hc):
         gate_input_t = W_hc (cont_t h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static]
@@ -78,6 +85,7 @@ class _Recurrent(Layer):
     input_blobs: tuple[str, str] = ("", "")
     transform_class: type[Layer]
     concat_name = ""
+    per_step = False  # the form `unroll` was asked for (its docstring)
 
     def setup(self, bottom_shapes):
         p = self.param.recurrent_param
@@ -113,9 +121,10 @@ class _Recurrent(Layer):
         return [(self.steps, self.streams, self.hidden)] + [state_shape] * exposed
 
     # ---- the unrolled form ------------------------------------------------------------------------------
-    def unroll(self) -> list[tuple[pb.LayerParameter, type[Layer] | None]]:
+    def unroll(self, per_step: bool = False) -> list[tuple[pb.LayerParameter, type[Layer] | None]]:
         """The layers that replace this one in the net, in order, each with the class that builds it (None:
-        its registered type). The first is this layer's own name: the input transform (`_InputTransform`)."""
+        its registered type); the input transform (`_InputTransform`) keeps this layer's name. `per_step`:
+        the step form (each step transforms its own x_t), else the sequence form (module docstring)."""
         name = self.name
         bottoms, tops = list(self.param.bottom), list(self.param.top)
         states = len(self.state_names)
@@ -124,8 +133,8 @@ class _Recurrent(Layer):
         head = pb.LayerParameter()
         head.CopyFrom(self.param)
         del head.bottom[:], head.top[:], head.propagate_down[:], head.loss_weight[:]
-        head.bottom.append(f"{name}/x_1")
-        head.top.append(f"{name}/{x_t}_1")
+        head.bottom.append(f"{name}/x_1" if per_step else bottoms[0])
+        head.top.append(f"{name}/{x_t}_1" if per_step else f"{name}/{x_t}")
         if self.static:
             head.bottom.append(bottoms[2])
             head.top.append(f"{name}/{x_static}")
@@ -133,12 +142,16 @@ class _Recurrent(Layer):
             head.propagate_down.extend([self.param.propagate_down[0]] +
                                        ([self.param.propagate_down[2]] if self.static else []))
         self.fill_param_names(head)
+        self.per_step = per_step
         steps = range(1, self.steps + 1)
-        x_slice = self._part("x_slice", "Slice", [bottoms[0]], [f"{name}/x_{t}" for t in steps],
-                             slice_param=pb.SliceParameter(axis=0))
-        if self.param.propagate_down:
-            x_slice.propagate_down.append(self.param.propagate_down[0])
-        out: list[tuple[pb.LayerParameter, type[Layer] | None]] = [(x_slice, None), (head, self.transform_class)]
+        out: list[tuple[pb.LayerParameter, type[Layer] | None]] = []
+        if per_step:
+            x_slice = self._part("x_slice", "Slice", [bottoms[0]], [f"{name}/x_{t}" for t in steps],
+                                 slice_param=pb.SliceParameter(axis=0))
+            if self.param.propagate_down:
+                x_slice.propagate_down.append(self.param.propagate_down[0])
+            out.append((x_slice, None))
+        out.append((head, self.transform_class))
         if exposed:
             first = {s: bottoms[len(bottoms) - states + k] for k, s in enumerate(self.state_names)}
         else:
@@ -146,6 +159,9 @@ class _Recurrent(Layer):
             out.append((self._carried_state(list(first.values()), []), _CarriedState))
         out.append((self._part("cont_slice", "Slice", [bottoms[1]], [f"{name}/cont_{t}" for t in steps],
                                slice_param=pb.SliceParameter(axis=0)), None))
+        if not per_step:
+            out.append((self._part(f"{x_t}_slice", "Slice", [f"{name}/{x_t}"],
+                                   [f"{name}/{x_t}_{t}" for t in steps], slice_param=pb.SliceParameter(axis=0)), None))
         outputs = []
         for t in steps:
             state = {s: (first[s] if t == 1 else f"{name}/{s}_{t - 1}") for s in self.state_names}
@@ -222,9 +238,10 @@ class _Recurrent(Layer):
         return scale, top
 
     def x_transform(self, t: int, h_prev: str, blobs: tuple[str, str], width: int) -> list[pb.LayerParameter]:
-        """W x_t + b of step t, from the head's weights `blobs` (by name); step 1's is the head itself. It also
-        reads h_{t-1} (`_StepTransform`), which the step's Scale reads in forward and backward anyway."""
-        if t == 1:
+        """The step form's W x_t + b of step t, from the head's weights `blobs` (by name); step 1's is the head
+        itself. It also reads h_{t-1} (`_StepTransform`), which the step's Scale reads in forward and backward
+        anyway. None in the sequence form: the head transformed every step's x_t."""
+        if t == 1 or not self.per_step:
             return []
         ip = self.shared_ip(f"{self.input_blobs[0]}_{t}", f"{self.name}/x_{t}",
                             f"{self.name}/{self.input_blobs[0]}_{t}", blobs, width)
@@ -292,11 +309,12 @@ class _CarriedState(Layer):
 
 
 class _InputTransform(Layer):
-    """The recurrent layer of the prototxt once unrolled (`_Recurrent.unroll`): the first time step's
-    x_1 (1, N, D) -> W x_1 + b (1, N, G), and x_static (N, ...) -> W_static x_static (1, N, G), where G is the
-    gate width (the later steps' transforms are InnerProducts sharing W and b). It owns every blob of the
-    layer in Caffe's order, the recurrent ones included (the steps share them by name), so a caffemodel's
-    blobs for the layer land here."""
+    """The recurrent layer of the prototxt once unrolled (`_Recurrent.unroll`): x (T, N, D) -> W x + b (T, N, G)
+    for every time step at once in the sequence form, the first step's x_1 (1, N, D) -> W x_1 + b (1, N, G) in
+    the step form (the later steps' transforms are InnerProducts sharing W and b); and x_static (N, ...) ->
+    W_static x_static (1, N, G), where G is the gate width. It owns every blob of the layer in Caffe's order,
+    the recurrent ones included (the steps share them by name), so a caffemodel's blobs for the layer land
+    here."""
 
     n_bottoms = (1, 2)
     n_tops = (1, 2)

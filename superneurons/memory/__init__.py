@@ -30,6 +30,32 @@ BLOCK_CHECKPOINTS: tuple[str, ...] = ("Eltwise", "Concat", "Pooling")
 # step's own tensors, so what stays on the device per step is the state, not the step's activations.
 RECURRENT_CHECKPOINTS: tuple[str, ...] = ("LSTMUnit", "TanH", "Slice", "LSTM", "RNN")
 RECURRENT_LAYERS = frozenset({"LSTMUnit", "LSTM", "RNN"})  # the net has unrolled time steps
+# The modes whose plans keep checkpoints and drop or move the rest: there each time step of a recurrent layer
+# transforms its own input (layers/recurrent.py's step form), so that they keep only the state per step.
+CHECKPOINTING_MODES = ("offload", "recompute")
+
+
+def recurrent_input(mode: str | None) -> str:
+    """The form ("sequence" or "step", graph.build's `recurrent_input`) of the recurrent layers' input transform
+    for memory mode `mode` (None: auto): SUPERNEURONS_RECURRENT_INPUT's when it names one; else step under
+    offload and recompute, and sequence under baseline and liveness, which keep every step's activations
+    anyway, and first under auto (`auto_recurrent_inputs`)."""
+    from superneurons.settings import get
+
+    setting = get("SUPERNEURONS_RECURRENT_INPUT")
+    if setting != "auto":
+        return setting
+    return "step" if (mode or "auto").lower() in CHECKPOINTING_MODES else "sequence"
+
+
+def auto_recurrent_inputs() -> tuple[str, ...]:
+    """The forms of the recurrent input transform `auto` weighs, in order: it runs the first that has a plan that
+    fits (runtime/net.py). The sequence form is the faster; the step form's checkpointing plans keep less (only
+    the state per step), so it is where long sequences fit. SUPERNEURONS_RECURRENT_INPUT may name one."""
+    from superneurons.settings import get
+
+    setting = get("SUPERNEURONS_RECURRENT_INPUT")
+    return ("sequence", "step") if setting == "auto" else (setting,)
 
 
 def checkpoint_sets(graph: Any, given: Iterable[str] | None = None) -> list[tuple[str, ...]]:
@@ -46,10 +72,11 @@ def checkpoint_sets(graph: Any, given: Iterable[str] | None = None) -> list[tupl
             + ([RECURRENT_CHECKPOINTS] if present.intersection(RECURRENT_LAYERS) else []))
 
 
-def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
-    """`auto` for a Net: a `cost.Choice` whose `mode` and `checkpoint_types` fit the Net's pool beside the
-    resident parameters (or with them streamed) and are predicted fastest. `checkpoint_types` given: only
-    those are weighed; None: the sets of `checkpoint_sets`."""
+def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None, capacity: int | None = None):
+    """`auto` for a Net: a `cost.Choice` whose `mode` and `checkpoint_types` fit the Net's pool (`capacity`
+    bytes, None: its pool's) beside the resident parameters (or with them streamed) and are predicted
+    fastest; a UserError when none fits. `checkpoint_types` given: only those are weighed; None: the sets
+    of `checkpoint_sets`."""
     from superneurons.memory.cost import choose
     from superneurons.memory.host import host_limit
     from superneurons.memory.plan import make_plan
@@ -63,7 +90,8 @@ def pick_mode(net: Any, checkpoint_types: Iterable[str] | None = None):
         programs[:] = [plan.program]
         return plan
 
-    return choose(net.pool.capacity, checkpoint_sets(net.graph, checkpoint_types), plan_for, host_limit())
+    return choose(net.pool.capacity if capacity is None else capacity, checkpoint_sets(net.graph, checkpoint_types),
+                  plan_for, host_limit())
 
 
 def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_types: Iterable[str] | None = None,
@@ -91,17 +119,20 @@ def resolve_memory(memory: str | None, memory_param: Any = None, checkpoint_type
 
 
 def make_manager(mode: str | type[MemoryManager], net: NetServices,
-                 checkpoint_types: Iterable[str] | None = None) -> MemoryManager:
+                 checkpoint_types: Iterable[str] | None = None, choice: Any = None) -> MemoryManager:
     """The manager for `mode` (or an instance of the MemoryManager class given); `checkpoint_types` are the
     layers whose outputs offload may move and recomputation keeps (None: Convolution, except that `auto`
-    then weighs other sets too). Under `auto` the manager's `auto` attribute is the `cost.Choice` made."""
+    then weighs other sets too). Under `auto` the manager's `auto` attribute is the `cost.Choice` made
+    (`choice`: the one `pick_mode` already made for this net and pool)."""
     from superneurons.memory.managers import MANAGERS
     from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 
-    choice = None
     net.graph.use_concat_slices(False)  # as built: what auto weighs, and every mode but baseline runs
-    if mode == "auto":
+    if mode != "auto":
+        choice = None
+    elif choice is None:
         choice = pick_mode(net, checkpoint_types)
+    if choice is not None:
         mode, checkpoint_types = choice.mode, choice.checkpoint_types
     types = tuple(checkpoint_types or DEFAULT_CHECKPOINTS)
     # Before any plan of the manager's: ReLUs read their gradients from Concat tops only where every tensor

@@ -26,7 +26,7 @@ from superneurons.graph.precision import check_backend, stored_types
 from superneurons.layers.base import FLOAT32_COPIES, ParamDecl
 from superneurons.layers.fillers import fill as fill_host
 from superneurons.memory.interface import MemoryManager, StepHooks
-from superneurons.memory.pool import format_bytes, make_pool
+from superneurons.memory.pool import BLOCK, format_bytes, make_pool
 from superneurons.memory.steps import RunContext, Step, Tensor
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.hook_dispatch import HookList, final_gradient_writers
@@ -58,16 +58,8 @@ class Net:
         `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
         `reduce_type`: the half type a data-parallel training net reduces its gradients in (parallel/reducer.py),
         whose buffer the layout declares and the plan holds (None: none)."""
-        self.graph = graph
-        self.name = graph.name
         self.backend = HostAwareBackend(backend, self)
         self._device_backend = backend
-        # Which 4-D blobs this backend keeps channels last (graph/layout.py; before the tensors are declared:
-        # a float32 convolution may get working copies for its KRSC filter)
-        self.blob_layouts = choose_layouts(graph, getattr(backend, "layouts", ("NCHW",)))
-        storage = stored_types(graph)
-        # A net with NHWC tensors gets ops that convert where an op has no channels-last path for its arguments
-        self.ops = backend.ops_for(storage, channels_last=True) if self.blob_layouts.any else backend.ops_for(storage)
         self.train = train
         self.ctx = RunContext(seed=seed, data_workers=data_workers)
         self.loss_scale = 1.0  # the solver's loss scale (solver/loss_scale.py): backward seeds weight x scale
@@ -75,23 +67,40 @@ class Net:
         # train net's, through which it streams the train net's weights.
         self.params: Any = None
         self._shared_params: Any = None
-        self._declare_tensors(share_params_with, solver_history, update_chunk, reduce_type)
-        from superneurons.memory import make_manager, resolve_memory  # the modes live there
+        from superneurons.memory import (auto_recurrent_inputs, make_manager, pick_mode, recurrent_input,  # the modes
+                                         resolve_memory)
 
         # Checkpoint types left unset: `auto` weighs several sets (the manager reports the one it runs with).
         custom = memory if isinstance(memory, type) else None
         mode, types, param_pool = resolve_memory(None if custom else memory, memory_param, checkpoint_types,
                                                  unset_types=True)
-        if pool_bytes is None:
-            own_budget = param_pool is not None and share_params_with is None  # the budget is the train net's
-            pool_bytes = param_pool if own_budget else default_pool_bytes(
-                self.name, self.tensors, self.backend, train, share_params_with is not None)
+        # Recurrent layers transform their input in the form this mode runs (memory.recurrent_input); auto weighs
+        # the forms in turn (below).
+        forms = (auto_recurrent_inputs() if mode == "auto" else (recurrent_input(mode),)) if custom is None else ()
+        if forms:
+            graph = graph.in_recurrent_input(forms[0])
+        declare = (share_params_with, solver_history, update_chunk, reduce_type)
+        self._declare_graph(graph, *declare)
+        given_pool = pool_bytes
+        pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
         self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
         # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
         check_backend(graph, backend)  # storage types it cannot compute on
         check_fits(self.tensors, pool_bytes, backend, graph)
+        choice = None
+        if len(forms) > 1 and graph.recurrent_input is not None:
+            # auto runs the sequence form where a plan of it fits; where none does, the step form, whose
+            # checkpointing plans keep only the recurrent state per step. Decided before the pool exists: a GPU
+            # pool that does not fit takes the device's free memory, which only one pool can have.
+            try:
+                choice = pick_mode(self, types, capacity=pool_bytes // BLOCK * BLOCK)
+            except UserError:
+                graph = graph.in_recurrent_input(forms[1])
+                self._declare_graph(graph, *declare)
+                pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
+                check_fits(self.tensors, pool_bytes, backend, graph)
         self.pool = make_pool(pool_bytes, backend, self.policy.allocator)
-        self.memory: MemoryManager = make_manager(custom or mode, self, types)
+        self.memory: MemoryManager = make_manager(custom or mode, self, types, choice)
         self.checkpoint_types: tuple[str, ...] = self.memory.checkpoint_types
         self.hooks = HookList([self.memory])  # called around every step (add_hooks)
         self.memory.setup()
@@ -111,6 +120,29 @@ class Net:
         self._build_steps()
 
     # -- construction -------------------------------------------------------------------------
+    def _declare_graph(self, graph: Graph, share: "Net | None", solver_history: int, update_chunk: int,
+                       reduce_type: Any) -> None:
+        """Run `graph`: its blobs' layouts, the ops for its storage types, its tensors."""
+        self.graph = graph
+        self.name = graph.name
+        backend = self._device_backend
+        # Which 4-D blobs this backend keeps channels last (graph/layout.py; before the tensors are declared:
+        # a float32 convolution may get working copies for its KRSC filter)
+        self.blob_layouts = choose_layouts(graph, getattr(backend, "layouts", ("NCHW",)))
+        storage = stored_types(graph)
+        # A net with NHWC tensors gets ops that convert where an op has no channels-last path for its arguments
+        self.ops = backend.ops_for(storage, channels_last=True) if self.blob_layouts.any else backend.ops_for(storage)
+        self._declare_tensors(share, solver_history, update_chunk, reduce_type)
+
+    def _pool_bytes(self, given: int | None, param_pool: int | None, share: "Net | None") -> int:
+        """The pool's size: `given`; else the solver's budget (`param_pool`) for a net of its own parameters; else
+        the default for the tensors declared (runtime/pool_size.py)."""
+        if given is not None:
+            return given
+        if param_pool is not None and share is None:  # a test net's budget is the train net's
+            return param_pool
+        return default_pool_bytes(self.name, self.tensors, self.backend, self.train, share is not None)
+
     def _declare_tensors(self, share: "Net | None", solver_history: int, update_chunk: int,
                          reduce_type: Any = None) -> None:
         """The layout (`memory.tensors`, the planner's too) and one Tensor per entry, in its order."""

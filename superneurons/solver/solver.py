@@ -23,6 +23,7 @@ from superneurons.graph.precision import STORAGE_TYPES, override_defaults
 from superneurons.errors import UserError
 from superneurons.io.caffemodel import load_weights_files
 from superneurons.layers.base import count
+from superneurons.memory import recurrent_input, resolve_memory
 from superneurons.memory.pool import format_bytes
 from superneurons.proto import superneurons_pb2 as pb
 from superneurons.runtime.logging import DisplayGate, TrainLog, capped_outputs, num, output_line
@@ -103,8 +104,10 @@ class Solver:
     def _build(self, src: NetSource, phase: int, memory: str | None, share: Net | None = None) -> Net:
         memory_param = self.param.memory_param if self.param.HasField("memory_param") else None
         net_param = override_defaults(_copy(src.param), self.precision)
+        # In the form of the recurrent input transform the mode runs, so that the Net need not build it again
+        mode = resolve_memory(memory, memory_param)[0]
         graph = build_graph(net_param, phase, src.level, src.stages, source=src.where,
-                            policy=memory_policy(memory_param))
+                            policy=memory_policy(memory_param), recurrent_input=recurrent_input(mode))
         graph.precision.master = master_type(self.param, self.where)
         # The budget is the training net's; a test net (sharing its parameters) sizes its pool to its need.
         pool = self.pool_bytes if share is None else None

@@ -43,20 +43,34 @@ def lstm_net(steps: int, streams: int, inputs: int, hidden: int, precision: str 
 def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32",
               host_limit: int = common.HOST_PINNED_LIMIT, rank: bool = True) -> str | None:
     """The mode `--memory auto` picks for T = steps in a pool of `pool` bytes with at most `host_limit` bytes of
-    pinned host memory (the host store, streamed parameters), or None when nothing fits. `rank=False`, for the
-    search of the longest T, which only asks whether something fits: auto's higher replay limits are not
-    planned (a recompute plan held to a higher limit never peaks below the one held to max(l_i), which is
-    weighed), so a probe plans each checkpoint set once instead of up to four times."""
+    pinned host memory (the host store, streamed parameters), or None when nothing fits. As the Net's auto, the
+    LSTM's input transform over the whole sequence first, then where nothing fits so, per step (memory.
+    recurrent_input). `rank=False`, for the search of the longest T, which only asks whether something fits:
+    only the step form is planned (its recompute plans keep the least), and auto's higher replay limits are not
+    (a recompute plan held to a higher limit never peaks below the one held to max(l_i), which is weighed), so
+    a probe plans each checkpoint set once instead of up to four times."""
     from superneurons.errors import UserError
     from superneurons.graph.build import build_graph
+    from superneurons.memory import auto_recurrent_inputs
+    from superneurons.proto import superneurons_pb2 as pb
+
+    forms = auto_recurrent_inputs() if rank else auto_recurrent_inputs()[-1:]
+    graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN, recurrent_input=forms[0])
+    for form in forms:
+        try:
+            return _auto_mode(graph.in_recurrent_input(form), pool, host_limit, rank)
+        except UserError:
+            pass
+    return None
+
+
+def _auto_mode(graph, pool: int, host_limit: int, rank: bool) -> str:
+    """`fits_plan` on one form of the net: the mode auto picks, or a UserError when nothing fits."""
     from superneurons.memory import checkpoint_sets
     from superneurons.memory.cost import choose
     from superneurons.memory.plan import PLAN_MODES, make_plan
-    from superneurons.proto import superneurons_pb2 as pb
 
-    graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
     programs: list = []
-
     floors: dict = {}
 
     def plan_for(types, modes=PLAN_MODES, recompute_limit=0):
@@ -70,10 +84,7 @@ def fits_plan(steps: int, streams: int, inputs: int, hidden: int, pool: int, pre
             floors[types] = plan
         return plan
 
-    try:
-        return choose(pool, checkpoint_sets(graph, None), plan_for, host_limit).mode
-    except UserError:
-        return None
+    return choose(pool, checkpoint_sets(graph, None), plan_for, host_limit).mode
 
 
 def guess_longest(step: int, streams: int, inputs: int, hidden: int, pool: int, precision: str = "fp32") -> int:
@@ -81,12 +92,13 @@ def guess_longest(step: int, streams: int, inputs: int, hidden: int, pool: int, 
     parameters resident) reaches `pool`, extrapolated from plans at 4 and 8 steps of `step` (needs grow
     linearly with T), so the search probes long sequences, the slow ones to plan, only near the edge."""
     from superneurons.graph.build import build_graph
-    from superneurons.memory import checkpoint_sets
+    from superneurons.memory import checkpoint_sets, recurrent_input
     from superneurons.memory.plan import make_plan
     from superneurons.proto import superneurons_pb2 as pb
 
-    def need(steps: int) -> int:
-        graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN)
+    def need(steps: int) -> int:  # the form recompute runs, which keeps the least
+        graph = build_graph(lstm_net(steps, streams, inputs, hidden, precision), pb.TRAIN,
+                            recurrent_input=recurrent_input("recompute"))
         plans = [make_plan(graph, train=True, checkpoint_types=types) for types in checkpoint_sets(graph, None)]
         return min(p.resident_need(m) for p in plans for m in ("liveness", "offload", "recompute"))
 
