@@ -543,6 +543,38 @@ def test_auto_runs_the_step_form_where_no_plan_of_the_sequence_form_fits(monkeyp
     assert got == ref and losses == ref_losses
 
 
+def test_the_memory_command_plans_the_form_each_mode_runs(tmp_path, capsys):
+    """`superneurons memory`: the every-mode table in the step form (offload's and recompute's), `--memory liveness`
+    in the sequence form; with a budget, auto's form as the Net picks it (sequence where a plan fits)."""
+    import json
+
+    from test_memory_modes import BACKEND, _graph
+
+    from superneurons.cli import main
+    from superneurons.memory.plan import make_plan
+    from superneurons.runtime.net import Net
+
+    text = _wide_lstm(24)
+    model = tmp_path / "lstm.prototxt"
+    model.write_text('name: "t"\n' + text)
+    step_graph = _graph(text).in_recurrent_input("step")
+    params = Net(step_graph, BACKEND, memory="recompute").memory.param_bytes
+    tight = params + make_plan(step_graph, plan_backward=False).peak("recompute")[0] + 4096
+
+    def doc(*extra):
+        assert main(["memory", "--model", str(model), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert doc()["recurrent_input"] == "step"
+    assert doc("--memory", "liveness")["recurrent_input"] == "sequence"
+    loose = doc("--gpu-memory", "64M")
+    assert (loose["auto"], loose["auto_recurrent_input"]) == ("baseline", "sequence")
+    narrow = doc("--gpu-memory", str(tight))
+    assert (narrow["auto"], narrow["auto_recurrent_input"]) == ("recompute", "step")
+    assert main(["memory", "--model", str(model)]) == 0
+    assert "Recurrent layers planned with their input transform per time step" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("mode", ["offload", "recompute"])
 @STEP_FORM
 @GPU_ONLY[0]
@@ -570,3 +602,25 @@ def test_recurrent_checkpoints_on_the_gpu_train_like_its_baseline(gpu, mode, for
               checkpoint_types=RECURRENT_CHECKPOINTS)
     assert weights(net) == ref
     assert max(net.memory.trace) <= budget - params
+
+
+@GPU_ONLY[0]
+@GPU_ONLY[1]
+def test_the_sequence_and_step_forms_train_alike_on_the_gpu(gpu, monkeypatch):
+    """On the GPU too the two forms of the input transform train to the same weights up to float32 rounding
+    (cuBLAS may also pick other kernels for the (T N, D) product than for the (N, D) ones)."""
+    from test_memory_modes import _graph
+
+    from superneurons.runtime.net import Net
+
+    runs = {}
+    for form in ("sequence", "step"):
+        monkeypatch.setenv("SUPERNEURONS_RECURRENT_INPUT", form)
+        net = Net(_graph(_wide_lstm(16)), gpu, train=True, seed=7, memory="baseline")
+        assert net.graph.recurrent_input == form
+        _, weights, losses = _train_net(net)
+        runs[form] = ([np.frombuffer(w, np.float32) for w in weights], losses)
+    (seq_w, seq_losses), (step_w, step_losses) = runs.values()
+    np.testing.assert_allclose(seq_losses, step_losses, rtol=1e-5)
+    for a, b in zip(seq_w, step_w):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
