@@ -27,7 +27,9 @@ BLOCK_CHECKPOINTS: tuple[str, ...] = ("Eltwise", "Concat", "Pooling")
 # (LSTMUnit's c_t and h_t; an RNN's h_t and o_t, TanH tops), each step's x_t (the Slice of x) and the first
 # step's input transform (the LSTM or RNN layer itself, which also keeps the static input's transform). With
 # these kept (recompute) or moved to the host (offload), a step's gate input is rebuilt in backward from that
-# step's own tensors, so what stays on the device per step is the state, not the step's activations.
+# step's own tensors, so what stays on the device per step is the state, not the step's activations. That is the
+# step form of the input transform, which these modes run (`recurrent_input`); in the sequence form the Slice and
+# the layer itself are the whole sequence's transform, (T, N, 4H), kept from the first step to the last.
 RECURRENT_CHECKPOINTS: tuple[str, ...] = ("LSTMUnit", "TanH", "Slice", "LSTM", "RNN")
 RECURRENT_LAYERS = frozenset({"LSTMUnit", "LSTM", "RNN"})  # the net has unrolled time steps
 # The modes whose plans keep checkpoints and drop or move the rest: there each time step of a recurrent layer
