@@ -52,21 +52,22 @@ lint: $(DEV)
 typecheck: $(DEV)
 	$(BIN)/mypy
 
-# After ruff, mypy and the two pytest runs go side by side (a make of their own, -j3): much of the main run's
-# time its workers wait on the processes and the package registry its tests start, and mypy and the simulator
-# run fill those cores (on two cores, 13.5 minutes in sequence, less side by side). --output-sync prints each
-# one's output whole as it ends; a failure of any fails `make test` once all three are done.
+# After ruff, mypy and the two pytest runs go side by side (a make of their own, -j3). The main run is the
+# longest, and for about a third of it its workers wait (on the package registry, on the processes its tests
+# start, on the other worker at the end): the simulator run, at the lowest priority (nice 19), takes those
+# idle cores and little else, and what it has left runs once the main run is done, as it did after it. --output-sync
+# prints each one's output whole as it ends; a failure of any fails `make test` once all three are done.
 test: lint
-	$(MAKE) --no-print-directory -j3 --output-sync=target typecheck test-main test-sim
+	$(MAKE) --no-print-directory -j3 --output-sync=target typecheck test-main test-sim NICE="nice -n 19"
 
 # Each worker starts on a run of consecutive tests and takes over another's when it runs dry (--dist worksteal):
 # a module's fixtures are mostly set up once.
 test-main: $(DEV)
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not gpu"
 
-# The simulator files go to the workers whole (--dist loadfile).
+# The simulator files go to the workers whole (--dist loadfile). `make test` runs it at nice 19 (NICE).
 test-sim: $(DEV)
-	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider \
+	NUMBA_ENABLE_CUDASIM=1 $(NICE) $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider \
 	    -m "simulator and not gpu" $(SIM_TESTS)
 
 # On a GPU machine with no registry: the packages come from the machine, not a venv (docs/BENCHMARKS.md,
