@@ -1,7 +1,7 @@
 """Test files that check numba-cuda kernels under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, no GPU needed).
 
 numba picks the simulator once per process, when it is first imported, so these tests run in a pytest run of
-their own with the variable set from the start, as `make test` does after the main run:
+their own with the variable set from the start, as `make test` does beside the main run:
 
     NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m "simulator and not gpu" tests/*_sim.py
 
