@@ -83,13 +83,14 @@ _DECLARED = (
             "1 streams parameters, gradients and solver history from host memory layer by layer, 0 keeps them "
             "on the device; unset: stream only when they do not fit beside the activations.",
             overrides="param_offload"),
-    # -- diagnostics
+    # -- how recurrent layers unroll for a memory mode (memory.recurrent_input)
     Setting("SUPERNEURONS_RECURRENT_INPUT", CHOICE, "auto",
             "How unrolled LSTM/RNN layers transform their input x (layers/recurrent.py): `sequence`, one matrix "
             "product for all time steps (fewest layers per step, fastest); `step`, one per time step, so that "
             "offload and recompute keep only the recurrent state per step; `auto`: step under `--memory "
             "offload`/`recompute` and where `auto` finds no plan of the sequence form that fits, else sequence "
             "(docs/MEMORY.md).", choices=("auto", "sequence", "step")),
+    # -- diagnostics
     Setting("SUPERNEURONS_TRANSFER_LAG", INT, 0,
             "CPU backend: each host copy completes this many transfer calls late, to exercise the asynchronous "
             "paths without a GPU."),

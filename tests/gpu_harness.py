@@ -109,7 +109,7 @@ def close(got, want, rtol=1e-5, atol_scale=1e-5) -> float:
     floor = HALF_TOLERANCE.get(got.dtype, HALF_TOLERANCE.get(want.dtype, 0.0))
     if got.dtype in HALF_TOLERANCE:  # a result past the half type's range is stored as +-inf: expect that
         with np.errstate(over="ignore"):
-            want = np.where(np.isinf(want.astype(got.dtype)), np.sign(want) * np.inf, want)
+            want = np.where(np.isinf(want.astype(got.dtype)), np.copysign(np.inf, want), want)
     got, want = got.astype(np.float64), want.astype(np.float64)
     rtol, atol_scale = max(rtol, floor), max(atol_scale, floor)
     finite = np.isfinite(want)

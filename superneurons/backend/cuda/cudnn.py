@@ -447,7 +447,8 @@ class ConvPlan:
         measures into an output of its own, never into the sum being accumulated. That output is borrowed from
         the workspace source for the call (`borrow`: in a Net, the run's pool, memory/workspace.py), like the
         workspace and for the same reason: it is needed once per shape, so the plan does not hold it every
-        iteration, and it takes what the step leaves free. Where the source cannot spare it, the direction is ranked by cuDNN's heuristics instead: the same sums, maybe a slower engine."""
+        iteration, and it takes what the step leaves free. Where the source cannot spare it, the direction is
+        ranked by cuDNN's heuristics instead: the same sums, maybe a slower engine."""
         if self.tables[direction] is not None or not measures_algorithms():
             self._run(direction, a, b, pointer(out))
             return
