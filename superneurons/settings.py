@@ -139,6 +139,10 @@ _DECLARED = (
             "Data parallelism: MiB of gradients per bucket, each bucket one all-reduce started as backward "
             "finishes its gradients (parallel/reducer.py; default measured with tools.bench.scaling "
             "--bucket-sweep); 0 reduces every gradient as a bucket of its own."),
+    Setting("SUPERNEURONS_DP_NCCL_CTAS", INT, None,
+            "Data parallelism on GPUs: the most thread blocks (CTAs, 1-32) one NCCL reduction kernel takes; the "
+            "reductions run beside backward, so every block they hold is a multiprocessor backward waits for. "
+            "Unset: NCCL's own choice (docs/PARALLEL.md has the measurement)."),
     Setting("SUPERNEURONS_DP_REDUCE", CHOICE, "fp32",
             "Data parallelism: the type gradients are summed across ranks in. `fp32`: the float32 gradients, in "
             "place; `backward`: where the net stores gradients in float16 or bfloat16, that type (half the bytes "

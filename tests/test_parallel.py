@@ -615,6 +615,12 @@ def test_scaling_benchmark_arguments_and_efficiency(capsys):
     assert [j.split(" rank ")[1].split()[0] for j in apart] == ["ours", "torch"] * 3  # alternating, 3 each
     with pytest.raises(SystemExit):
         scaling.main(["--dry-run", "--bucket-mb", "8,x"])
+    assert scaling.parse_ctas("0,8,4,8") == [0, 8, 4]
+    for bad in ("33", "-1", "8,x"):
+        with pytest.raises(SystemExit, match="--nccl-ctas"):
+            scaling.parse_ctas(bad)
+    assert scaling.main(["--dry-run", "--gpus", "4", "--nets", "vgg16", "--budget", "0", "--nccl-ctas", "0,4"]) == 0
+    assert all(j.endswith("--nccl-ctas 0,4") for j in capsys.readouterr().out.splitlines())
 
 
 def test_scaling_benchmark_runs_its_ranks_on_the_cpu(tmp_path):

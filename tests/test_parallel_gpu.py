@@ -174,9 +174,20 @@ def test_n_gpus_train_to_the_one_gpu_weights(tmp_path, lmdb_source, one_gpu_refe
     """`--gpu all` (N ranks, batch B each, every rank in `mode`) against `--gpu 0` (one rank, batch N*B,
     baseline) after 20 iterations: the same records per iteration, so the same weights up to the order of
     the sums (per-rank sums then NCCL's average vs one sum over N*B)."""
+    _against_one_gpu(tmp_path, lmdb_source, one_gpu_reference, mode)
+
+
+def test_n_gpus_with_nccl_capped_at_two_blocks_train_to_the_one_gpu_weights(tmp_path, lmdb_source, one_gpu_reference):
+    """SUPERNEURONS_DP_NCCL_CTAS=2 (NCCL's maxCTAs): the reductions run on fewer blocks, to the same weights."""
+    lines = _against_one_gpu(tmp_path, lmdb_source, one_gpu_reference, "baseline", SUPERNEURONS_DP_NCCL_CTAS="2")
+    assert any(m.startswith("Data parallel:") and m.endswith("NCCL kernels of at most 2 blocks") for m in lines)
+
+
+def _against_one_gpu(tmp_path, lmdb_source, one_gpu_reference, mode: str, **env: str) -> list[str]:
+    """Trains on every GPU in `mode` under `env`, checks the weights against one GPU's; the log lines."""
     source, n = lmdb_source
     solver = _lmdb_solver(tmp_path, "multi", source, PER_RANK_BATCH, MULTI_ITERATIONS, MULTI_ITERATIONS)
-    r = _train(tmp_path, solver, "all", None, "--memory", mode, **DETERMINISTIC)
+    r = _train(tmp_path, solver, "all", None, "--memory", mode, **DETERMINISTIC, **env)
     lines = messages(r.stderr)
     assert any(m.startswith(f"Data parallel: {n} rank(s)") for m in lines)
     # One NCCL call per bucket (the bucket's gradients side by side in the pool), and the wait is shown.
@@ -188,10 +199,12 @@ def test_n_gpus_train_to_the_one_gpu_weights(tmp_path, lmdb_source, one_gpu_refe
     reference, start = one_gpu_reference
     untouched = _worst(multi, start)
     worst, where = _worst(multi, reference)
-    print(f"{n} GPUs in {mode} vs 1 GPU baseline after {MULTI_ITERATIONS} iterations: {worst:.3g} ({where}); "
+    print(f"{n} GPUs in {mode} {env or ''} vs 1 GPU baseline after {MULTI_ITERATIONS} iterations: {worst:.3g} "
+          f"({where}); "
           f"training moved the weights by {untouched[0]:.3g}")
     assert untouched[0] > 1e-2  # the comparison is between trained weights
     assert worst <= 1e-4
+    return lines
 
 
 def test_a_killed_rank_ends_the_job_within_seconds(tmp_path, lmdb_source):

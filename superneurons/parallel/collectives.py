@@ -9,6 +9,8 @@ the compute stream, so they overlap the backward kernels: before a bucket starts
 compute issued so far (the kernels that wrote the bucket's gradients); `wait` makes compute wait for the
 bucket's done event, on the GPU, so the host is never blocked. NCCL's AVG operation divides by the number
 of ranks in the same pass. A bucket is one array (its gradients side by side in the pool), so one call.
+The reduction kernels share the multiprocessors with backward's; SUPERNEURONS_DP_NCCL_CTAS caps how many
+thread blocks each takes (NCCL's `maxCTAs`), trading reduction time, hidden behind backward, for compute.
 
 The reductions go through nccl4py's C-level binding (`nccl.bindings.nccl.all_reduce`) with the arrays' device
 addresses, not through `Communicator.allreduce`: that one resolves each buffer's device with cuda-bindings'
@@ -29,8 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from superneurons import settings
 from superneurons.dtypes import BFLOAT16, FLOAT32, HALF_TYPES
-from superneurons.errors import require_module
+from superneurons.errors import UserError, require_module
+
+CTAS_ENV = "SUPERNEURONS_DP_NCCL_CTAS"
 
 
 def half_sum(dtype: Any) -> Any:
@@ -100,17 +105,28 @@ def _nccl() -> Any:
                           "and NCCL of that CUDA major)")
 
 
+def nccl_ctas_setting() -> int | None:
+    """The most CTAs an NCCL kernel may take (SUPERNEURONS_DP_NCCL_CTAS), None for NCCL's own choice."""
+    value = settings.get(CTAS_ENV)
+    if value is not None and not 1 <= value <= 32:
+        raise UserError(f"{CTAS_ENV}={value}: expected 1 to 32 thread blocks per NCCL kernel (unset: NCCL's choice)")
+    return value
+
+
 class NcclCollective:
     """Averaging device arrays of `backend` (GPU `device`, the current one) across the ranks of `world`
-    through NCCL, on a stream of the backend's beside compute."""
+    through NCCL, on a stream of the backend's beside compute. `max_ctas`: the most thread blocks a reduction
+    kernel takes (0: NCCL's choice; None: SUPERNEURONS_DP_NCCL_CTAS)."""
 
-    def __init__(self, world: Any, backend: Any, device: int):
+    def __init__(self, world: Any, backend: Any, device: int, max_ctas: int | None = None):
         nccl = _nccl()
         from nccl.bindings import nccl as nccl_c  # after _nccl(): a missing NCCL is its one line
         self._nccl, self._nccl_c = nccl, nccl_c
         self.backend = backend
+        self.max_ctas = nccl_ctas_setting() if max_ctas is None else (max_ctas or None)
+        config = None if self.max_ctas is None else nccl.NCCLConfig(max_ctas=self.max_ctas)
         uid = world.broadcast(bytes(nccl.get_unique_id()) if world.is_root else None)
-        self.comm = nccl.Communicator.init(world.size, world.rank, nccl.UniqueId.from_bytes(uid))
+        self.comm = nccl.Communicator.init(world.size, world.rank, nccl.UniqueId.from_bytes(uid), config)
         if self.comm.device.device_id != device:
             raise RuntimeError(f"rank {world.rank}: the NCCL communicator is on GPU {self.comm.device.device_id}, "
                                f"its arrays on GPU {device}")

@@ -76,7 +76,9 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
         log.info(f"Data parallel: {world.size} rank(s), batch_size per rank; rank 0 on {where}, "
                  f"gradients averaged in {reducer.reduce_type_name} {'during' if reducer.layer_wise else 'after'} backward "
                  f"in {len(reducer.buckets)} bucket(s) of about {reducer.bucket_bytes >> 20} MiB, "
-                 f"{'one reduction each' if reducer.flat else 'tensor by tensor'}")
+                 f"{'one reduction each' if reducer.flat else 'tensor by tensor'}"
+                 + (f", NCCL kernels of at most {collective.max_ctas} blocks"
+                    if getattr(collective, "max_ctas", None) else ""))
         return solver
 
     code = train(make_solver, world.is_root)

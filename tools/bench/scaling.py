@@ -5,6 +5,7 @@ per-block checkpointing at its widest batch under the same budget).
 
     python3 -m tools.bench.scaling [--nets resnet50,vgg16] [--gpus 1,2,4] [--batches resnet50=64,vgg16=64]
                                    [--iterations 20] [--warmup 5] [--repeats 3] [--bucket-mb 25 | 8,25,64]
+                                   [--nccl-ctas 0,8,4]
                                    [--budget 12G (0: no budget rows)] [--budget-batches resnet50=256,vgg16=160]
                                    [--budget-gpus 2,4] [--budget-only] [--precision fp32|bf16|fp16]
                                    [--reduce fp32 | backward | fp32,backward]
@@ -22,6 +23,8 @@ each window as a job of its own instead (the sides never share a process; slower
   every GPU). Also reported: how long compute waited on the reduction per iteration (median of the window's).
   `--bucket-mb 8,25,64` times ours once per bucket size in every window round (the reducer is rebuilt in
   place): the measurement behind SUPERNEURONS_DP_BUCKET_MB's default; the row's ours is the first size.
+  `--nccl-ctas 0,8,4` likewise times ours once per cap on the thread blocks of NCCL's kernels (one
+  communicator per value, 0: NCCL's own choice; SUPERNEURONS_DP_NCCL_CTAS), at the first bucket size.
 - PyTorch: torchvision's model, SGD with our solver's lr, momentum and weight decay, cudnn.benchmark on (ours
   times its convolution engines too), DistributedDataParallel over NCCL (its default 25 MiB buckets),
   torch.distributed initialized from the MPI ranks. Under the budget: torch.utils.checkpoint over each block,
@@ -75,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="timed windows per side and row (default %(default)s)")
     ap.add_argument("--bucket-mb", default="",
                     help="ours' gradient bucket sizes in MiB, comma-separated (default: SUPERNEURONS_DP_BUCKET_MB)")
+    ap.add_argument("--nccl-ctas", default="",
+                    help="ours' caps on NCCL's thread blocks per kernel, comma-separated, 0: NCCL's choice "
+                         "(default: SUPERNEURONS_DP_NCCL_CTAS)")
     ap.add_argument("--budget-batches", default="resnet50=256,vgg16=160",
                     help="per-GPU batch of the budget rows, per net (default %(default)s); needs --budget")
     ap.add_argument("--budget-gpus", default="", help="numbers of GPUs of the budget rows (default: --gpus)")
@@ -122,6 +128,17 @@ def parse_buckets(text: str) -> list[int]:
     return sizes
 
 
+def parse_ctas(text: str) -> list[int]:
+    """Caps on NCCL's thread blocks per kernel, in the order given, 0 for NCCL's choice ([]: the setting's)."""
+    try:
+        caps = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--nccl-ctas {text!r}: expected numbers like 0,8,4") from None
+    if any(not 0 <= v <= 32 for v in caps):
+        raise SystemExit(f"--nccl-ctas {text!r}: caps are 1 to 32 thread blocks, or 0 for NCCL's choice")
+    return list(dict.fromkeys(caps))
+
+
 def available_gpus(device: str) -> int:
     if device == "cpu":
         return 1 << 10  # ranks, not devices
@@ -139,6 +156,8 @@ def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.N
            "--repeats", str(repeats), "--device", a.device, "--workspace", a.workspace]
     if a.bucket_mb:
         cmd += ["--bucket-mb", a.bucket_mb]
+    if a.nccl_ctas and a.device == "cuda":
+        cmd += ["--nccl-ctas", a.nccl_ctas]
     if a.precision:
         cmd += ["--precision", a.precision]
     if a.reduce != "fp32":
@@ -190,9 +209,10 @@ def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, bat
         parts.append(result if "ours" in result or "torch" in result else {s: result for s in job_systems})
     for s in systems:
         row[s] = {"ok": False, "skipped": "dry run"} if a.dry_run else merge_windows(parts, s)
-    buckets = [p["ours_buckets"] for p in parts if p.get("ours_buckets")]
-    if buckets:
-        row["ours_buckets"] = {mb: statistics.median(w for b in buckets for w in b.get(mb, [])) for mb in buckets[0]}
+    for key in ("ours_buckets", "ours_ctas"):
+        found = [p[key] for p in parts if p.get(key)]
+        if found:
+            row[key] = {v: statistics.median(w for b in found for w in b.get(v, [])) for v in found[0]}
     kinds = [p["ours_reduce"] for p in parts if p.get("ours_reduce")]
     if kinds:
         row["ours_reduce"] = {k: statistics.median(w for b in kinds for w in b.get(k, [])) for k in kinds[0]}
@@ -218,6 +238,7 @@ def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batc
                           + ", ".join(f"{s} {common.fmt(row[s].get('img_per_s'))} img/s {row[s].get('error', '')}"
                                       for s in systems)
                           + (f" buckets {row['ours_buckets']}" if row.get("ours_buckets") else "")
+                          + (f" NCCL CTAs {row['ours_ctas']}" if row.get("ours_ctas") else "")
                           + (f" reduce {row['ours_reduce']} bytes/iter {row['ours_wire_bytes']}"
                              if row.get("ours_reduce") else ""), flush=True)
                 rows.append(row)
@@ -289,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     nets = common.parse_nets(a.nets)
     counts = parse_counts(a.gpus)
     parse_buckets(a.bucket_mb)
+    parse_ctas(a.nccl_ctas)
     parse_reduce(a.reduce)
     if a.repeats < 1:
         raise SystemExit(f"--repeats {a.repeats}: at least 1")
@@ -329,6 +351,7 @@ def rank_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket-mb", default="")
+    ap.add_argument("--nccl-ctas", default="")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--budget", type=int)
     ap.add_argument("--workspace", default=common.DEFAULT_WORKSPACE)
@@ -360,6 +383,8 @@ def rank_main(argv: list[str]) -> int:
             result[s] = side.result()
             if s == "ours" and len(side.sizes) > 1:
                 result["ours_buckets"] = {str(mb): w for mb, w in side.by_size.items()}
+            if s == "ours" and len(side.caps) > 1:
+                result["ours_ctas"] = {str(c): w for c, w in side.by_cap.items()}
             if s == "ours" and len(side.kinds) > 1:
                 result["ours_reduce"] = side.by_kind
                 result["ours_wire_bytes"] = side.wire_bytes
@@ -389,7 +414,7 @@ def _timed(world: Any, step: Any, sync: Any, warmup: int, iterations: int) -> fl
 
 
 class OursSide:
-    """Our RankSolver on this rank, built once; `window()` times it (each bucket size in turn)."""
+    """Our RankSolver on this rank, built once; `window()` times it (each bucket size and NCCL cap in turn)."""
 
     def __init__(self, a: argparse.Namespace, world: Any):
         from superneurons.errors import PoolExhausted, UserError
@@ -401,8 +426,13 @@ class OursSide:
         self.a, self.world = a, world
         workspace = common.parse_size(a.workspace) if a.device == "cuda" else None
         self.backend = common.make_backend("cpu" if a.device == "cpu" else f"cuda:{world.local_rank}", workspace)
-        self.collective = (MpiCollective(world, self.backend.ops) if a.device == "cpu"
-                           else NcclCollective(world, self.backend, world.local_rank))
+        self.caps = parse_ctas(a.nccl_ctas) if a.device == "cuda" else []
+        self.collectives = ({0: MpiCollective(world, self.backend.ops)} if a.device == "cpu" else
+                            {c: NcclCollective(world, self.backend, world.local_rank, max_ctas=c)
+                             for c in self.caps or [None]})
+        self.caps = self.caps or [next(iter(self.collectives))]
+        self.collective = self.collectives[self.caps[0]]
+        self.by_cap: dict[int | None, list[float]] = {c: [] for c in self.caps}
         self.sizes = parse_buckets(a.bucket_mb) or [bucket_bytes_setting() >> 20]
         self.kinds = parse_reduce(a.reduce)  # the first is the row's; a net with the half buffer if any is backward
         self.by_kind: dict[str, list[float]] = {k: [] for k in self.kinds}
@@ -426,15 +456,16 @@ class OursSide:
         self.solver.step(1)  # draws the batch, compiles kernels, picks convolution algorithms
         common.freeze_data(self.solver)
 
-    def _use(self, mb: int) -> None:
-        """Rebuild the reducer with buckets of `mb` MiB (the same on every rank)."""
+    def _use(self, mb: int, cap: int | None) -> None:
+        """Rebuild the reducer with buckets of `mb` MiB on the communicator of NCCL cap `cap` (the same on
+        every rank)."""
         from superneurons.parallel.reducer import GradientReducer
 
-        s = self.solver
-        if s.reducer.bucket_bytes == mb << 20:
+        s, collective = self.solver, self.collectives[cap]
+        if s.reducer.bucket_bytes == mb << 20 and s.reducer.collective is collective:
             return
         s.reducer.detach()
-        s.reducer = GradientReducer(s.net, self.collective, s.iter_size, layer_wise=s.param.layer_wise_reduce,
+        s.reducer = GradientReducer(s.net, collective, s.iter_size, layer_wise=s.param.layer_wise_reduce,
                                     bucket_bytes=mb << 20)
         s._agree_on_buckets()
         s.reducer.attach()
@@ -451,12 +482,17 @@ class OursSide:
         return self.world.size * self.a.batch * self.a.iterations / seconds
 
     def window(self) -> None:
+        row_mb, row_cap = self.sizes[0], self.caps[0]
         for kind in self.kinds[1:]:  # the other reduction types, at the row's bucket size
-            self._use(self.sizes[0])
+            self._use(row_mb, row_cap)
             self._reduce_in(kind)
             self.by_kind[kind].append(self._time())
+        for cap in self.caps[1:]:  # the other NCCL caps, at the row's bucket size
+            self._use(row_mb, cap)
+            self._reduce_in(self.kinds[0])
+            self.by_cap[cap].append(self._time())
         for mb in self.sizes[1:] + self.sizes[:1]:  # the row's own size last: `result` reads its reducer
-            self._use(mb)
+            self._use(mb, row_cap)
             self._reduce_in(self.kinds[0])
             reducer = self.solver.reducer
             first = len(reducer.settle_timing())
@@ -464,6 +500,7 @@ class OursSide:
             self.by_size[mb].append(speed)
             if mb == self.sizes[0]:
                 self.windows.append(speed)
+                self.by_cap[row_cap].append(speed)
                 self.by_kind[self.kinds[0]].append(speed)
                 waits = reducer.settle_timing()[first + self.a.warmup:]
                 self.waits.append(statistics.median(waits) if waits else 0.0)
@@ -482,8 +519,9 @@ class OursSide:
                 "wire_bytes_per_iter": r.wire_bytes()}
 
     def close(self) -> None:
-        if self.fits and hasattr(self.collective, "close"):
-            self.collective.close()
+        for collective in self.collectives.values():
+            if self.fits and hasattr(collective, "close"):
+                collective.close()
         self.sink.close()
 
 
