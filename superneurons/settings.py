@@ -143,6 +143,10 @@ _DECLARED = (
             "Data parallelism on GPUs: the most thread blocks (CTAs, 1-32) one NCCL reduction kernel takes; the "
             "reductions run beside backward, so every block they hold is a multiprocessor backward waits for. "
             "Unset: NCCL's own choice (docs/PARALLEL.md has the measurement)."),
+    Setting("SUPERNEURONS_DP_STREAM_PRIORITY", CHOICE, "normal",
+            "Data parallelism on GPUs: the priority of the stream NCCL's reductions run on. `high`: the device's "
+            "highest, so their blocks start before backward's as multiprocessors free up; `normal`: compute's "
+            "(docs/PARALLEL.md has the measurement).", choices=("normal", "high")),
     Setting("SUPERNEURONS_DP_REDUCE", CHOICE, "fp32",
             "Data parallelism: the type gradients are summed across ranks in. `fp32`: the float32 gradients, in "
             "place; `backward`: where the net stores gradients in float16 or bfloat16, that type (half the bytes "

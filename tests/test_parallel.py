@@ -619,8 +619,13 @@ def test_scaling_benchmark_arguments_and_efficiency(capsys):
     for bad in ("33", "-1", "8,x"):
         with pytest.raises(SystemExit, match="--nccl-ctas"):
             scaling.parse_ctas(bad)
-    assert scaling.main(["--dry-run", "--gpus", "4", "--nets", "vgg16", "--budget", "0", "--nccl-ctas", "0,4"]) == 0
-    assert all(j.endswith("--nccl-ctas 0,4") for j in capsys.readouterr().out.splitlines())
+    assert scaling.parse_priorities("high,normal,high") == [True, False]
+    with pytest.raises(SystemExit, match="--nccl-priority"):
+        scaling.parse_priorities("urgent")
+    assert scaling.nccl_label(8, True) == "ctas 8, high priority" and scaling.nccl_label(0, None).startswith("ctas default")
+    assert scaling.main(["--dry-run", "--gpus", "4", "--nets", "vgg16", "--budget", "0", "--nccl-ctas", "0,4",
+                         "--nccl-priority", "normal,high"]) == 0
+    assert all(j.endswith("--nccl-ctas 0,4 --nccl-priority normal,high") for j in capsys.readouterr().out.splitlines())
 
 
 def test_scaling_benchmark_runs_its_ranks_on_the_cpu(tmp_path):

@@ -164,8 +164,9 @@ class Backend(Protocol):
         """Return the memory of arrays dropped since the last call to the device now, not when the
         array library gets round to it (MallocPool measures per-tensor allocation with it)."""
 
-    def make_stream(self) -> Stream:
-        """A new stream beside the compute stream (non-blocking on the GPU: it overlaps compute)."""
+    def make_stream(self, high_priority: bool = False) -> Stream:
+        """A new stream beside the compute stream (non-blocking on the GPU: it overlaps compute).
+        `high_priority`: the GPU starts its blocks before compute's when both wait for a multiprocessor."""
 
     def compute_waits(self, event: Event) -> None:
         """Compute issued from now on waits for `event` (on the device; the host goes on)."""

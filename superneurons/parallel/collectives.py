@@ -10,7 +10,10 @@ compute issued so far (the kernels that wrote the bucket's gradients); `wait` ma
 bucket's done event, on the GPU, so the host is never blocked. NCCL's AVG operation divides by the number
 of ranks in the same pass. A bucket is one array (its gradients side by side in the pool), so one call.
 The reduction kernels share the multiprocessors with backward's; SUPERNEURONS_DP_NCCL_CTAS caps how many
-thread blocks each takes (NCCL's `maxCTAs`), trading reduction time, hidden behind backward, for compute.
+thread blocks each takes (NCCL's `maxCTAs`), trading reduction time, hidden behind backward, for compute, and
+SUPERNEURONS_DP_STREAM_PRIORITY=high gives their stream the device's highest priority, so their blocks start
+as soon as a multiprocessor frees up rather than after the backward blocks queued before them (a ring's
+ranks spin until every rank's blocks run).
 
 The reductions go through nccl4py's C-level binding (`nccl.bindings.nccl.all_reduce`) with the arrays' device
 addresses, not through `Communicator.allreduce`: that one resolves each buffer's device with cuda-bindings'
@@ -36,6 +39,7 @@ from superneurons.dtypes import BFLOAT16, FLOAT32, HALF_TYPES
 from superneurons.errors import UserError, require_module
 
 CTAS_ENV = "SUPERNEURONS_DP_NCCL_CTAS"
+PRIORITY_ENV = "SUPERNEURONS_DP_STREAM_PRIORITY"
 
 
 def half_sum(dtype: Any) -> Any:
@@ -116,9 +120,11 @@ def nccl_ctas_setting() -> int | None:
 class NcclCollective:
     """Averaging device arrays of `backend` (GPU `device`, the current one) across the ranks of `world`
     through NCCL, on a stream of the backend's beside compute. `max_ctas`: the most thread blocks a reduction
-    kernel takes (0: NCCL's choice; None: SUPERNEURONS_DP_NCCL_CTAS)."""
+    kernel takes (0: NCCL's choice; None: SUPERNEURONS_DP_NCCL_CTAS); `high_priority`: that stream's blocks
+    start before compute's (None: SUPERNEURONS_DP_STREAM_PRIORITY)."""
 
-    def __init__(self, world: Any, backend: Any, device: int, max_ctas: int | None = None):
+    def __init__(self, world: Any, backend: Any, device: int, max_ctas: int | None = None,
+                 high_priority: bool | None = None):
         nccl = _nccl()
         from nccl.bindings import nccl as nccl_c  # after _nccl(): a missing NCCL is its one line
         self._nccl, self._nccl_c = nccl, nccl_c
@@ -135,7 +141,8 @@ class NcclCollective:
                         np.dtype(np.float16): int(nccl.FLOAT16), BFLOAT16: int(nccl.BFLOAT16)}
         self._avg, self._sum = int(nccl.AVG), int(nccl.SUM)
         self.size = world.size
-        self.stream = backend.make_stream()
+        self.high_priority = settings.get(PRIORITY_ENV) == "high" if high_priority is None else high_priority
+        self.stream = backend.make_stream(high_priority=self.high_priority)
 
     def start(self, arrays: list[Any], average: bool = True) -> Any:
         """`average`: NCCL's AVG (sum and 1/N in one pass); else its SUM (half arrays: the reducer scaled them)."""

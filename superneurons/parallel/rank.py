@@ -78,7 +78,8 @@ def _train(args: Any, param: pb.SolverParameter, gpus: list[int] | None, world: 
                  f"in {len(reducer.buckets)} bucket(s) of about {reducer.bucket_bytes >> 20} MiB, "
                  f"{'one reduction each' if reducer.flat else 'tensor by tensor'}"
                  + (f", NCCL kernels of at most {collective.max_ctas} blocks"
-                    if getattr(collective, "max_ctas", None) else ""))
+                    if getattr(collective, "max_ctas", None) else "")
+                 + (", NCCL on a high-priority stream" if getattr(collective, "high_priority", False) else ""))
         return solver
 
     code = train(make_solver, world.is_root)

@@ -5,7 +5,7 @@ per-block checkpointing at its widest batch under the same budget).
 
     python3 -m tools.bench.scaling [--nets resnet50,vgg16] [--gpus 1,2,4] [--batches resnet50=64,vgg16=64]
                                    [--iterations 20] [--warmup 5] [--repeats 3] [--bucket-mb 25 | 8,25,64]
-                                   [--nccl-ctas 0,8,4]
+                                   [--nccl-ctas 0,8,4] [--nccl-priority normal,high]
                                    [--budget 12G (0: no budget rows)] [--budget-batches resnet50=256,vgg16=160]
                                    [--budget-gpus 2,4] [--budget-only] [--precision fp32|bf16|fp16]
                                    [--reduce fp32 | backward | fp32,backward]
@@ -24,7 +24,9 @@ each window as a job of its own instead (the sides never share a process; slower
   `--bucket-mb 8,25,64` times ours once per bucket size in every window round (the reducer is rebuilt in
   place): the measurement behind SUPERNEURONS_DP_BUCKET_MB's default; the row's ours is the first size.
   `--nccl-ctas 0,8,4` likewise times ours once per cap on the thread blocks of NCCL's kernels (one
-  communicator per value, 0: NCCL's own choice; SUPERNEURONS_DP_NCCL_CTAS), at the first bucket size.
+  communicator per value, 0: NCCL's own choice; SUPERNEURONS_DP_NCCL_CTAS), and `--nccl-priority normal,high`
+  once per priority of NCCL's stream (SUPERNEURONS_DP_STREAM_PRIORITY), each at the row's other choices;
+  `ours_nccl` in the JSON holds each variant's img/s.
 - PyTorch: torchvision's model, SGD with our solver's lr, momentum and weight decay, cudnn.benchmark on (ours
   times its convolution engines too), DistributedDataParallel over NCCL (its default 25 MiB buckets),
   torch.distributed initialized from the MPI ranks. Under the budget: torch.utils.checkpoint over each block,
@@ -81,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--nccl-ctas", default="",
                     help="ours' caps on NCCL's thread blocks per kernel, comma-separated, 0: NCCL's choice "
                          "(default: SUPERNEURONS_DP_NCCL_CTAS)")
+    ap.add_argument("--nccl-priority", default="",
+                    help="ours' priorities of NCCL's stream, comma-separated: normal, high (default: "
+                         "SUPERNEURONS_DP_STREAM_PRIORITY)")
     ap.add_argument("--budget-batches", default="resnet50=256,vgg16=160",
                     help="per-GPU batch of the budget rows, per net (default %(default)s); needs --budget")
     ap.add_argument("--budget-gpus", default="", help="numbers of GPUs of the budget rows (default: --gpus)")
@@ -139,6 +144,20 @@ def parse_ctas(text: str) -> list[int]:
     return list(dict.fromkeys(caps))
 
 
+def parse_priorities(text: str) -> list[bool]:
+    """NCCL stream priorities in the order given, True for high ([]: the setting's)."""
+    names = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if any(n not in ("normal", "high") for n in names):
+        raise SystemExit(f"--nccl-priority {text!r}: expected normal or high, comma-separated")
+    return [n == "high" for n in names]
+
+
+def nccl_label(cap: int | None, high: bool | None) -> str:
+    """A variant's name in `ours_nccl`: its cap on NCCL's blocks and its stream's priority."""
+    priority = "default" if high is None else "high" if high else "normal"
+    return f"ctas {cap or 'default'}, {priority} priority"
+
+
 def available_gpus(device: str) -> int:
     if device == "cpu":
         return 1 << 10  # ranks, not devices
@@ -158,6 +177,8 @@ def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.N
         cmd += ["--bucket-mb", a.bucket_mb]
     if a.nccl_ctas and a.device == "cuda":
         cmd += ["--nccl-ctas", a.nccl_ctas]
+    if a.nccl_priority and a.device == "cuda":
+        cmd += ["--nccl-priority", a.nccl_priority]
     if a.precision:
         cmd += ["--precision", a.precision]
     if a.reduce != "fp32":
@@ -209,7 +230,7 @@ def measure_row(a: argparse.Namespace, systems: list[str], net: str, n: int, bat
         parts.append(result if "ours" in result or "torch" in result else {s: result for s in job_systems})
     for s in systems:
         row[s] = {"ok": False, "skipped": "dry run"} if a.dry_run else merge_windows(parts, s)
-    for key in ("ours_buckets", "ours_ctas"):
+    for key in ("ours_buckets", "ours_nccl"):
         found = [p[key] for p in parts if p.get(key)]
         if found:
             row[key] = {v: statistics.median(w for b in found for w in b.get(v, [])) for v in found[0]}
@@ -238,7 +259,7 @@ def measure_rows(a: argparse.Namespace, nets: list[str], counts: list[int], batc
                           + ", ".join(f"{s} {common.fmt(row[s].get('img_per_s'))} img/s {row[s].get('error', '')}"
                                       for s in systems)
                           + (f" buckets {row['ours_buckets']}" if row.get("ours_buckets") else "")
-                          + (f" NCCL CTAs {row['ours_ctas']}" if row.get("ours_ctas") else "")
+                          + (f" NCCL {row['ours_nccl']}" if row.get("ours_nccl") else "")
                           + (f" reduce {row['ours_reduce']} bytes/iter {row['ours_wire_bytes']}"
                              if row.get("ours_reduce") else ""), flush=True)
                 rows.append(row)
@@ -311,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = parse_counts(a.gpus)
     parse_buckets(a.bucket_mb)
     parse_ctas(a.nccl_ctas)
+    parse_priorities(a.nccl_priority)
     parse_reduce(a.reduce)
     if a.repeats < 1:
         raise SystemExit(f"--repeats {a.repeats}: at least 1")
@@ -352,6 +374,7 @@ def rank_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket-mb", default="")
     ap.add_argument("--nccl-ctas", default="")
+    ap.add_argument("--nccl-priority", default="")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--budget", type=int)
     ap.add_argument("--workspace", default=common.DEFAULT_WORKSPACE)
@@ -383,8 +406,8 @@ def rank_main(argv: list[str]) -> int:
             result[s] = side.result()
             if s == "ours" and len(side.sizes) > 1:
                 result["ours_buckets"] = {str(mb): w for mb, w in side.by_size.items()}
-            if s == "ours" and len(side.caps) > 1:
-                result["ours_ctas"] = {str(c): w for c, w in side.by_cap.items()}
+            if s == "ours" and len(side.variants) > 1:
+                result["ours_nccl"] = {nccl_label(*v): w for v, w in side.by_variant.items()}
             if s == "ours" and len(side.kinds) > 1:
                 result["ours_reduce"] = side.by_kind
                 result["ours_wire_bytes"] = side.wire_bytes
@@ -426,13 +449,17 @@ class OursSide:
         self.a, self.world = a, world
         workspace = common.parse_size(a.workspace) if a.device == "cuda" else None
         self.backend = common.make_backend("cpu" if a.device == "cpu" else f"cuda:{world.local_rank}", workspace)
-        self.caps = parse_ctas(a.nccl_ctas) if a.device == "cuda" else []
-        self.collectives = ({0: MpiCollective(world, self.backend.ops)} if a.device == "cpu" else
-                            {c: NcclCollective(world, self.backend, world.local_rank, max_ctas=c)
-                             for c in self.caps or [None]})
-        self.caps = self.caps or [next(iter(self.collectives))]
-        self.collective = self.collectives[self.caps[0]]
-        self.by_cap: dict[int | None, list[float]] = {c: [] for c in self.caps}
+        # NCCL variants (cap on its blocks, high-priority stream; None: the settings'): the row's first, then
+        # each other cap and each other priority at the row's other choice.
+        caps: list[int | None] = list(parse_ctas(a.nccl_ctas)) or [None]
+        priorities: list[bool | None] = list(parse_priorities(a.nccl_priority)) or [None]
+        self.variants = ([(caps[0], priorities[0])] + [(c, priorities[0]) for c in caps[1:]]
+                         + [(caps[0], p) for p in priorities[1:]]) if a.device == "cuda" else [(None, None)]
+        self.collectives = ({(None, None): MpiCollective(world, self.backend.ops)} if a.device == "cpu" else
+                            {v: NcclCollective(world, self.backend, world.local_rank, max_ctas=v[0], high_priority=v[1])
+                             for v in self.variants})
+        self.collective = self.collectives[self.variants[0]]
+        self.by_variant: dict[tuple, list[float]] = {v: [] for v in self.variants}
         self.sizes = parse_buckets(a.bucket_mb) or [bucket_bytes_setting() >> 20]
         self.kinds = parse_reduce(a.reduce)  # the first is the row's; a net with the half buffer if any is backward
         self.by_kind: dict[str, list[float]] = {k: [] for k in self.kinds}
@@ -456,12 +483,12 @@ class OursSide:
         self.solver.step(1)  # draws the batch, compiles kernels, picks convolution algorithms
         common.freeze_data(self.solver)
 
-    def _use(self, mb: int, cap: int | None) -> None:
-        """Rebuild the reducer with buckets of `mb` MiB on the communicator of NCCL cap `cap` (the same on
+    def _use(self, mb: int, variant: tuple) -> None:
+        """Rebuild the reducer with buckets of `mb` MiB on the communicator of NCCL `variant` (the same on
         every rank)."""
         from superneurons.parallel.reducer import GradientReducer
 
-        s, collective = self.solver, self.collectives[cap]
+        s, collective = self.solver, self.collectives[variant]
         if s.reducer.bucket_bytes == mb << 20 and s.reducer.collective is collective:
             return
         s.reducer.detach()
@@ -482,17 +509,17 @@ class OursSide:
         return self.world.size * self.a.batch * self.a.iterations / seconds
 
     def window(self) -> None:
-        row_mb, row_cap = self.sizes[0], self.caps[0]
+        row_mb, row_variant = self.sizes[0], self.variants[0]
         for kind in self.kinds[1:]:  # the other reduction types, at the row's bucket size
-            self._use(row_mb, row_cap)
+            self._use(row_mb, row_variant)
             self._reduce_in(kind)
             self.by_kind[kind].append(self._time())
-        for cap in self.caps[1:]:  # the other NCCL caps, at the row's bucket size
-            self._use(row_mb, cap)
+        for variant in self.variants[1:]:  # the other NCCL variants, at the row's bucket size
+            self._use(row_mb, variant)
             self._reduce_in(self.kinds[0])
-            self.by_cap[cap].append(self._time())
+            self.by_variant[variant].append(self._time())
         for mb in self.sizes[1:] + self.sizes[:1]:  # the row's own size last: `result` reads its reducer
-            self._use(mb, row_cap)
+            self._use(mb, row_variant)
             self._reduce_in(self.kinds[0])
             reducer = self.solver.reducer
             first = len(reducer.settle_timing())
@@ -500,7 +527,7 @@ class OursSide:
             self.by_size[mb].append(speed)
             if mb == self.sizes[0]:
                 self.windows.append(speed)
-                self.by_cap[row_cap].append(speed)
+                self.by_variant[row_variant].append(speed)
                 self.by_kind[self.kinds[0]].append(speed)
                 waits = reducer.settle_timing()[first + self.a.warmup:]
                 self.waits.append(statistics.median(waits) if waits else 0.0)

@@ -62,8 +62,8 @@ class CpuBackend:
     def release_freed(self) -> None:
         pass  # NumPy frees an array when its last reference goes
 
-    def make_stream(self) -> Any:
-        """Work "on" a CPU stream has finished when it returns, as every op here has."""
+    def make_stream(self, high_priority: bool = False) -> Any:
+        """Work "on" a CPU stream has finished when it returns, as every op here has (so no priorities)."""
         return DoneStream()
 
     def compute_waits(self, event: Any) -> None:

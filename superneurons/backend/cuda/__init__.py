@@ -130,11 +130,12 @@ class CudaBackend:
 
         release_freed_allocations()
 
-    def make_stream(self):
-        """A NON_BLOCKING stream beside stream 0 (streams.CudaStream)."""
+    def make_stream(self, high_priority: bool = False):
+        """A NON_BLOCKING stream beside stream 0 (streams.CudaStream), of the device's highest priority if
+        `high_priority`."""
         from superneurons.backend.cuda.streams import CudaStream
 
-        return CudaStream()
+        return CudaStream(high_priority)
 
     def compute_waits(self, event) -> None:
         from superneurons.backend.cuda.streams import compute_waits

@@ -30,8 +30,14 @@ class TimedEvent(CudaEvent):
 
 
 class CudaStream:
-    def __init__(self) -> None:
-        self.stream = _check(drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
+    def __init__(self, high_priority: bool = False) -> None:
+        # Stream 0 has the default priority, the least; a high-priority stream's blocks are started first
+        # whenever both have blocks waiting for a multiprocessor (running blocks are not preempted).
+        least, greatest = _check(drv.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+        self.stream = _check(drv.cuStreamCreateWithPriority(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
+                                                            greatest if high_priority else least),
+                             "cuStreamCreateWithPriority")
+        self.high_priority = high_priority
         self.handle = int(self.stream)
         self._marker = _check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
 
