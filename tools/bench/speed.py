@@ -4,6 +4,7 @@ mode) beside PyTorch, same run. ResNet-50 by default; --net names another net of
 models/<net>/<net>_dummy*.prototxt.
 
     python3 -m tools.bench.speed [--net resnet50] [--batch 64] [--iterations 20] [--warmup 5] [--label optimized]
+                                [--precision fp32|bf16|fp16] [--torch-config fp32|fp32-cl|bf16-cl|...]
                                 [--torch-source both|prototxt|torchvision] [--no-torch] [--out DIR]
 
 Ours: the solver models/resnet50/resnet50_dummy_solver.prototxt (SGD, momentum 0.9, weight decay 1e-4) on
@@ -47,7 +48,7 @@ def solver_path(net: str) -> Path:
     return ROOT / f"models/{net}/{net}_dummy_solver.prototxt"
 
 
-def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
+def ours(net: str, batch: int, warmup: int, iterations: int, precision: str | None = None) -> dict:
     os.chdir(ROOT)
     from superneurons.backend import get_backend
     from superneurons.graph.batch import set_batch
@@ -67,7 +68,7 @@ def ours(net: str, batch: int, warmup: int, iterations: int) -> dict:
     set_batch(net_param, batch)
     param.ClearField("net")
     param.net_param.CopyFrom(net_param)
-    solver = Solver(param, str(solver_file), backend=backend, memory="baseline")
+    solver = Solver(param, str(solver_file), backend=backend, memory="baseline", precision=precision)
     build_s = time.perf_counter() - t0
     losses: list[float] = []
     solver.callbacks.append(lambda s, it, loss: losses.append(float(loss)))
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="a name for this configuration of ours (goes into the JSON)")
     ap.add_argument("--no-torch", action="store_true", help="time only SuperNeurons")
     ap.add_argument("--no-ours", action="store_true", help="time only PyTorch")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                    help="ours' storage of activations and gradients (default: the prototxt's, float32)")
     ap.add_argument("--torch-config", default="fp32", choices=sorted(torch_nets.TORCH_CONFIGS),
                     help="how PyTorch runs (tools/bench/torch_nets.py TORCH_CONFIGS; default %(default)s)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -303,9 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     common.parse_nets(args.net)  # a known net, or one line naming the known ones
     env = {k: v for k, v in os.environ.items() if k.startswith("SUPERNEURONS_")}
     result = {"net": args.net, "batch": args.batch, "warmup": args.warmup, "iterations": args.iterations, "label": args.label,
+              "precision": args.precision or "prototxt",
               "env": env}
     if not args.no_ours:
-        result["superneurons"] = ours(args.net, args.batch, args.warmup, args.iterations)
+        result["superneurons"] = ours(args.net, args.batch, args.warmup, args.iterations, args.precision)
         print(f"superneurons losses: {[round(v, 4) for v in result['superneurons']['losses']]}", flush=True)
         print(f"host ms per iteration (no sync): {result['superneurons']['host_ms_per_iter']}", flush=True)
         print("host functions by own time (cProfile, ms per iteration, calls per iteration):", flush=True)
