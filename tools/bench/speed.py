@@ -108,10 +108,10 @@ def gpu_breakdown(solver, backend, iterations: int) -> dict:
     free = iter(events)
 
     def timed(fn, key, name):
-        def run(*args):
+        def run(*args, **kwargs):
             start = next(free)
             drv.cuEventRecord(start, stream)
-            fn(*args)
+            fn(*args, **kwargs)
             end = next(free)
             drv.cuEventRecord(end, stream)
             marks.append((key, name, start, end))
@@ -185,9 +185,9 @@ def host_breakdown(solver, backend, iterations: int) -> dict:
     spent: dict[str, float] = {}
 
     def timed(fn, key):
-        def run(*args):
+        def run(*args, **kwargs):
             t = time.perf_counter()
-            fn(*args)
+            fn(*args, **kwargs)
             spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
         return run
 
