@@ -72,7 +72,7 @@ def test_convert_axpy(rng):
 
 
 @simulated
-@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 16, 3, 3)])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 16, 3, 3), (3, 5, 7, 9)])
 def test_channel_sums(rng, shape):
     ops = _ops()
     x, y = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
@@ -92,8 +92,9 @@ def test_channel_sums(rng, shape):
 
 
 # channels that share a block's threads with other rows (3, 96: a thread per (row, channel), some idle), and more
-# channels than a block has threads (300: each thread takes several)
-CHANNELS = [(2, 3, 4, 5), (2, 96, 2, 3), (2, 300, 1, 3)]
+# channels than a block has threads (300: each thread takes several); the last two have rows enough for the
+# four-rows-per-trip path and a tail (rows > 4 x the rows a grid covers at once)
+CHANNELS = [(2, 3, 4, 5), (2, 96, 2, 3), (2, 300, 1, 3), (4, 96, 4, 5), (2, 3, 16, 17)]
 
 
 @simulated
@@ -124,7 +125,7 @@ def _bn_params(rng, c):
 @pytest.mark.parametrize("relu", [None, 0.0, 0.1])
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("global_stats", [False, True])
-@pytest.mark.parametrize("shape", [(3, 4, 3, 5), (2, 300, 1, 3)])
+@pytest.mark.parametrize("shape", [(3, 4, 3, 5), (2, 300, 1, 3), (4, 96, 4, 5)])
 def test_fused_batch_norm_matches_the_cpu(rng, relu, keep, global_stats, shape):
     ops = _ops()
     n, c, h, w = shape
@@ -180,15 +181,22 @@ def _pooled(size: int, k: int, stride: int, pad: int) -> int:
     return out - 1 if pad and (out - 1) * stride >= size + pad else out
 
 
+# Windows that tile the planes exactly (max_forward_tiles / max_backward_tiles): 2x2 (the four-load path) and
+# 3x3, with and without the ReLU, one with more channels than a block has threads.
+TILES = [("max", (2, 2), (2, 2), (0, 0), None, (2, 3, 8, 6)), ("max", (2, 2), (2, 2), (0, 0), 0.0, (1, 96, 4, 6)),
+         ("max", (3, 3), (3, 3), (0, 0), 0.25, (2, 5, 6, 9)), ("max", (2, 2), (2, 2), (0, 0), None, (1, 300, 2, 4))]
+
+
 @simulated
 @pytest.mark.parametrize("method,kernel,stride,pad,relu,shape", [(*p, (2, 3, 7, 6)) for p in POOLS] + [
-    (*POOLS[1], (1, 96, 5, 4)), (*POOLS[4], (1, 96, 5, 4)), (*POOLS[0], (1, 300, 3, 4))])
+    (*POOLS[1], (1, 96, 5, 4)), (*POOLS[4], (1, 96, 5, 4)), (*POOLS[0], (1, 300, 3, 4))] + TILES)
 def test_pooling_matches_the_cpu(rng, method, kernel, stride, pad, relu, shape):
     ops = _ops()
     geom = PoolGeometry(method, kernel, stride, pad)
     oh, ow = (_pooled(d, k, st, p) for d, k, st, p in zip(shape[2:], kernel, stride, pad))
     top = (shape[0], shape[1], oh, ow)
     x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, :2, :2] = 0.5  # a tie: the first maximum in row order wins, in every kernel
     dy = rng.standard_normal(top).astype(np.float32)
     y, dx = np.zeros(top, np.float32), np.zeros(shape, np.float32)
     mask = np.zeros(top, np.int32) if method == "max" else None

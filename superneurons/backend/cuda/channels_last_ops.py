@@ -173,8 +173,12 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: boo
         return
     if geom.method == "max":
         check_signed_mask(signed_mask, top_mask)
-        K.launch(lk.max_forward, 0, blocks=_row_blocks(y.shape[0], y.shape[2]))(flat(x), flat(y), flat(mask), *dims,
-                                                                               signed_mask)
+        blocks = _row_blocks(y.shape[0], y.shape[2])
+        if pooling.tiles(x.shape, y.shape, geom):
+            K.launch(lk.max_forward_tiles, 0, blocks=blocks)(flat(x), flat(y), flat(mask), *dims[:6], *geom.kernel,
+                                                             signed_mask)
+        else:
+            K.launch(lk.max_forward, 0, blocks=blocks)(flat(x), flat(y), flat(mask), *dims, signed_mask)
         if top_mask is not None:
             convert(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
@@ -189,8 +193,13 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
     if not dx.size:
         return
     if geom.method == "max":
-        K.launch(lk.max_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(
-            flat(dy), flat(mask), flat(dx), *dims, relu_slope is not None, scalar(dx, relu_slope or 0.0))
+        relu = (relu_slope is not None, scalar(dx, relu_slope or 0.0))
+        if pooling.tiles(dx.shape, dy.shape, geom):
+            K.launch(lk.max_backward_tiles, 0, blocks=_row_blocks(dy.shape[0], dy.shape[2]))(
+                flat(dy), flat(mask), flat(dx), *dims[:6], *geom.kernel, *relu)
+        else:
+            K.launch(lk.max_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(
+                flat(dy), flat(mask), flat(dx), *dims, *relu)
     elif geom.method == "ave":
         K.launch(lk.ave_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(flat(dy), flat(dx), *dims)
     else:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from superneurons.backend.cuda.kernels import BLOCK, MAX_BLOCKS
+from superneurons.backend.cuda.kernels import BLOCK, MAX_BLOCKS, UNROLL
 from superneurons.backend.cuda.kernels.elementwise import leaky
 from superneurons.backend.cuda.kernels.fused import input_grad, normalize_store, normalized, pre_relu_grad
 from superneurons.backend.cuda.kernels.pooling import _chosen, _mask_entry, _out_range, _rows_holding, _through_relu
@@ -80,7 +80,27 @@ def channel_sums(x, y, sums, rows, dim, run, mode):
         s0 = 0.0
         s1 = 0.0
         i = r0 * dim + c
-        for _r in range(r0, r1):
+        r = r0
+        while r + 3 < r1:  # four rows' loads in flight, added in row order as the plain loop adds them
+            v0, v1, v2, v3 = float64(x[i]), float64(x[i + dim]), float64(x[i + 2 * dim]), float64(x[i + 3 * dim])
+            if mode == DOT:
+                u0, u1, u2, u3 = float64(y[i]), float64(y[i + dim]), float64(y[i + 2 * dim]), float64(y[i + 3 * dim])
+                s0 += v0 * u0
+                s0 += v1 * u1
+                s0 += v2 * u2
+                s0 += v3 * u3
+            else:
+                s0 += v0
+                s1 += v0 * v0
+                s0 += v1
+                s1 += v1 * v1
+                s0 += v2
+                s1 += v2 * v2
+                s0 += v3
+                s1 += v3 * v3
+            i += 4 * dim
+            r += 4
+        while r < r1:
             v = float64(x[i])
             if mode == DOT:
                 s0 += v * float64(y[i])
@@ -88,6 +108,7 @@ def channel_sums(x, y, sums, rows, dim, run, mode):
                 s0 += v
                 s1 += v * v
             i += dim
+            r += 1
         cuda.atomic.add(sums, c, s0)
         if mode == SUM_SQUARES:
             cuda.atomic.add(sums, dim + c, s1)
@@ -104,10 +125,11 @@ def sums_finish(sums, out, accumulate):
 
 
 # ---- per-channel elementwise passes over (rows, dim): no division per element ----------------------------
-# A block takes `rows_per_block(dim)` rows at a time, thread t channel t % dim of row t // dim (both computed once
-# per thread), so a thread keeps its channel's constants in registers and steps rows by additions; channels past
-# BLOCK take several trips (`lane_channels`). The NCHW kernels' (i // inner) % dim costs two 64-bit divisions per
-# element, which a bandwidth-bound pass cannot afford.
+# A block takes BLOCK // dim rows at a time, thread t channel t % dim of row t // dim (both computed once per
+# thread), so a thread keeps its channel's constants in registers and steps rows by additions; channels past
+# BLOCK take several trips. The NCHW kernels' (i // inner) % dim costs two 64-bit divisions per element, which a
+# bandwidth-bound pass cannot afford. Each trip loads four rows before it stores any (UNROLL): one 2-byte load in
+# flight per thread left a half-precision pass waiting on memory latency (the GPU needs megabytes in flight).
 @cuda.jit(device=True, inline=True)
 def lane(dim):
     """(first row offset, channel, row step within the block's rows, whether the thread has a lane)."""
@@ -119,10 +141,17 @@ def lane(dim):
     return sub, t - sub * dim, per, sub < per
 
 
-def blocks_for(rows: int, dim: int) -> int:
-    """The grid of the row-block kernels: enough blocks for every row, at most kernels.MAX_BLOCKS."""
+def blocks_for(rows: int, dim: int, unroll: int = UNROLL) -> int:
+    """The grid of the row-block kernels: enough blocks for every row at `unroll` rows per thread, at most
+    kernels.MAX_BLOCKS."""
     per = max(1, BLOCK // dim) if dim <= BLOCK else 1
-    return max(1, min(-(-rows // per), MAX_BLOCKS))
+    return max(1, min(-(-rows // (per * unroll)), MAX_BLOCKS))
+
+
+@cuda.jit(device=True, inline=True)
+def biased(v, bias, relu, slope):
+    v = v + bias
+    return leaky(v, slope) if relu else v
 
 
 @cuda.jit
@@ -130,12 +159,23 @@ def bias_relu(y, b, rows, dim, relu, slope):
     """y = y + b[c] (relu: leaky(., slope)) in place: the conv bias and the fused Convolution + ReLU's pass."""
     sub, c0, per, active = lane(dim)
     if active:
+        step = cuda.gridDim.x * per
+        s = step * dim
         for c in range(c0, dim, BLOCK):
             bias = b[c]
-            for r in range(cuda.blockIdx.x * per + sub, rows, cuda.gridDim.x * per):
+            r = cuda.blockIdx.x * per + sub
+            while r + 3 * step < rows:
                 i = r * dim + c
-                v = y[i] + bias
-                y[i] = leaky(v, slope) if relu else v
+                v0, v1, v2, v3 = y[i], y[i + s], y[i + 2 * s], y[i + 3 * s]
+                y[i] = biased(v0, bias, relu, slope)
+                y[i + s] = biased(v1, bias, relu, slope)
+                y[i + 2 * s] = biased(v2, bias, relu, slope)
+                y[i + 3 * s] = biased(v3, bias, relu, slope)
+                r += 4 * step
+            while r < rows:
+                i = r * dim + c
+                y[i] = biased(y[i], bias, relu, slope)
+                r += step
 
 
 # ---- the fused BatchNorm + Scale (+ ReLU) (kernels/fused.py has the math) -------------------------
@@ -144,11 +184,31 @@ def bn_forward_apply(x, mean, inv, gamma, beta, x_hat, y, rows, dim, keep, relu,
     """x_hat = (x - mean) * inv (stored if `keep`); y = relu(gamma * x_hat + beta); y may be x."""
     sub, c0, per, active = lane(dim)
     if active:
+        step = cuda.gridDim.x * per
+        d = step * dim
         for c in range(c0, dim, BLOCK):
             mu, s, g, b = mean[c], inv[c], gamma[c], beta[c]
-            for r in range(cuda.blockIdx.x * per + sub, rows, cuda.gridDim.x * per):
+            r = cuda.blockIdx.x * per + sub
+            while r + 3 * step < rows:  # loads first: y may be x
+                i = r * dim + c
+                v0, v1, v2, v3 = x[i], x[i + d], x[i + 2 * d], x[i + 3 * d]
+                normalize_store(v0, i, mu, s, g, b, x_hat, y, keep, relu, slope)
+                normalize_store(v1, i + d, mu, s, g, b, x_hat, y, keep, relu, slope)
+                normalize_store(v2, i + 2 * d, mu, s, g, b, x_hat, y, keep, relu, slope)
+                normalize_store(v3, i + 3 * d, mu, s, g, b, x_hat, y, keep, relu, slope)
+                r += 4 * step
+            while r < rows:
                 i = r * dim + c
                 normalize_store(x[i], i, mu, s, g, b, x_hat, y, keep, relu, slope)
+                r += step
+
+
+@cuda.jit(device=True, inline=True)
+def _add_grad_sums(s0, s1, kept, gy, mu, s, g, b, from_x, relu, slope):
+    """(s0 + dy', s1 + dy' * x_hat) for one element (dy' = gy through the ReLU mask)."""
+    h = normalized(kept, mu, s, from_x)
+    d = float64(pre_relu_grad(gy, g * h + b, relu, slope))
+    return s0 + d, s1 + d * h
 
 
 @cuda.jit
@@ -162,12 +222,20 @@ def bn_backward_sums(kept, mean, inv, from_x, gamma, beta, dy, sums, rows, dim, 
         s0 = 0.0
         s1 = 0.0
         i = r0 * dim + c
-        for _r in range(r0, r1):
-            h = normalized(kept[i], mu, s, from_x)
-            d = float64(pre_relu_grad(dy[i], g * h + b, relu, slope))
-            s0 += d
-            s1 += d * h
+        r = r0
+        while r + 3 < r1:  # four rows' loads in flight, added in row order
+            k0, k1, k2, k3 = kept[i], kept[i + dim], kept[i + 2 * dim], kept[i + 3 * dim]
+            g0, g1, g2, g3 = dy[i], dy[i + dim], dy[i + 2 * dim], dy[i + 3 * dim]
+            s0, s1 = _add_grad_sums(s0, s1, k0, g0, mu, s, g, b, from_x, relu, slope)
+            s0, s1 = _add_grad_sums(s0, s1, k1, g1, mu, s, g, b, from_x, relu, slope)
+            s0, s1 = _add_grad_sums(s0, s1, k2, g2, mu, s, g, b, from_x, relu, slope)
+            s0, s1 = _add_grad_sums(s0, s1, k3, g3, mu, s, g, b, from_x, relu, slope)
+            i += 4 * dim
+            r += 4
+        while r < r1:
+            s0, s1 = _add_grad_sums(s0, s1, kept[i], dy[i], mu, s, g, b, from_x, relu, slope)
             i += dim
+            r += 1
         cuda.atomic.add(sums, c, s0)
         cuda.atomic.add(sums, dim + c, s1)
 
@@ -178,6 +246,8 @@ def bn_backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, rows, 
     (global); dx may be dy."""
     sub, c0, per, active = lane(dim)
     if active:
+        step = cuda.gridDim.x * per
+        d = step * dim
         for c in range(c0, dim, BLOCK):
             g, b, mu, s = gamma[c], beta[c], mean[c], inv[c]
             k = g * s
@@ -186,10 +256,20 @@ def bn_backward_apply(kept, mean, inv, from_x, gamma, beta, sums, dy, dx, rows, 
             if batch:
                 avg_dy = sums[c] / m
                 avg_dyh = sums[dim + c] / m
-            for r in range(cuda.blockIdx.x * per + sub, rows, cuda.gridDim.x * per):
+            r = cuda.blockIdx.x * per + sub
+            while r + 3 * step < rows:  # loads first: dx may be dy
                 i = r * dim + c
-                h = normalized(kept[i], mu, s, from_x)
-                dx[i] = input_grad(h, dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
+                k0, k1, k2, k3 = kept[i], kept[i + d], kept[i + 2 * d], kept[i + 3 * d]
+                g0, g1, g2, g3 = dy[i], dy[i + d], dy[i + 2 * d], dy[i + 3 * d]
+                dx[i] = input_grad(normalized(k0, mu, s, from_x), g0, g, b, k, avg_dy, avg_dyh, relu, slope)
+                dx[i + d] = input_grad(normalized(k1, mu, s, from_x), g1, g, b, k, avg_dy, avg_dyh, relu, slope)
+                dx[i + 2 * d] = input_grad(normalized(k2, mu, s, from_x), g2, g, b, k, avg_dy, avg_dyh, relu, slope)
+                dx[i + 3 * d] = input_grad(normalized(k3, mu, s, from_x), g3, g, b, k, avg_dy, avg_dyh, relu, slope)
+                r += 4 * step
+            while r < rows:
+                i = r * dim + c
+                dx[i] = input_grad(normalized(kept[i], mu, s, from_x), dy[i], g, b, k, avg_dy, avg_dyh, relu, slope)
+                r += step
 
 
 # ---- pooling: a block per image row; its threads in (column, channel) lanes as the passes above -------------
@@ -254,6 +334,77 @@ def max_backward(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu,
                             grad += dy[o]
                             positive = above
                 dx[at + s * c + ch] = _through_relu(grad, positive, relu, slope)
+
+
+# Where the windows tile the planes (kernel == stride, no padding, h == oh * kh, w == ow * kw: VGG's 2x2 stride-2
+# poolings; kernels/pooling.py's max_backward_tiles is the NCHW twin), a thread per output: forward loads its
+# whole 2x2 window before comparing (the loop above waits for each load before the next: four memory latencies
+# per output), backward reads the mask and gradient once and writes the window, the gradient at the chosen
+# pixel and 0 elsewhere (the walk above reads them once per pixel of the window).
+@cuda.jit
+def max_forward_tiles(x, y, mask, n, c, h, w, oh, ow, kh, kw, signed):
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
+    for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
+        img = row // oh
+        r0 = (row - img * oh) * kh
+        src = (img * h + r0) * w * c
+        out = row * ow * c
+        for ch in range(c0, c, BLOCK):
+            for qw in range(sub, ow, per):
+                s0 = qw * kw
+                at = src + s0 * c + ch
+                best = -math.inf
+                arg = -1
+                if kh == 2 and kw == 2:
+                    v0, v1, v2, v3 = x[at], x[at + c], x[at + w * c], x[at + w * c + c]
+                    # the order of the loop below (row by row, strict >: the first maximum wins)
+                    if v0 > best:
+                        best = v0
+                        arg = r0 * w + s0
+                    if v1 > best:
+                        best = v1
+                        arg = r0 * w + s0 + 1
+                    if v2 > best:
+                        best = v2
+                        arg = (r0 + 1) * w + s0
+                    if v3 > best:
+                        best = v3
+                        arg = (r0 + 1) * w + s0 + 1
+                else:
+                    for i in range(kh):
+                        for j in range(kw):
+                            v = x[at + (i * w + j) * c]
+                            if v > best:
+                                best = v
+                                arg = (r0 + i) * w + s0 + j
+                o = out + qw * c + ch
+                y[o] = best
+                mask[o] = _mask_entry(arg, best, signed)
+
+
+@cuda.jit
+def max_backward_tiles(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, relu, slope):
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
+    for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
+        img = row // oh
+        r0 = (row - img * oh) * kh
+        top = (img * h + r0) * w * c
+        out = row * ow * c
+        for ch in range(c0, c, BLOCK):
+            for qw in range(sub, ow, per):
+                o = out + qw * c + ch
+                pixel, positive = _chosen(mask[o], relu)
+                g = _through_relu(dy[o], positive, relu, slope)
+                s0 = qw * kw
+                for i in range(kh):
+                    at = top + (i * w + s0) * c + ch
+                    me = (r0 + i) * w + s0
+                    for j in range(kw):
+                        dx[at + j * c] = g if me + j == pixel else float32(0.0)
 
 
 @cuda.jit

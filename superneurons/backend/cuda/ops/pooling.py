@@ -8,14 +8,14 @@ from superneurons.backend.cuda.kernels import pooling as pk
 from superneurons.backend.cuda.ops.basic import copy
 from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 
-__all__ = ["pool_forward", "pool_backward"]
+__all__ = ["pool_forward", "pool_backward", "tiles"]
 
 
 def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
     return (x_shape[2], x_shape[3], y_shape[2], y_shape[3], *geom.kernel, *geom.stride, *geom.pad)
 
 
-def _tiles(x_shape, y_shape, geom: PoolGeometry) -> bool:
+def tiles(x_shape, y_shape, geom: PoolGeometry) -> bool:
     """Whether the windows tile the planes exactly (kernels/pooling.py: max_backward_tiles)."""
     return (geom.kernel == geom.stride and geom.pad == (0, 0) and x_shape[2] == y_shape[2] * geom.kernel[0]
             and x_shape[3] == y_shape[3] * geom.kernel[1])
@@ -44,7 +44,7 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
     dims = _dims(dx.shape, dy.shape, geom)
     if geom.method == "max":
         relu = (relu_slope is not None, scalar(dx, relu_slope or 0.0))
-        if _tiles(dx.shape, dy.shape, geom):
+        if tiles(dx.shape, dy.shape, geom):
             K.launch(pk.max_backward_tiles, dy.size)(flat(dy), flat(mask), flat(dx), *dims[:6], *relu)
             return
         planes = dx.shape[0] * dx.shape[1]
