@@ -126,7 +126,8 @@ _DECLARED = (
             "Memory layout of 4-D activations on the GPU: `nchw` everywhere (Caffe's), `nhwc` (channels last, "
             "where cuDNN's tensor-core convolutions run without transposes) for the blobs whose producer and "
             "readers all have a channels-last path, `auto`: nhwc for the storage types measured faster so "
-            "(graph/layout.py: none yet on an H200). Users, pycaffe and caffemodels see N,C,H,W whatever this says; the CPU keeps "
+            "(graph/layout.py: none yet on an H200, where NHWC makes VGG16 faster in both types and ResNet-50 slower in "
+            "bfloat16, docs/ARCHITECTURE.md). Users, pycaffe and caffemodels see N,C,H,W whatever this says; the CPU keeps "
             "NCHW.", choices=("nchw", "nhwc", "auto")),
     Setting("SUPERNEURONS_CONV_BIAS_SUM", CHOICE, "auto",
             "Convolution bias gradients: `cudnn` (cudnnConvolutionBackwardBias), `own` (the per-channel sum "
@@ -142,11 +143,12 @@ _DECLARED = (
     Setting("SUPERNEURONS_DP_NCCL_CTAS", INT, None,
             "Data parallelism on GPUs: the most thread blocks (CTAs, 1-32) one NCCL reduction kernel takes; the "
             "reductions run beside backward, so every block they hold is a multiprocessor backward waits for. "
-            "Unset: NCCL's own choice (docs/PARALLEL.md has the measurement)."),
+            "Unset: NCCL's own choice, which measured fastest (4 H200s: every cap of 16 down to 2 slowed VGG16 and "
+            "ResNet-50; docs/PARALLEL.md)."),
     Setting("SUPERNEURONS_DP_STREAM_PRIORITY", CHOICE, "normal",
             "Data parallelism on GPUs: the priority of the stream NCCL's reductions run on. `high`: the device's "
-            "highest, so their blocks start before backward's as multiprocessors free up; `normal`: compute's "
-            "(docs/PARALLEL.md has the measurement).", choices=("normal", "high")),
+            "highest, so their blocks start before backward's as multiprocessors free up; `normal`: compute's, "
+            "which measured as fast (4 H200s, docs/PARALLEL.md).", choices=("normal", "high")),
     Setting("SUPERNEURONS_DP_REDUCE", CHOICE, "fp32",
             "Data parallelism: the type gradients are summed across ranks in. `fp32`: the float32 gradients, in "
             "place; `backward`: where the net stores gradients in float16 or bfloat16, that type (half the bytes "
