@@ -93,6 +93,47 @@ def test_an_op_without_a_half_path_runs_on_float32_copies_rounded_back():
 
 
 @simulated
+def test_an_op_that_refuses_half_arrays_falls_back_and_is_remembered_per_types(monkeypatch):
+    """`half_fallback`: the first call with half arguments tries the op, which refuses; the call runs on float32
+    copies and the op's types are remembered, so later calls with those types go straight to the copies, while
+    other types still try the op. An op refusing arguments none of which is half raises its own error."""
+    from superneurons.backend.cuda import half_math
+
+    monkeypatch.setattr(half_math, "_refused", {})
+    monkeypatch.setattr(half_math, "_refusing", set())
+    calls = []
+
+    def float32_only(src, dst):
+        calls.append(src.dtype)
+        if src.dtype != np.float32:
+            raise half_math.Unsupported("float32 only")
+        K.launch(ek.scale_copy, dst.size)(np.float32(2.0), src, dst)
+
+    run = half_math.half_fallback("doubled", float32_only)
+    rng = np.random.default_rng()
+    x, y = _half(rng, BFLOAT16, 16), np.zeros(16, BFLOAT16)
+    run(x, y)
+    assert calls == [BFLOAT16, np.float32]  # tried, refused, then on the copies
+    np.testing.assert_array_equal(y, (x.astype(np.float32) * 2).astype(BFLOAT16))
+    run(x, y)
+    assert calls[2:] == [np.float32]  # remembered: straight to the copies
+    assert set(half_math.refused()) == {("doubled", ("bfloat16", "bfloat16"))}
+    f = np.ones(16, np.float32)
+    run(f, np.zeros(16, np.float32))  # float32 arguments: the op itself
+    assert calls[3:] == [np.float32]
+    h = _half(rng, FLOAT16, 16)
+    run(h, np.zeros(16, FLOAT16))  # other half types are tried again
+    assert calls[4:] == [FLOAT16, np.float32]
+
+    def refuses_anything(a):
+        raise half_math.Unsupported("never")
+
+    with pytest.raises(half_math.Unsupported, match="never"):
+        half_math.half_fallback("never", refuses_anything)(f)
+    assert "never" not in half_math._refusing
+
+
+@simulated
 def test_in_a_net_the_float32_copies_come_from_the_planned_room_or_say_they_are_outside_it(capfd):
     """Inside a Net's step (copy_room.install) the copies are views of the step's room, given back when the op
     returns; past a room too small for them (or a step with none) the op still runs, on the module's own

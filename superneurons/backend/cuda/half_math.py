@@ -67,6 +67,7 @@ def _compile_errors() -> tuple[type, ...]:
 
 _ERRORS = _compile_errors()  # what an op that has no path for its argument types raises before any work
 _refused: dict[tuple[str, tuple], str] = {}  # (op, half dtypes of its arguments) -> why it runs on copies
+_refusing: set[str] = set()  # the ops in _refused
 _buffers: dict[int, Any] = {}  # argument slot -> float32 device buffer (grown, never shrunk)
 
 
@@ -143,18 +144,23 @@ def on_float32_copies(fn: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def half_fallback(name: str, fn: Callable) -> Callable:
+    """`fn` that runs on float32 copies (`on_float32_copies`) the argument types it refuses, remembered per
+    op and types. Every op call of a net goes through here, so the common case costs one set lookup: the types
+    of the arguments are looked at only for an op that has refused some before, or when `fn` refuses now."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if not any(map(_is_half, args)) and not any(map(_is_half, kwargs.values())):
+        if name in _refusing and (name, _signature(args, kwargs)) in _refused:
+            return on_float32_copies(fn, args, kwargs)
+        try:
             return fn(*args, **kwargs)
-        signature = _signature(args, kwargs)
-        if (name, signature) not in _refused:
-            try:
-                return fn(*args, **kwargs)
-            except _ERRORS as e:
-                why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-                _refused[(name, signature)] = why
-                _log(name, signature, why)
+        except _ERRORS as e:
+            if not any(map(_is_half, args)) and not any(map(_is_half, kwargs.values())):
+                raise  # not a half path missing: the op's own error
+            signature = _signature(args, kwargs)
+            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            _refused[(name, signature)] = why
+            _refusing.add(name)
+            _log(name, signature, why)
         return on_float32_copies(fn, args, kwargs)
 
     return run

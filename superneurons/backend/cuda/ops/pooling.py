@@ -8,7 +8,7 @@ from superneurons.backend.cuda.kernels import pooling as pk
 from superneurons.backend.cuda.ops.basic import copy
 from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 
-__all__ = ["pool_forward", "pool_backward", "tiles"]
+__all__ = ["pool_forward", "pool_backward"]
 
 
 def _dims(x_shape, y_shape, geom: PoolGeometry) -> tuple[int, ...]:
