@@ -306,16 +306,22 @@ def max_backward(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu,
 # whole 2x2 window before comparing (the loop above waits for each load before the next: four memory latencies
 # per output), backward reads the mask and gradient once and writes the window, the gradient at the chosen
 # pixel and 0 elsewhere (the walk above reads them once per pixel of the window).
+@cuda.jit(device=True, inline=True)
+def _tile_row(row, c, h, w, oh, ow, kh):
+    """Output row `row` (image * oh + window row) of a tiling pooling: the first image row of its windows, the
+    flat index of that row's first element, and of the output row's."""
+    img = row // oh
+    r0 = (row - img * oh) * kh
+    return r0, (img * h + r0) * w * c, row * ow * c
+
+
 @cuda.jit
 def max_forward_tiles(x, y, mask, n, c, h, w, oh, ow, kh, kw, signed):
     sub, c0, per, active = lane(c)
     if not active:
         return
     for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
-        img = row // oh
-        r0 = (row - img * oh) * kh
-        src = (img * h + r0) * w * c
-        out = row * ow * c
+        r0, src, out = _tile_row(row, c, h, w, oh, ow, kh)
         for ch in range(c0, c, BLOCK):
             for qw in range(sub, ow, per):
                 s0 = qw * kw
@@ -355,10 +361,7 @@ def max_backward_tiles(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, relu, slope):
     if not active:
         return
     for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
-        img = row // oh
-        r0 = (row - img * oh) * kh
-        top = (img * h + r0) * w * c
-        out = row * ow * c
+        r0, top, out = _tile_row(row, c, h, w, oh, ow, kh)
         for ch in range(c0, c, BLOCK):
             for qw in range(sub, ow, per):
                 o = out + qw * c + ch
