@@ -628,6 +628,20 @@ def test_scaling_benchmark_arguments_and_efficiency(capsys):
     assert all(j.endswith("--nccl-ctas 0,4 --nccl-priority normal,high") for j in capsys.readouterr().out.splitlines())
 
 
+def test_nccl_block_cap_setting_takes_1_to_32_and_names_the_variable(monkeypatch):
+    from superneurons.parallel.collectives import CTAS_ENV, nccl_ctas_setting
+
+    monkeypatch.delenv(CTAS_ENV, raising=False)
+    assert nccl_ctas_setting() is None  # NCCL's own choice
+    cap = int(np.random.default_rng().integers(1, 33))
+    monkeypatch.setenv(CTAS_ENV, str(cap))
+    assert nccl_ctas_setting() == cap
+    for bad, why in (("0", "expected 1 to 32"), ("33", "expected 1 to 32"), ("many", "whole number")):
+        monkeypatch.setenv(CTAS_ENV, bad)
+        with pytest.raises(UserError, match=f"{CTAS_ENV}=.*{why}"):
+            nccl_ctas_setting()
+
+
 def test_scaling_benchmark_runs_its_ranks_on_the_cpu(tmp_path):
     scaling = _scaling()
     code = scaling.main(["--device", "cpu", "--nets", "cifar10_quick", "--gpus", "2", "--batches", "2",
