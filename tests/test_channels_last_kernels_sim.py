@@ -71,8 +71,12 @@ def test_convert_axpy(rng):
     np.testing.assert_allclose(d.copy_to_host().reshape(shape), y + np.float32(0.5) * x, rtol=1e-6, atol=1e-6)
 
 
+# the last: two channel tiles (the second partly idle) and two row groups, four rows per trip and a tail
+SUMS_SHAPES = [(2, 3, 4, 5), (4, 16, 3, 3), (4, 40, 9, 9)]
+
+
 @simulated
-@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 16, 3, 3)])
+@pytest.mark.parametrize("shape", SUMS_SHAPES)
 def test_channel_sums(rng, shape):
     ops = _ops()
     x, y = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
@@ -135,6 +139,12 @@ def test_fused_batch_norm_matches_the_cpu(rng, relu, keep, global_stats, shape):
 @pytest.mark.parametrize("keep", [True, False])
 def test_fused_batch_norm_four_rows_per_trip(rng, keep):
     _check_fused_batch_norm(rng, 0.1, keep, False, FOUR_ROWS[0])
+
+
+@simulated
+def test_fused_batch_norm_tiles_and_row_groups(rng):
+    """Sums over several channel tiles and row groups (kernels/channels_last.py: tiled_blocks)."""
+    _check_fused_batch_norm(rng, 0.0, False, False, SUMS_SHAPES[-1])
 
 
 def _check_fused_batch_norm(rng, relu, keep, global_stats, shape) -> None:

@@ -16,7 +16,7 @@ from superneurons.backend.cuda.ops._rows import take
 from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 from superneurons.backend.scratch import row_sums
 
-THREADS = 1 << 17  # threads the per-channel sums aim for (each sums its channel over a run of rows)
+THREADS = 1 << 17  # threads bn_backward_sums aims for (each sums its channel over a run of rows)
 
 
 def _rows(x, outer: int, dim: int, inner: int) -> int:
@@ -42,10 +42,9 @@ def channel_sums(x, y, rows: int, dim: int, mode: int, scratch):
     """float64 sums[2 * dim] of kernels/channels_last.channel_sums over an NHWC (rows, dim) array, in the scratch
     region (row_sums(dim) entries)."""
     sums = _zeroed(row_sums(dim), scratch)
-    run = _run(rows, dim)
     fx = flat(x)
-    K.launch(lk.channel_sums, dim * (-(-rows // run)))(fx, flat(y) if y is not None else fx, sums, rows, dim, run,
-                                                       mode)
+    K.launch(lk.channel_sums, 0, blocks=lk.tiled_blocks(rows, dim))(fx, flat(y) if y is not None else fx, sums,
+                                                                    rows, dim, mode)
     return sums
 
 
@@ -145,8 +144,8 @@ def bn_affine_backward(kept, mean, inv_std, gamma, beta, dy, dx, dgamma, dbeta, 
     fkept, fdy, finv = flat(kept), flat(dy), flat(inv_std)
     from_x = mean is not None
     fmean = flat(mean) if from_x else finv  # the placeholder mean is never read
-    run = _run(rows, channels)
     sums = _zeroed(row_sums(channels), scratch)
+    run = _run(rows, channels)
     K.launch(lk.bn_backward_sums, channels * (-(-rows // run)))(fkept, fmean, finv, from_x, flat(gamma), flat(beta),
                                                                 fdy, sums, rows, channels, run, relu, slope)
     if dgamma is not None and dbeta is not None:
