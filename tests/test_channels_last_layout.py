@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 from superneurons import settings
+from superneurons.backend.cpu import CpuBackend
 from superneurons.dtypes import BFLOAT16, FLOAT32
 from superneurons.errors import UserError
 from superneurons.graph import layout
@@ -15,6 +16,7 @@ from superneurons.graph.build import build_graph
 from superneurons.graph.precision import override_defaults
 from superneurons.memory.tensors import BUFFER, DATA, DIFF, NCHW, NHWC, declare_tensors
 from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.net import Net
 from test_memory_modes import CONV_FAN, _input, _layer, conv, ip
 from test_recompute_resnet import RESNET
 
@@ -40,9 +42,11 @@ def _nhwc_blobs(graph, layouts=GPU_LAYOUTS) -> set[str]:
     return {b for b, v in layout.choose(graph, layouts).blobs.items() if v == NHWC}
 
 
-def test_nchw_unless_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
+def test_auto_by_default_nchw_when_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
     monkeypatch.delenv("SUPERNEURONS_LAYOUT", raising=False)
-    assert settings.get("SUPERNEURONS_LAYOUT") == "nchw"
+    assert settings.get("SUPERNEURONS_LAYOUT") == "auto"
+    assert _nhwc_blobs(_graph(VGG)) == {"conv1", "pool1", "conv2"}
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nchw")
     assert _nhwc_blobs(_graph(VGG)) == set()
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
     assert _nhwc_blobs(_graph(VGG), ("NCHW",)) == set()  # the CPU keeps NCHW
@@ -51,12 +55,28 @@ def test_nchw_unless_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
         settings.get("SUPERNEURONS_LAYOUT")
 
 
-def test_auto_is_nhwc_for_the_types_measured_faster(monkeypatch):
+# VGG with an LRN after its first ReLU: the LRN has no channels-last path, so conv1's top stays NCHW
+VGG_LRN = VGG.replace(
+    'layer { name: "pool1"', 'layer { name: "norm1" type: "LRN" bottom: "conv1" top: "conv1n" }\n'
+    'layer { name: "pool1"').replace('bottom: "conv1" top: "pool1"', 'bottom: "conv1n" top: "pool1"')
+VGG_GROUPED = VGG.replace("num_output: 5 kernel_size: 3", "num_output: 4 kernel_size: 3 group: 2")
+
+
+def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
+    """`auto`: a plain convolution net in both types, a BatchNorm net in float32 only; never a net with a
+    grouped convolution or a layer without a channels-last path between its convolutions."""
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
-    assert _nhwc_blobs(_graph(VGG, "fp32")) == set() == _nhwc_blobs(_graph(VGG, "bf16"))  # none measured faster
-    monkeypatch.setattr(layout, "AUTO_CHANNELS_LAST", frozenset({"bfloat16"}))
-    assert _nhwc_blobs(_graph(VGG, "fp32")) == set()
-    assert _nhwc_blobs(_graph(VGG, "bf16")) == {"conv1", "pool1", "conv2"}
+    vgg = {"conv1", "pool1", "conv2"}
+    assert _nhwc_blobs(_graph(VGG, "fp32")) == vgg == _nhwc_blobs(_graph(VGG, "bf16"))
+    assert _nhwc_blobs(_graph(VGG, "bf16"), ("NCHW",)) == set()  # the CPU keeps NCHW
+    resnet = _nhwc_blobs(_graph(RESNET, "fp32"))
+    assert resnet and all(len(_graph(RESNET).blob_shapes[b]) == 4 for b in resnet)
+    assert _nhwc_blobs(_graph(RESNET, "bf16")) == set()
+    assert _nhwc_blobs(_graph(VGG_GROUPED, "fp32")) == set()
+    lrn = _graph(VGG_LRN, "fp32")
+    assert layout.channels_last_blobs(lrn) and _nhwc_blobs(lrn) == set()
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")  # asked for, it is channels last all the same
+    assert _nhwc_blobs(_graph(VGG_LRN, "fp32")) and _nhwc_blobs(_graph(RESNET, "bf16"))
 
 
 def test_vgg_like_net(monkeypatch):
@@ -169,3 +189,33 @@ def test_the_profiler_counts_each_layers_layout_conversions():
 
     row = next(r for r in to_json(profile, "t", Args)["layers"] if r["name"] == "fc")
     assert row["layout_conversions"] == 1
+
+
+class _TwoLayoutBackend(CpuBackend):
+    """The CPU backend claiming to store NHWC too, for what the Net decides at setup (nothing here runs a step)."""
+
+    layouts = GPU_LAYOUTS
+
+    def ops_for(self, storage, channels_last=False):
+        return self.ops
+
+    def view(self, *args, layout=None, **kwargs):
+        return super().view(*args, **kwargs)
+
+
+def test_auto_runs_nchw_where_the_memory_runtime_is_needed(monkeypatch):
+    """Under `auto` (layout and memory mode), a net runs channels last only while every tensor stays resident
+    (baseline or liveness): NHWC's filter copies and conversion rooms cost memory, so a pool that needs recompute
+    or offload gets the NCHW net, and the plan it quotes is NCHW's."""
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
+    seen = set()
+    for pool in (None, 200_000, 60_000, 40_000, 30_000, 20_000, 12_000):
+        net = Net(_graph(VGG), _TwoLayoutBackend(), train=True, seed=1, memory="auto", pool_bytes=pool)
+        resident = type(net.memory).__name__ in ("BaselineManager", "LivenessManager")
+        assert net.blob_layouts.any == resident, (pool, type(net.memory).__name__)
+        if not resident:
+            assert not any(spec.layout == NHWC for spec in net.layout.specs)
+            assert not any("_copy" in name or "layout_copies" in name
+                           for node in net.graph.nodes for name in node.layer.buffers)
+        seen.add(resident)
+    assert seen == {True, False}

@@ -6,8 +6,8 @@ caffemodels, the shapes `summary` and `memory --json` print) is N,C,H,W whatever
 backend's views keep the logical shape (N, C, H, W) and only their strides say channels last, and its
 downloads and uploads convert at that boundary.
 
-`choose(graph, layouts)` decides once per Net, from SUPERNEURONS_LAYOUT and the layouts the backend stores:
-a blob is NHWC when it is 4-D, its producer and every reader have a channels-last path
+`choose(graph, layouts)` decides once per Net, from SUPERNEURONS_LAYOUT (`auto`: `auto_channels_last`'s
+rule, measured on the zoo) and the layouts the backend stores: a blob is NHWC when it is 4-D, its producer and every reader have a channels-last path
 (`Layer.channels_last`), and so has every blob tied to it: the tops of a layer that keeps shapes (ReLU,
 Eltwise, Split, BatchNorm, Scale, their fused forms) share a layout with its bottoms, because
 in-place tops, Split's views and the gradients memory/aliases.py lets share memory must agree. A layer
@@ -35,6 +35,8 @@ class BlobLayouts:
 
     blobs: dict[str, str] = field(default_factory=dict)
     layers: set[str] = field(default_factory=set)  # layers whose 4-D buffers are NHWC
+    automatic: bool = False  # chosen by `auto`'s rule (not asked for with `nhwc`)
+    added: list = field(default_factory=list)  # (layer, buffer name) declared for it: what `release` removes
 
     def blob(self, name: str) -> str:
         return self.blobs.get(name, NCHW)
@@ -52,16 +54,30 @@ def _permuted(shape) -> bool:
     return len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
 
 
-# The storage types (Precision.name()) whose nets `auto` keeps channels last: those measured faster so. On one
-# H200 (2026-11-28, `python -m tools.bench.speed_zoo --nets resnet50,vgg16 --no-torch --precisions bf16,fp32`
-# under each SUPERNEURONS_LAYOUT, docs/ARCHITECTURE.md) NHWC trained slower in all four cases, so none yet.
-AUTO_CHANNELS_LAST: frozenset[str] = frozenset()
-
-
 def wanted(graph) -> bool:
-    """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: where its type is in AUTO_CHANNELS_LAST)."""
-    choice = settings.get("SUPERNEURONS_LAYOUT")
-    return choice == "nhwc" or (choice == "auto" and graph.precision.name() in AUTO_CHANNELS_LAST)
+    """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: decided in `choose`, auto_channels_last)."""
+    return settings.get("SUPERNEURONS_LAYOUT") in ("nhwc", "auto")
+
+
+# `auto`'s rule, from the nine zoo nets trained in both layouts and both types (one H200 each, 2026-11-28,
+# tools/gpu/speed_map.sh, docs/BENCHMARKS.md): channels last was faster where every convolution writes a
+# channels-last top (no layer without a channels-last path, Concat or LRN, reads one), no convolution is grouped
+# (cuDNN's grouped and depthwise NHWC kernels were slower: AlexNet, MobileNet), and, for a net with BatchNorm,
+# in float32 only (ResNet-50/101/152 in bfloat16 tied or lost: their steps are bound by the host, and the
+# channels-last dispatch adds to it). VGG16 gained 29% in float32 and 45% in bfloat16, the ResNets 11-14% in
+# float32; Inception-v4, DenseNet-121 and SqueezeNet (Concat), AlexNet (LRN, groups) and MobileNet lost.
+def auto_channels_last(graph, blobs: dict[str, str]) -> bool:
+    """Whether `auto` keeps `graph` channels last, given the blobs NHWC would make channels last."""
+    if not blobs:
+        return False
+    half = graph.precision.name() != "float32"
+    for node in graph.nodes:
+        layer = node.layer
+        if layer.type_name == "Convolution" and (layer.geom.group > 1 or any(blobs.get(t) != NHWC for t in node.tops)):
+            return False
+        if half and layer.type_name == "BatchNorm":
+            return False
+    return True
 
 
 def _declare_conversions(graph, node, out: BlobLayouts) -> None:
@@ -90,6 +106,37 @@ def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
     out = BlobLayouts()
     if NHWC not in layouts or not wanted(graph) or getattr(graph, "live", None) is not None:
         return out  # a Filter's live batches (runtime/live_batch.py) cut NCHW rows
+    blobs = channels_last_blobs(graph)
+    if settings.get("SUPERNEURONS_LAYOUT") == "auto" and not auto_channels_last(graph, blobs):
+        return out
+    out.blobs = blobs
+    out.automatic = settings.get("SUPERNEURONS_LAYOUT") == "auto"
+    for node in graph.nodes:
+        if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
+            out.layers.add(node.name)
+            layer = node.layer
+            touched = {id(x): (x, set(x.buffers)) for x in (layer, graph.step_layer(node))}
+            _declare_conversions(graph, node, out)
+            # cuDNN's NHWC convolutions want the filter KRSC: a float32 layer gets working copies to hold it,
+            # unless its filter is 1x1 (or of one input channel), where KRSC and KCRS are the same bytes
+            if layer.data_typed_params and not any("_copy" in name for name in layer.buffers) and any(
+                    _permuted(layer.params[k].shape) for k in layer.data_typed_params if k < len(layer.params)):
+                layer.use_working_copies(FLOAT32)
+            out.added += [(x, name) for x, before in touched.values() for name in x.buffers if name not in before]
+    return out
+
+
+def release(out: BlobLayouts) -> None:
+    """Undo what `choose` declared on the layers for `out` (its layout copies and KRSC working copies), before
+    the graph is declared again in NCHW."""
+    for layer, name in out.added:
+        layer.buffers.pop(name, None)
+    out.added.clear()
+
+
+def channels_last_blobs(graph) -> dict[str, str]:
+    """The blobs NHWC makes channels last: 4-D, every layer producing or reading it (and every blob tied to it)
+    with a channels-last path."""
     nodes = graph.nodes
     shapes = graph.blob_shapes
     eligible = {b: len(s) == 4 for b, s in shapes.items()}
@@ -114,15 +161,4 @@ def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
     for b, ok in eligible.items():
         r = find(b)
         group_ok[r] = group_ok.get(r, True) and ok
-    out.blobs = {b: NHWC for b in shapes if group_ok[find(b)]}
-    for node in nodes:
-        if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
-            out.layers.add(node.name)
-            layer = node.layer
-            _declare_conversions(graph, node, out)
-            # cuDNN's NHWC convolutions want the filter KRSC: a float32 layer gets working copies to hold it,
-            # unless its filter is 1x1 (or of one input channel), where KRSC and KCRS are the same bytes
-            if layer.data_typed_params and not any("_copy" in name for name in layer.buffers) and any(
-                    _permuted(layer.params[k].shape) for k in layer.data_typed_params if k < len(layer.params)):
-                layer.use_working_copies(FLOAT32)
-    return out
+    return {b: NHWC for b in shapes if group_ok[find(b)]}

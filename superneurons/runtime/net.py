@@ -20,7 +20,7 @@ import numpy as np
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
-from superneurons.graph.layout import choose as choose_layouts
+from superneurons.graph.layout import NCHW, choose as choose_layouts, release as release_layouts
 from superneurons.graph.node import Node
 from superneurons.graph.precision import check_backend, stored_types
 from superneurons.layers.base import FLOAT32_COPIES, ParamDecl
@@ -86,8 +86,16 @@ class Net:
         self.policy = memory_policy(memory_param)  # the tensor cache, the allocator, parameter streaming
         # Before any allocation: a shape typo must be an error naming the blob, not a MemoryError.
         check_backend(graph, backend)  # storage types it cannot compute on
-        check_fits(self.tensors, pool_bytes, backend, graph)
         choice = None
+        if self.blob_layouts.automatic and mode == "auto" and custom is None:
+            choice = self._resident_choice(pool_bytes, types)
+        if self.blob_layouts.automatic and mode == "auto" and custom is None and choice is None:
+            # Channels last costs memory (KRSC filter copies, conversion rooms: 2.3 GiB for ResNet-50 at batch
+            # 1304): a net that needs the memory runtime's help, or that fits only so, runs NCHW.
+            release_layouts(self.blob_layouts)
+            self._declare_graph(graph, *declare, layouts=(NCHW,))
+            pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
+        check_fits(self.tensors, pool_bytes, backend, graph)
         if len(forms) > 1 and graph.recurrent_input is not None:
             # auto runs the sequence form where a plan of it fits; where none does, the step form, whose
             # checkpointing plans keep only the recurrent state per step. Decided before the pool exists: a GPU
@@ -121,18 +129,31 @@ class Net:
 
     # -- construction -------------------------------------------------------------------------
     def _declare_graph(self, graph: Graph, share: "Net | None", solver_history: int, update_chunk: int,
-                       reduce_type: Any) -> None:
-        """Run `graph`: its blobs' layouts, the ops for its storage types, its tensors."""
+                       reduce_type: Any, layouts: tuple[str, ...] | None = None) -> None:
+        """Run `graph`: its blobs' layouts (`layouts`: those it may store, None: the backend's), the ops for its
+        storage types, its tensors."""
         self.graph = graph
         self.name = graph.name
         backend = self._device_backend
         # Which 4-D blobs this backend keeps channels last (graph/layout.py; before the tensors are declared:
         # a float32 convolution may get working copies for its KRSC filter)
-        self.blob_layouts = choose_layouts(graph, getattr(backend, "layouts", ("NCHW",)))
+        self.blob_layouts = choose_layouts(graph, layouts or getattr(backend, "layouts", ("NCHW",)))
         storage = stored_types(graph)
         # A net with NHWC tensors gets ops that convert where an op has no channels-last path for its arguments
         self.ops = backend.ops_for(storage, channels_last=True) if self.blob_layouts.any else backend.ops_for(storage)
         self._declare_tensors(share, solver_history, update_chunk, reduce_type)
+
+    def _resident_choice(self, pool_bytes: int, types) -> Any:
+        """`auto`'s choice for this declaration in `pool_bytes` where it keeps every tensor resident (baseline or
+        liveness, the parameters not streamed), else None."""
+        from superneurons.memory import pick_mode
+        from superneurons.memory.cost import FITS_ANYWAY
+
+        try:
+            choice = pick_mode(self, types, capacity=pool_bytes // BLOCK * BLOCK)
+        except UserError:
+            return None
+        return choice if choice.mode in FITS_ANYWAY and not choice.streams_params else None
 
     def _pool_bytes(self, given: int | None, param_pool: int | None, share: "Net | None") -> int:
         """The pool's size: `given`; else the solver's budget (`param_pool`) for a net of its own parameters; else
