@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from superneurons.backend.log_line import log_line
 from superneurons.dtypes import FLOAT32, tensor_bytes
 from superneurons.errors import UserError
 from superneurons.graph.build import Graph
@@ -95,6 +96,11 @@ class Net:
             release_layouts(self.blob_layouts)
             self._declare_graph(graph, *declare, layouts=(NCHW,))
             pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
+            log_line("I", "net.py", f"Net {self.name or 'net'}: NCHW (SUPERNEURONS_LAYOUT=auto): channels last would "
+                     f"not keep every tensor resident in {format_bytes(pool_bytes)}")
+        elif self.blob_layouts.automatic:
+            log_line("I", "net.py", f"Net {self.name or 'net'}: channels last for {len(self.blob_layouts.blobs)} 4-D "
+                     f"blobs (SUPERNEURONS_LAYOUT=auto; nchw keeps Caffe's layout)")
         check_fits(self.tensors, pool_bytes, backend, graph)
         if len(forms) > 1 and graph.recurrent_input is not None:
             # auto runs the sequence form where a plan of it fits; where none does, the step form, whose
