@@ -122,13 +122,14 @@ _DECLARED = (
     Setting("SUPERNEURONS_FAST_LAUNCH", FLAG, True,
             "Launch numba kernels through cuLaunchKernel with recorded arguments (read at the first launch); 0 "
             "takes numba's own path every time."),
-    Setting("SUPERNEURONS_LAYOUT", CHOICE, "auto",
+    Setting("SUPERNEURONS_LAYOUT", CHOICE, "nchw",
             "Memory layout of 4-D activations on the GPU: `nchw` everywhere (Caffe's), `nhwc` (channels last, "
             "where cuDNN's tensor-core convolutions run without transposes) for the blobs whose producer and "
             "readers all have a channels-last path, `auto`: nhwc for the nets measured faster so (graph/layout.py: "
             "every convolution's top channels last, none grouped, and a BatchNorm net in float32 only; on an H200 "
-            "that is VGG16 and the ResNets in float32). Users, pycaffe and caffemodels see N,C,H,W whatever this "
-            "says; the CPU keeps NCHW.", choices=("nchw", "nhwc", "auto")),
+            "that is VGG16 and the ResNets in float32), and under `--memory auto` only while every tensor stays "
+            "resident. Users, pycaffe and caffemodels see N,C,H,W whatever this says; the CPU keeps NCHW.",
+            choices=("nchw", "nhwc", "auto")),
     Setting("SUPERNEURONS_CONV_BIAS_SUM", CHOICE, "auto",
             "Convolution bias gradients: `cudnn` (cudnnConvolutionBackwardBias), `own` (the per-channel sum "
             "kernel Bias and InnerProduct use), `auto`: own on the planes where it measured faster "

@@ -42,11 +42,9 @@ def _nhwc_blobs(graph, layouts=GPU_LAYOUTS) -> set[str]:
     return {b for b, v in layout.choose(graph, layouts).blobs.items() if v == NHWC}
 
 
-def test_auto_by_default_nchw_when_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
+def test_nchw_unless_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
     monkeypatch.delenv("SUPERNEURONS_LAYOUT", raising=False)
-    assert settings.get("SUPERNEURONS_LAYOUT") == "auto"
-    assert _nhwc_blobs(_graph(VGG)) == {"conv1", "pool1", "conv2"}
-    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nchw")
+    assert settings.get("SUPERNEURONS_LAYOUT") == "nchw"
     assert _nhwc_blobs(_graph(VGG)) == set()
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")
     assert _nhwc_blobs(_graph(VGG), ("NCHW",)) == set()  # the CPU keeps NCHW
