@@ -64,6 +64,11 @@ class CudaBackend:
         dev.activate(self.device)
         self._dev = dev
         self._cuda = cuda
+        from superneurons.backend.cuda import pointers, streams, transfer
+
+        # Kept here for the methods a run calls at every step or bucket (a function-level import there costs
+        # Python's import machinery each time: see copy_room's import above)
+        self._pointers, self._streams, self._transfer = pointers, streams, transfer
         from superneurons.backend.cuda.half_math import with_half_fallback
 
         self._float32_ops = _collect_ops()
@@ -108,14 +113,10 @@ class CudaBackend:
         self.device.workspace_source = source
 
     def address(self, array) -> int:
-        from superneurons.backend.cuda.pointers import pointer
-
-        return pointer(array)
+        return self._pointers.pointer(array)
 
     def device_memory(self) -> tuple[int, int]:
-        from superneurons.backend.cuda.transfer import device_memory
-
-        return device_memory()
+        return self._transfer.device_memory()
 
     def make_transfer(self):
         """Pinned host memory and two copy streams of its own (transfer.CudaTransfer)."""
@@ -125,9 +126,7 @@ class CudaBackend:
 
     def release_freed(self) -> None:
         """numba defers cudaFree of dropped device arrays; run the pending frees now."""
-        from superneurons.backend.cuda.transfer import release_freed_allocations
-
-        release_freed_allocations()
+        self._transfer.release_freed_allocations()
 
     def make_stream(self, high_priority: bool = False):
         """A NON_BLOCKING stream beside stream 0 (streams.CudaStream), of the device's highest priority if
@@ -137,14 +136,10 @@ class CudaBackend:
         return CudaStream(high_priority)
 
     def compute_waits(self, event) -> None:
-        from superneurons.backend.cuda.streams import compute_waits
-
-        compute_waits(event)
+        self._streams.compute_waits(event)
 
     def compute_event(self):
-        from superneurons.backend.cuda.streams import compute_event
-
-        return compute_event()
+        return self._streams.compute_event()
 
     def arena(self, nbytes: int):
         """One device allocation of `nbytes` (uint8); the pool carves every tensor out of it."""

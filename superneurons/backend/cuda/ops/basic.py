@@ -9,6 +9,7 @@ from superneurons.backend.cuda.pointers import pointer
 from superneurons.backend.cuda.kernels import elementwise as ek, reduce as rk
 from superneurons.backend.cuda.half_math import Unsupported
 from superneurons.backend.cuda.ops._rows import take
+from superneurons.backend.cuda.ops import scale
 from superneurons.backend.scratch import total
 from superneurons.dtypes import FLOAT32, HALF_TYPES
 
@@ -75,8 +76,6 @@ def add_bias(y, b, outer: int, dim: int, inner: int) -> None:
 
 def bias_backward(dy, db, outer: int, dim: int, inner: int, scratch=None) -> None:
     """db[dim] += sum of dy viewed as (outer, dim, inner) over outer and inner."""
-    from superneurons.backend.cuda.ops import scale
-
     if scale.spread():
         scale.channel_sum(dy, db, outer, dim, inner, True, scratch)
         return

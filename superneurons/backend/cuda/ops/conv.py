@@ -7,7 +7,7 @@ ReLU's gradient stays in the ReLU's own step (layers/convolution.py says why).
 from __future__ import annotations
 
 from superneurons import settings
-from superneurons.backend.cuda import cudnn, kernels as K
+from superneurons.backend.cuda import channels_last_ops, cudnn, kernels as K
 from superneurons.backend.cuda.kernels import conv_relu as ck, im2col as ik, reduce as rk
 from superneurons.backend.cuda.ops import activation, basic
 from superneurons.backend.cuda.device import current, flat, scalar
@@ -61,9 +61,7 @@ def conv_backward(x, w, dy, dx, dw, db, geom: ConvGeometry, accumulate_dx: bool 
     if db is not None:
         n, m, oh, ow = dy.shape
         if nhwc:
-            from superneurons.backend.cuda.channels_last_ops import bias_backward
-
-            bias_backward(dy, db, n, m, oh * ow, scratch)
+            channels_last_ops.bias_backward(dy, db, n, m, oh * ow, scratch)
         elif own_bias_sum(m, oh * ow) or dy.dtype != FLOAT32 or db.dtype != FLOAT32:
             basic.bias_backward(dy, db, n, m, oh * ow, scratch)
         else:
@@ -84,9 +82,7 @@ def conv_relu_forward(x, w, b, y, geom: ConvGeometry, slope: float, workspace=No
     if b is not None:
         n, m, oh, ow = y.shape
         if nhwc:
-            from superneurons.backend.cuda.channels_last_ops import bias_relu as bias_relu_nhwc
-
-            bias_relu_nhwc(y, b, n, m, oh * ow, slope)
+            channels_last_ops.bias_relu(y, b, n, m, oh * ow, slope)
         else:
             bias_relu(y, b, n, m, oh * ow, slope)
     else:
