@@ -13,6 +13,7 @@ diff there). Accuracy, which runs in test nets, still reads its counts at once.
 from __future__ import annotations
 
 import numpy as np
+from numba import config as numba_config
 
 from superneurons.backend.cpu import loss as cpu_loss
 from superneurons.backend.cuda import kernels as K
@@ -79,9 +80,7 @@ def softmax_loss_forward(prob, label, loss, ignore_label: int | None, normalizat
                                                 *_ignore(ignore_label))
     K.launch(lk.softmax_loss_finish, 1)(stats, flat(label), flat(loss), outer, inner,
                                         cpu_loss.NORMALIZATIONS.index(normalization))
-    from numba import config
-
-    if config.ENABLE_CUDASIM:  # no driver to queue a copy on
+    if numba_config.ENABLE_CUDASIM:  # no driver to queue a copy on
         count, _position, first = stats.copy_to_host()[2:5]
         if count:
             raise cpu_loss.bad_labels(int(count), channels, float(first))
