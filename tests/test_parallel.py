@@ -626,6 +626,17 @@ def test_scaling_benchmark_arguments_and_efficiency(capsys):
     assert scaling.main(["--dry-run", "--gpus", "4", "--nets", "vgg16", "--budget", "0", "--nccl-ctas", "0,4",
                          "--nccl-priority", "normal,high"]) == 0
     assert all(j.endswith("--nccl-ctas 0,4 --nccl-priority normal,high") for j in capsys.readouterr().out.splitlines())
+    # DDP as users configure it: every --torch-config is one of torch_nets' eager configurations, passed to the ranks
+    configs = pytest.importorskip("tools.bench.torch_nets").TORCH_CONFIGS
+    assert all(c in configs and not configs[c].compiled and configs[c].autocast != "float16"
+               for c in scaling.DDP_CONFIGS)
+    assert scaling.main(["--dry-run", "--gpus", "2", "--nets", "vgg16", "--budget", "0", "--torch-config",
+                         "bf16-cl"]) == 0
+    assert all(j.endswith("--torch-config bf16-cl") for j in capsys.readouterr().out.splitlines())
+    assert scaling.main(["--dry-run", "--gpus", "2", "--nets", "vgg16", "--budget", "0"]) == 0
+    assert not any("--torch-config" in j for j in capsys.readouterr().out.splitlines())
+    with pytest.raises(SystemExit):
+        scaling.main(["--dry-run", "--torch-config", "bf16-cl-compile"])
 
 
 def test_nccl_block_cap_setting_takes_1_to_32_and_names_the_variable(monkeypatch):

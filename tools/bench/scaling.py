@@ -37,7 +37,8 @@ Both time the slowest rank (device synchronized); img/s counts every rank's batc
 the machine has are skipped and say so. NCCL_NVLS_ENABLE=0 (NVLink multicast off) unless the environment
 sets it.
 
-`--precision bf16` stores ours' activations and gradients in bfloat16 (DDP stays float32). `--reduce` says what
+`--precision bf16` stores ours' activations and gradients in bfloat16 (DDP stays float32 unless
+`--torch-config bf16-cl`: bfloat16 autocast with channels_last; `fp32-cl`: float32 channels_last). `--reduce` says what
 ours sums gradients in: fp32, or backward, the net's half backward type (`train --reduce-type`, docs/PARALLEL.md);
 `--reduce fp32,backward` times both in every window round of the same job, as bucket sizes are (one net built
 with the half buffer, its reducer switched between the two: the same convolution engines and pool, which
@@ -50,6 +51,7 @@ separate jobs would not share); the row's ours is the first type, `ours_reduce` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -68,6 +70,9 @@ EFFICIENCY_TARGET = 0.95
 RATIO_TARGET = 1.15
 TARGET_GPUS = 4
 SYSTEMS = ("ours", "torch")
+# DDP's configurations (--torch-config), by their names in torch_nets.TORCH_CONFIGS: eager, and autocast without a
+# GradScaler (float16's would need one) or torch.compile
+DDP_CONFIGS = ("fp32", "fp32-cl", "bf16-cl")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
                     help="ours' gradient reduction type(s), comma-separated: fp32 (float32), backward (the net's "
                          "half backward type; needs --precision bf16/fp16); several: timed in turn in every window "
                          "round (default %(default)s)")
+    ap.add_argument("--torch-config", choices=DDP_CONFIGS, default="fp32",
+                    help="DDP's configuration (tools/bench/torch_nets.py): fp32 (eager NCHW, default), fp32-cl "
+                         "(channels_last), bf16-cl (bfloat16 autocast, channels_last)")
     ap.add_argument("--dry-run", action="store_true", help="print the MPI jobs, run nothing")
     return ap
 
@@ -183,6 +191,8 @@ def rank_command(n: int, systems: list[str], net: str, batch: int, a: argparse.N
         cmd += ["--precision", a.precision]
     if a.reduce != "fp32":
         cmd += ["--reduce", ",".join(parse_reduce(a.reduce))]
+    if a.torch_config != "fp32":
+        cmd += ["--torch-config", a.torch_config]
     return cmd + (["--budget", str(budget)] if budget else [])
 
 
@@ -380,6 +390,7 @@ def rank_parser() -> argparse.ArgumentParser:
     ap.add_argument("--workspace", default=common.DEFAULT_WORKSPACE)
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
     ap.add_argument("--reduce", default="fp32")
+    ap.add_argument("--torch-config", choices=DDP_CONFIGS, default="fp32")
     return ap
 
 
@@ -561,7 +572,10 @@ class TorchSide:
         import torch
         import torch.distributed as dist
 
+        from tools.bench import torch_nets
+
         self.a, self.world, self.torch = a, world, torch
+        self.config = torch_nets.TORCH_CONFIGS[a.torch_config]
         self.local = world.local_rank
         torch.cuda.set_device(self.local)
         # Under the budget cuDNN's engine search would try workspaces the cap then refuses mid-run: off there.
@@ -601,7 +615,10 @@ class TorchSide:
 
         self.torch.manual_seed(0)
         model, shape, _source = torch_nets.build(self.a.net, "checkpoint" if self.a.budget else "plain", batch)
-        return model.cuda().train(), shape
+        model = model.cuda().train()
+        if self.config.channels_last:
+            model = model.to(memory_format=self.torch.channels_last)
+        return model, shape
 
     def _widest(self) -> int:
         """The widest batch (multiple of 8) whose checkpointed training step (SGD with momentum) fits the
@@ -651,12 +668,22 @@ class TorchSide:
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=sp.base_lr or 0.01, momentum=sp.momentum,
                                    weight_decay=sp.weight_decay)
         self.x = torch.randn((batch,) + tuple(shape[1:]), device="cuda")
+        if self.config.channels_last:
+            self.x = self.x.to(memory_format=torch.channels_last)
         self.y = torch.full((batch,), 7, dtype=torch.long, device="cuda")
 
     def _step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        self.ddp(self.x, self.y).backward()
+        with self.autocast():
+            loss = self.ddp(self.x, self.y)
+        loss.backward()
         self.opt.step()
+
+    def autocast(self) -> Any:
+        """The forward's autocast region of --torch-config (none for the float32 configurations)."""
+        if self.config.autocast is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast("cuda", dtype=getattr(self.torch, self.config.autocast))
 
     def window(self) -> None:
         seconds = _timed(self.world, self._step, self.torch.cuda.synchronize, self.a.warmup, self.a.iterations)
@@ -667,7 +694,8 @@ class TorchSide:
             return {"ok": False, "fits": False, "batch": self.batch, "error": self.error}
         return {"ok": bool(self.windows), "fits": True, "batch": self.batch, "ranks": self.world.size,
                 "windows": self.windows, "img_per_s": statistics.median(self.windows) if self.windows else None,
-                "checkpoint": bool(self.a.budget), "max_memory_allocated": self.torch.cuda.max_memory_allocated()}
+                "checkpoint": bool(self.a.budget), "torch_config": self.a.torch_config,
+                "max_memory_allocated": self.torch.cuda.max_memory_allocated()}
 
     def close(self) -> None:
         self.torch.distributed.destroy_process_group()
