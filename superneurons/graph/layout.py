@@ -7,17 +7,18 @@ backend's views keep the logical shape (N, C, H, W) and only their strides say c
 downloads and uploads convert at that boundary.
 
 `choose(graph, layouts)` decides once per Net, from SUPERNEURONS_LAYOUT (`auto`: `auto_channels_last`'s
-rule, measured on the zoo) and the layouts the backend stores: a blob is NHWC when it is 4-D, its producer and every reader have a channels-last path
-(`Layer.channels_last`), and so has every blob tied to it: the tops of a layer that keeps shapes (ReLU,
-Eltwise, Split, BatchNorm, Scale, their fused forms) share a layout with its bottoms, because
-in-place tops, Split's views and the gradients memory/aliases.py lets share memory must agree. A layer
-reading blobs of both layouts (the first convolution reads the data layer's NCHW batch; the last pooling
-writes the NCHW blob an InnerProduct flattens) converts on the device (backend/cuda/layout.py), and its
-first such call logs one line. The layers whose blobs are NHWC also keep their 4-D buffers (a convolution's
-weight working copies, in the filter layout cuDNN wants then, KRSC; BatchNorm's x_hat) channels last,
-and a float32 convolution whose filter is not 1x1 gets working copies it has no need of in NCHW (float32
+rule, measured on the zoo) and the layouts the backend stores: a blob is NHWC when it is 4-D, its producer and
+every reader have a channels-last path (`Layer.channels_last`), and so has every blob tied to it: the tops of a
+layer that keeps shapes (ReLU, Eltwise, Split, BatchNorm, Scale, their fused forms) share a layout with its
+bottoms, because in-place tops, Split's views and the gradients memory/aliases.py lets share memory must
+agree. A layer reading blobs of both layouts (the first convolution reads the data layer's NCHW batch; the
+last pooling writes the NCHW blob an InnerProduct flattens) converts on the device (backend/cuda/layout.py),
+and its first such call logs one line. The layers whose blobs are NHWC also keep their 4-D buffers (a
+convolution's weight working copies, in the filter layout cuDNN wants then, KRSC; BatchNorm's x_hat) channels
+last, and a float32 convolution whose filter is not 1x1 gets working copies it has no need of in NCHW (float32
 masters, caffemodels and the solver keep KCRS). Dropout stays NCHW: its mask hashes the NCHW element index,
-as the CPU's does.
+as the CPU's does. `release` undoes what `choose` declared on the layers, for a Net that declares itself
+again in NCHW (runtime/net.py: `auto` under memory pressure).
 """
 from __future__ import annotations
 

@@ -90,15 +90,15 @@ class Net:
         choice = None
         if self.blob_layouts.automatic and mode == "auto" and custom is None:
             choice = self._resident_choice(pool_bytes, types)
-        if self.blob_layouts.automatic and mode == "auto" and custom is None and choice is None:
-            # Channels last costs memory (KRSC filter copies, conversion rooms: 2.3 GiB for ResNet-50 at batch
-            # 1304): a net that needs the memory runtime's help, or that fits only so, runs NCHW.
-            release_layouts(self.blob_layouts)
-            self._declare_graph(graph, *declare, layouts=(NCHW,))
-            pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
-            log_line("I", "net.py", f"Net {self.name or 'net'}: NCHW (SUPERNEURONS_LAYOUT=auto): channels last would "
-                     f"not keep every tensor resident in {format_bytes(pool_bytes)}")
-        elif self.blob_layouts.automatic:
+            if choice is None:
+                # Channels last costs memory (KRSC filter copies, conversion rooms: 2.3 GiB for ResNet-50 at
+                # batch 1304): a net that needs the memory runtime's help, or that fits only so, runs NCHW.
+                release_layouts(self.blob_layouts)
+                self._declare_graph(graph, *declare, layouts=(NCHW,))
+                pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
+                log_line("I", "net.py", f"Net {self.name or 'net'}: NCHW (SUPERNEURONS_LAYOUT=auto): channels last "
+                         f"would not keep every tensor resident in {format_bytes(pool_bytes)}")
+        if self.blob_layouts.automatic:
             log_line("I", "net.py", f"Net {self.name or 'net'}: channels last for {len(self.blob_layouts.blobs)} 4-D "
                      f"blobs (SUPERNEURONS_LAYOUT=auto; nchw keeps Caffe's layout)")
         check_fits(self.tensors, pool_bytes, backend, graph)

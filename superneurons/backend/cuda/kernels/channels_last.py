@@ -174,6 +174,8 @@ def sums_finish(sums, out, accumulate):
 # The grid stops at ROW_BLOCKS blocks, so a thread takes several trips and its channel constants serve them all:
 # on ResNet-50's BatchNorm shapes (H200, both precisions) 2048 blocks beat 4096 and the 16384 of one trip each.
 ROW_BLOCKS = 2048
+
+
 @cuda.jit(device=True, inline=True)
 def lane(dim):
     """(first row offset, channel, row step within the block's rows, whether the thread has a lane)."""
