@@ -76,10 +76,11 @@ SUMS_SHAPES = [(2, 3, 4, 5), (4, 16, 3, 3), (4, 40, 9, 9)]
 
 
 @simulated
-@pytest.mark.parametrize("shape", SUMS_SHAPES)
-def test_channel_sums(rng, shape):
+@pytest.mark.parametrize("shape,dtype", [(s, np.float32) for s in SUMS_SHAPES] + [(SUMS_SHAPES[-1], np.float16)])
+def test_channel_sums(rng, shape, dtype):
+    """Against float64 sums of the stored values (float16 storage: its rounded values; the sums stay float64)."""
     ops = _ops()
-    x, y = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    x, y = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
     n, c, h, w = shape
     db = rng.standard_normal(c).astype(np.float32)
     d = cuda.to_device(db)
@@ -91,8 +92,9 @@ def test_channel_sums(rng, shape):
                                atol=1e-5)
     mean, var = cuda.to_device(np.zeros(c, np.float32)), cuda.to_device(np.zeros(c, np.float32))
     ops.bn_batch_stats(Nhwc(x), mean, var, n, c, h * w)
-    np.testing.assert_allclose(mean.copy_to_host(), x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(var.copy_to_host(), x.var(axis=(0, 2, 3)), rtol=1e-4, atol=1e-6)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean.copy_to_host(), x64.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var.copy_to_host(), x64.var(axis=(0, 2, 3)), rtol=1e-4, atol=1e-6)
 
 
 # channels that share a block's threads with other rows (3, 96: a thread per (row, channel), some idle), and more
