@@ -634,7 +634,9 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
                               "recompute_limit": mgr.recompute_limit, **ours_settings(),
                               "pool_bytes": pool.capacity, "pool_class": type(pool).__name__,
                               "history_bytes": history_bytes(solver), "workspace_limit": workspace,
-                              "build_s": build_s, "budget": budget}
+                              "build_s": build_s, "budget": budget,
+                              # the layout the Net chose (SUPERNEURONS_LAYOUT; `auto` decides per net and type)
+                              "channels_last_blobs": len(solver.net.blob_layouts.blobs)}
     if expect_allocator and result["pool_class"] == "HeapPool":
         # SUPERNEURONS_ALLOCATOR=malloc must swap the pool for per-tensor cudaMalloc; if it did not, the
         # measurement would silently time the pool twice.
