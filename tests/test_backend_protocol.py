@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from superneurons.backend.base import Backend, Transfer, WorkspaceSource
 from superneurons.backend.cpu import CpuBackend
@@ -92,3 +94,24 @@ def test_no_backend_names_or_imports_above_the_backend_package():
             if "superneurons.backend.cuda" in line or "backend.cpu" in line or name_test.search(line):
                 offenders.append(f"{rel}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_a_workspace_scope_installs_its_source_for_the_block_and_puts_back_the_last_one():
+    """Device.workspace_from's block (backend/cuda/device.py), on a stand-in for the cuDNN handle's holder: the
+    source is installed inside the block, the one before is back after it, also when the block raises; None
+    leaves whatever is installed."""
+    from superneurons.backend.cuda.device import WorkspaceScope  # numba's module imports without a GPU
+
+    holder = SimpleNamespace(workspace_source="default")
+    with WorkspaceScope(holder, "pool"):
+        assert holder.workspace_source == "pool"
+        with WorkspaceScope(holder, None):
+            assert holder.workspace_source == "pool"
+        with WorkspaceScope(holder, "test net's pool"):
+            assert holder.workspace_source == "test net's pool"
+        assert holder.workspace_source == "pool"
+    assert holder.workspace_source == "default"
+    with pytest.raises(RuntimeError):
+        with WorkspaceScope(holder, "pool"):
+            raise RuntimeError("a convolution failed")
+    assert holder.workspace_source == "default"
