@@ -66,6 +66,7 @@ def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
     vgg = {"conv1", "pool1", "conv2"}
     assert _nhwc_blobs(_graph(VGG, "fp32")) == vgg == _nhwc_blobs(_graph(VGG, "bf16"))
+    assert _nhwc_blobs(_graph(VGG, "fp16")) == set()  # not measured channels last
     assert _nhwc_blobs(_graph(VGG, "bf16"), ("NCHW",)) == set()  # the CPU keeps NCHW
     resnet = _nhwc_blobs(_graph(RESNET, "fp32"))
     assert resnet and all(len(_graph(RESNET).blob_shapes[b]) == 4 for b in resnet)

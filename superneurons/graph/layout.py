@@ -67,11 +67,15 @@ def wanted(graph) -> bool:
 # in float32 only (ResNet-50/101/152 in bfloat16 tied or lost: their steps are bound by the host, and the
 # channels-last dispatch adds to it). VGG16 gained 29% in float32 and 45% in bfloat16, the ResNets 11-14% in
 # float32; Inception-v4, DenseNet-121 and SqueezeNet (Concat), AlexNet (LRN, groups) and MobileNet lost.
+MEASURED_TYPES = ("float32", "bfloat16")  # float16 nets were not timed channels last: auto keeps them NCHW
+
+
 def auto_channels_last(graph, blobs: dict[str, str]) -> bool:
     """Whether `auto` keeps `graph` channels last, given the blobs NHWC would make channels last."""
-    if not blobs:
+    storage = graph.precision.name()
+    if not blobs or storage not in MEASURED_TYPES:
         return False
-    half = graph.precision.name() != "float32"
+    half = storage != "float32"
     for node in graph.nodes:
         layer = node.layer
         if layer.type_name == "Convolution" and (layer.geom.group > 1 or any(blobs.get(t) != NHWC for t in node.tops)):
