@@ -68,8 +68,9 @@ def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
     assert _nhwc_blobs(_graph(VGG, "fp32")) == vgg == _nhwc_blobs(_graph(VGG, "bf16"))
     assert _nhwc_blobs(_graph(VGG, "fp16")) == set()  # not measured channels last
     assert _nhwc_blobs(_graph(VGG, "bf16"), ("NCHW",)) == set()  # the CPU keeps NCHW
-    resnet = _nhwc_blobs(_graph(RESNET, "fp32"))
-    assert resnet and all(len(_graph(RESNET).blob_shapes[b]) == 4 for b in resnet)
+    resnet_graph = _graph(RESNET, "fp32")
+    resnet = _nhwc_blobs(resnet_graph)
+    assert resnet and all(len(resnet_graph.blob_shapes[b]) == 4 for b in resnet)
     assert _nhwc_blobs(_graph(RESNET, "bf16")) == set()
     assert _nhwc_blobs(_graph(VGG_GROUPED, "fp32")) == set()
     lrn = _graph(VGG_LRN, "fp32")
@@ -205,7 +206,7 @@ class _TwoLayoutBackend(CpuBackend):
 def test_auto_runs_nchw_where_the_memory_runtime_is_needed(monkeypatch):
     """Under `auto` (layout and memory mode), a net runs channels last only while every tensor stays resident
     (baseline or liveness): NHWC's filter copies and conversion rooms cost memory, so a pool that needs recompute
-    or offload gets the NCHW net, and the plan it quotes is NCHW's."""
+    or offload gets the NCHW net: no channels-last tensor, and none of the buffers channels last declared."""
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
     seen = set()
     for pool in (None, 200_000, 60_000, 40_000, 30_000, 20_000, 12_000):
