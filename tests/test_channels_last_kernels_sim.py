@@ -207,13 +207,20 @@ def _pooled(size: int, k: int, stride: int, pad: int) -> int:
 
 # Windows that tile the planes exactly (max_forward_tiles / max_backward_tiles): 2x2 (the four-load path) and
 # 3x3, with and without the ReLU, one with more channels than a block has threads.
+# The other window walks: up to 3x3 with every load issued first (max_forward_small: stride 1 and 2, padded or
+# not, Caffe's rounded-up last window, asymmetric windows), the backward's four candidate windows where a pixel
+# lies in at most two per axis (max_backward_pairs: stride 2, and 1x1 stride 2 where some pixels lie in none),
+# and the general loops past those (5x5 forward; 3x3 stride 1 backward, three windows per axis).
+WALKS = [("max", (3, 3), (1, 1), (1, 1), None, (2, 5, 6, 7)), ("max", (3, 3), (2, 2), (0, 0), 0.0, (2, 4, 8, 7)),
+         ("max", (2, 3), (1, 2), (1, 0), None, (1, 6, 5, 8)), ("max", (1, 1), (2, 2), (0, 0), 0.5, (1, 3, 5, 5)),
+         ("max", (5, 5), (2, 2), (2, 2), None, (1, 4, 9, 9)), ("max", (3, 3), (2, 2), (1, 1), 0.0, (2, 64, 9, 9))]
 TILES = [("max", (2, 2), (2, 2), (0, 0), None, (2, 3, 8, 6)), ("max", (2, 2), (2, 2), (0, 0), 0.0, (1, 96, 4, 6)),
          ("max", (3, 3), (3, 3), (0, 0), 0.25, (2, 5, 6, 9)), ("max", (2, 2), (2, 2), (0, 0), None, (1, 300, 2, 4))]
 
 
 @simulated
 @pytest.mark.parametrize("method,kernel,stride,pad,relu,shape", [(*p, (2, 3, 7, 6)) for p in POOLS] + [
-    (*POOLS[1], (1, 96, 5, 4)), (*POOLS[4], (1, 96, 5, 4)), (*POOLS[0], (1, 300, 3, 4))] + TILES)
+    (*POOLS[1], (1, 96, 5, 4)), (*POOLS[4], (1, 96, 5, 4)), (*POOLS[0], (1, 300, 3, 4))] + TILES + WALKS)
 def test_pooling_matches_the_cpu(rng, method, kernel, stride, pad, relu, shape):
     ops = _ops()
     geom = PoolGeometry(method, kernel, stride, pad)

@@ -182,3 +182,45 @@ def test_bfloat16_master_weights_stream_from_the_host_to_the_resident_runs_bits(
         assert np.array_equal(w, w.astype(BFLOAT16).astype(np.float32)), k
     float32_master = _train(tmp_path, "bf16", "baseline")
     assert any(not np.array_equal(float32_master[k], reference[k]) for k in reference)
+
+
+def test_bfloat16_conversions_in_kernels_round_as_ml_dtypes():
+    """The kernels' bfloat16 casts, which every bfloat16 load and store in a kernel goes through, against the CPU
+    backend's (ml_dtypes): widening every one of the 65,536 bit patterns is exact; narrowing float32 (random bit patterns, halfway cases, subnormals, infinities) and
+    float64 (rounded once, directly: 1 + 2^-8 + 2^-30 goes up, where rounding through float32 would tie down to
+    1) gives ml_dtypes' round-to-nearest-even bits; NaN stays NaN."""
+    from numba import cuda
+
+    from superneurons.backend.cuda import kernels as K
+    from superneurons.backend.cuda.device import bits, make
+    from superneurons.backend.cuda.kernels import elementwise as ek
+
+    def bf16_array(n):
+        buf = cuda.device_array(2 * n, np.uint8)
+        return make(buf.gpu_data, (n,), BFLOAT16), buf
+
+    rng = np.random.default_rng()
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    src, keep = bf16_array(patterns.size)
+    bits(src).copy_to_device(patterns)
+    wide = cuda.device_array(patterns.size, np.float32)
+    K.launch(ek.scale_copy, wide.size)(np.float32(1.0), src, wide)
+    want = patterns.view(BFLOAT16).astype(np.float32)
+    got = wide.copy_to_host()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+    f32 = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32).copy()
+    halfway = (rng.integers(0, 1 << 16, 4096, dtype=np.uint32) << 16 | 0x8000).view(np.float32)
+    tiny = np.array([1e-40, -3e-39, 1e-45, np.inf, -np.inf, 3.4e38, 0.0, -0.0], np.float32)
+    f64 = np.concatenate([rng.standard_normal(4096) * 10.0 ** rng.integers(-30, 30, 4096), [1 + 2 ** -8 + 2 ** -30]])
+    for values, alpha in ((np.concatenate([f32, halfway, tiny]), np.float32(1.0)), (f64, np.float64(1.0))):
+        dst, keep = bf16_array(values.size)
+        K.launch(ek.scale_copy, values.size)(alpha, cuda.to_device(values), dst)
+        got = bits(dst).copy_to_host().view(BFLOAT16).astype(np.float32)
+        want = values.astype(BFLOAT16).astype(np.float32)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert got[-1] == np.float32(1 + 2 ** -7)

@@ -177,7 +177,8 @@ def pool_forward(x, y, mask, geom: PoolGeometry, top_mask=None, signed_mask: boo
             K.launch(lk.max_forward_tiles, 0, blocks=blocks)(flat(x), flat(y), flat(mask), *dims[:6], *geom.kernel,
                                                              signed_mask)
         else:
-            K.launch(lk.max_forward, 0, blocks=blocks)(flat(x), flat(y), flat(mask), *dims, signed_mask)
+            kernel = lk.max_forward_small if max(geom.kernel) <= 3 else lk.max_forward
+            K.launch(kernel, 0, blocks=blocks)(flat(x), flat(y), flat(mask), *dims, signed_mask)
         if top_mask is not None:
             convert(mask, top_mask)
     elif geom.method in ("ave", "stochastic"):
@@ -197,8 +198,10 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
             K.launch(lk.max_backward_tiles, 0, blocks=_row_blocks(dy.shape[0], dy.shape[2]))(
                 flat(dy), flat(mask), flat(dx), *dims[:6], *geom.kernel, *relu)
         else:
-            K.launch(lk.max_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(
-                flat(dy), flat(mask), flat(dx), *dims, *relu)
+            pairs = all(k <= 2 * st for k, st in zip(geom.kernel, geom.stride))
+            kernel = lk.max_backward_pairs if pairs else lk.max_backward
+            K.launch(kernel, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(flat(dy), flat(mask), flat(dx), *dims,
+                                                                              *relu)
     elif geom.method == "ave":
         K.launch(lk.ave_backward, 0, blocks=_row_blocks(dx.shape[0], dx.shape[2]))(flat(dy), flat(dx), *dims)
     else:

@@ -368,6 +368,104 @@ def max_backward(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu,
                 dx[at + s * c + ch] = _through_relu(grad, positive, relu, slope)
 
 
+# Windows of at most 3x3 (ResNet's and Inception's 3x3 stride-2 poolings, padded or not): the walk above, but a
+# window's nine loads are issued before any comparison, from indexes clamped into the plane (a position outside
+# it is loaded from its edge and never chosen). The loop above waits for each load before the next: nine memory
+# latencies per output, which made ResNet-50's pool1 about 0.65 ms of its forward on an H200 (the bytes take
+# about 0.05).
+@cuda.jit(device=True, inline=True)
+def _take(v, inside, at, best, arg):
+    """The running maximum after a candidate: strict >, so the first maximum in row order stays (as the loop)."""
+    if inside and v > best:
+        return v, at
+    return best, arg
+
+
+@cuda.jit(device=True, inline=True)
+def _small_window_row(x, at_row, c, w, w0, kw, row_inside, plane_row, best, arg):
+    """One window row of up to three columns from w0: loads first, then the comparisons in column order."""
+    v0 = float32(x[at_row + min(max(w0, 0), w - 1) * c])
+    v1 = float32(x[at_row + min(max(w0 + 1, 0), w - 1) * c])
+    v2 = float32(x[at_row + min(max(w0 + 2, 0), w - 1) * c])
+    best, arg = _take(v0, row_inside and 0 <= w0 < w, plane_row + w0, best, arg)
+    best, arg = _take(v1, row_inside and kw > 1 and 0 <= w0 + 1 < w, plane_row + w0 + 1, best, arg)
+    return _take(v2, row_inside and kw > 2 and 0 <= w0 + 2 < w, plane_row + w0 + 2, best, arg)
+
+
+@cuda.jit
+def max_forward_small(x, y, mask, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
+    """max_forward for kh, kw <= 3."""
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
+    for row in range(cuda.blockIdx.x, n * oh, cuda.gridDim.x):
+        img = row // oh
+        h0 = (row - img * oh) * sh - ph
+        src = img * h * w * c
+        out = row * ow * c
+        at0 = src + min(max(h0, 0), h - 1) * w * c
+        at1 = src + min(max(h0 + 1, 0), h - 1) * w * c
+        at2 = src + min(max(h0 + 2, 0), h - 1) * w * c
+        for ch in range(c0, c, BLOCK):
+            for qw in range(sub, ow, per):
+                w0 = qw * sw - pw
+                best = float32(-math.inf)
+                arg = -1
+                best, arg = _small_window_row(x, at0 + ch, c, w, w0, kw, 0 <= h0 < h, h0 * w, best, arg)
+                best, arg = _small_window_row(x, at1 + ch, c, w, w0, kw, kh > 1 and 0 <= h0 + 1 < h, (h0 + 1) * w,
+                                              best, arg)
+                best, arg = _small_window_row(x, at2 + ch, c, w, w0, kw, kh > 2 and 0 <= h0 + 2 < h, (h0 + 2) * w,
+                                              best, arg)
+                o = out + qw * c + ch
+                y[o] = best
+                mask[o] = _mask_entry(arg, best, signed)
+
+
+# Where a pixel lies in at most two windows per axis (kernel <= 2 * stride: ResNet's 3x3 stride 2), its four
+# candidate windows' mask entries and gradients are loaded together (indexes clamped into the output plane), then
+# added in the loop's order, window row then column; the loop above loads each gradient only after its mask entry
+# matched, two memory latencies per window.
+@cuda.jit(device=True, inline=True)
+def _pick(entry, grad, inside, me, relu, total, positive):
+    pixel, above = _chosen(entry, relu)
+    if inside and pixel == me:
+        return total + grad, above
+    return total, positive
+
+
+@cuda.jit
+def max_backward_pairs(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
+    """max_backward for kh <= 2 * sh and kw <= 2 * sw."""
+    sub, c0, per, active = lane(c)
+    if not active:
+        return
+    for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
+        img = row // h
+        r = row - img * h
+        lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
+        out = img * oh * ow * c
+        at = row * w * c
+        first = out + min(lo_h, oh - 1) * ow * c
+        second = out + min(lo_h + 1, oh - 1) * ow * c
+        for ch in range(c0, c, BLOCK):
+            lo_w = 0
+            hi_w = 0
+            for s in range(sub, w, per):
+                lo_w, hi_w = _rows_holding(s, lo_w, hi_w, ow, kw, sw, pw)
+                q0 = min(lo_w, ow - 1) * c + ch
+                q1 = min(lo_w + 1, ow - 1) * c + ch
+                m00, m01, m10, m11 = mask[first + q0], mask[first + q1], mask[second + q0], mask[second + q1]
+                g00, g01, g10, g11 = dy[first + q0], dy[first + q1], dy[second + q0], dy[second + q1]
+                me = r * w + s
+                grad = 0.0
+                positive = False
+                grad, positive = _pick(m00, g00, lo_h < hi_h and lo_w < hi_w, me, relu, grad, positive)
+                grad, positive = _pick(m01, g01, lo_h < hi_h and lo_w + 1 < hi_w, me, relu, grad, positive)
+                grad, positive = _pick(m10, g10, lo_h + 1 < hi_h and lo_w < hi_w, me, relu, grad, positive)
+                grad, positive = _pick(m11, g11, lo_h + 1 < hi_h and lo_w + 1 < hi_w, me, relu, grad, positive)
+                dx[at + s * c + ch] = _through_relu(grad, positive, relu, slope)
+
+
 # Where the windows tile the planes (kernel == stride, no padding, h == oh * kh, w == ow * kw: VGG's 2x2 stride-2
 # poolings; kernels/pooling.py's max_backward_tiles is the NCHW twin), a thread per output: forward loads its
 # whole 2x2 window before comparing (the loop above waits for each load before the next: four memory latencies

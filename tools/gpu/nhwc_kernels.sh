@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On the GPU machine, one call: the channels-last kernels alone on a net's shapes (tools/bench/pool_kernels.py
+# --layout nhwc, tools/bench/bn_kernels.py --layout nhwc), in float32 and bfloat16, the GPU tests in
+# $GPU_TESTS, then `tools.bench.speed` per net in NHWC in each of $PRECISIONS (per-kernel profile; beside
+# PyTorch's matching channels_last configuration unless SPEED_TORCH=0). Logs and JSON go to $OUT.
+#     GPU_TESTS="tests/test_cuda_channels_last.py" bash tools/gpu/nhwc_kernels.sh resnet50
+#     KERNELS="pool" PRECISIONS="bf16" SPEED_TORCH=0 bash tools/gpu/nhwc_kernels.sh resnet50 vgg16
+set -u
+source tools/gpu/env.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+KERNEL_NET=${KERNEL_NET:-resnet50}
+for kind in ${KERNELS:-pool bn}; do
+    for dtype in float32 bfloat16; do
+        echo "== $kind kernels, $KERNEL_NET b64, NHWC $dtype"
+        timeout "${KERNEL_TIMEOUT:-90}" python -m tools.bench.${kind}_kernels --net "$KERNEL_NET" --layout nhwc \
+            --dtype "$dtype" --repeat 20 --out "$OUT" > "$OUT/${kind}_kernels_$dtype.log" 2>&1
+        tail -n 14 "$OUT/${kind}_kernels_$dtype.log" | cut -c1-300
+    done
+done
+if [ -n "${GPU_TESTS:-}" ]; then
+    echo "== GPU tests: $GPU_TESTS"
+    # shellcheck disable=SC2086
+    timeout "${GPU_TEST_TIMEOUT:-200}" python -m pytest -q -m gpu -rfE -p no:cacheprovider $GPU_TESTS \
+        > "$OUT/gpu_tests.log" 2>&1
+    grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20
+    tail -1 "$OUT/gpu_tests.log"
+fi
+for net in "$@"; do
+    for precision in ${PRECISIONS:-fp32 bf16}; do
+        torch="--no-torch"
+        [ "${SPEED_TORCH:-1}" = 1 ] && torch="--torch-config $([ "$precision" = fp32 ] && echo fp32-cl || echo bf16-cl)"
+        log="$OUT/speed_${net}_${precision}_nhwc.log"
+        echo "== $net b64 $precision NHWC ($torch)"
+        # shellcheck disable=SC2086
+        SUPERNEURONS_LAYOUT=nhwc timeout "${SPEED_TIMEOUT:-150}" python -m tools.bench.speed --net "$net" --batch 64 \
+            --iterations "${ITERATIONS:-10}" --warmup 3 --torch-source prototxt --precision "$precision" $torch \
+            --label "${precision}_nhwc" --out "$OUT" > "$log" 2>&1
+        grep -E "^(GPU ms|prototxt, benchmark on)|ratio|img/s" "$log" | cut -c1-300
+    done
+done
