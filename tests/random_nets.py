@@ -415,17 +415,20 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
     def count(mode: str, outcome: str) -> None:
         tally[mode, outcome] = tally.get((mode, outcome), 0) + 1
 
-    plans: dict[tuple[str, ...], MemoryPlan] = {}
+    plans: dict[tuple[tuple[str, ...], bool], MemoryPlan] = {}
 
-    def plan_for(types: tuple[str, ...]) -> MemoryPlan:
-        if types not in plans:
-            plans[types] = make_plan(net.graph(), plan_backward=False, solver_history=net.seed % 2,
-                                     checkpoint_types=types)
-        return plans[types]
+    def plan_for(types: tuple[str, ...], runtime: Net) -> MemoryPlan:
+        """The plan of `runtime`'s tensors: the graph's, or where the Net keeps blobs channels last (a GPU under
+        SUPERNEURONS_LAYOUT=nhwc or auto) its own graph and layout, which hold the layout's conversion rooms."""
+        channels_last = runtime.blob_layouts.any
+        if (types, channels_last) not in plans:
+            graph, layout = (runtime.graph, runtime.layout) if channels_last else (net.graph(), None)
+            plans[types, channels_last] = make_plan(graph, plan_backward=False, solver_history=net.seed % 2,
+                                                    checkpoint_types=types, layout=layout)
+        return plans[types, channels_last]
 
-    plan = plan_for(DEFAULT_CHECKPOINTS)
-    program = plan.program
     ref = build(net, "baseline", backend=backend)
+    plan = plan_for(DEFAULT_CHECKPOINTS, ref)
     params = ref.memory.param_bytes if hasattr(ref.memory, "param_bytes") else None
     ref_weights, ref_losses, _ = train(ref, iters)
     if params is None:
@@ -482,20 +485,20 @@ def check_net(net: RandomNet, modes: tuple[str, ...] = MODES, iters: int = 2,
             return  # checked above: everything placed at setup
         if not cache and settings.get("SUPERNEURONS_TRANSFER_LAG"):
             return  # a lagging copy out keeps its block while the pool has room: exact only when copies land at once
-        mine = plan_for(tuple(runtime.checkpoint_types))
-        want = simulate(program, _without_moves(mine.schedules[ran])).bytes if cache else mine.traces[ran].bytes
+        mine = plan_for(tuple(runtime.checkpoint_types), runtime)
+        want = simulate(mine.program, _without_moves(mine.schedules[ran])).bytes if cache else mine.traces[ran].bytes
         count(mode, "traces compared")
         for it, got in enumerate(traces):
             if got != want:
                 count(mode, "traces differ")
-                problems.append(f"{mode} {what} trace (iteration {it}): {_first_difference(got, want, program)}")
+                problems.append(f"{mode} {what} trace (iteration {it}): {_first_difference(got, want, mine.program)}")
                 return
 
     for mode in modes:
         name, types = checkpoints_of(mode)
         if name == "baseline":
             continue
-        mplan = plan_for(types or DEFAULT_CHECKPOINTS)
+        mplan = plan_for(types or DEFAULT_CHECKPOINTS, ref)
         # Room to spare: the cache keeps everything it may; the pool holds the plan without its host moves.
         runtime, traces = attempt(mode, "default pool", None)
         if runtime is not None:

@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# On the GPU machine, one call: the channels-last kernels alone on a net's shapes (tools/bench/pool_kernels.py
-# --layout nhwc, tools/bench/bn_kernels.py --layout nhwc), in float32 and bfloat16, the GPU tests in
-# $GPU_TESTS, then `tools.bench.speed` per net in NHWC in each of $PRECISIONS (per-kernel profile; beside
-# PyTorch's matching channels_last configuration unless SPEED_TORCH=0). Logs and JSON go to $OUT.
+# On the GPU machine, one call: the channels-last max pooling kernels alone on $KERNEL_NET's shapes
+# (tools/bench/pool_kernels.py --layout nhwc) in float32 and bfloat16, the GPU tests in $GPU_TESTS, then
+# `tools.bench.speed` per net in NHWC in each of $PRECISIONS (per-kernel profile; beside PyTorch's matching
+# channels_last configuration unless SPEED_TORCH=0). Logs and JSON go to $OUT.
 #     GPU_TESTS="tests/test_cuda_channels_last.py" bash tools/gpu/nhwc_kernels.sh resnet50
-#     KERNELS="pool" PRECISIONS="bf16" SPEED_TORCH=0 bash tools/gpu/nhwc_kernels.sh resnet50 vgg16
+#     PRECISIONS="bf16" SPEED_TORCH=0 bash tools/gpu/nhwc_kernels.sh resnet50 vgg16
 set -u
 source tools/gpu/env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 KERNEL_NET=${KERNEL_NET:-resnet50}
-for kind in ${KERNELS:-pool bn}; do
-    for dtype in float32 bfloat16; do
-        echo "== $kind kernels, $KERNEL_NET b64, NHWC $dtype"
-        timeout "${KERNEL_TIMEOUT:-90}" python -m tools.bench.${kind}_kernels --net "$KERNEL_NET" --layout nhwc \
-            --dtype "$dtype" --repeat 20 --out "$OUT" > "$OUT/${kind}_kernels_$dtype.log" 2>&1
-        tail -n 14 "$OUT/${kind}_kernels_$dtype.log" | cut -c1-300
-    done
+for dtype in float32 bfloat16; do
+    echo "== max pooling kernels, $KERNEL_NET b64, NHWC $dtype"
+    timeout "${KERNEL_TIMEOUT:-90}" python -m tools.bench.pool_kernels --net "$KERNEL_NET" --layout nhwc \
+        --dtype "$dtype" --repeat 20 --out "$OUT" > "$OUT/pool_kernels_$dtype.log" 2>&1
+    tail -n 8 "$OUT/pool_kernels_$dtype.log" | cut -c1-300
 done
 if [ -n "${GPU_TESTS:-}" ]; then
     echo "== GPU tests: $GPU_TESTS"
