@@ -219,3 +219,56 @@ def test_auto_runs_nchw_where_the_memory_runtime_is_needed(monkeypatch):
                            for node in net.graph.nodes for name in node.layer.buffers)
         seen.add(resident)
     assert seen == {True, False}
+
+
+# ---- `superneurons memory --layout`: the plan of what a GPU Net stores ---------------------------------------
+SMALL = """name: "small"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 8 dim: 3 dim: 32 dim: 32 } shape { dim: 8 } } }
+""" + "".join(f"""layer {{ name: "conv{k}" type: "Convolution" bottom: "{b}" top: "conv{k}"
+  convolution_param {{ num_output: 16 kernel_size: 3 pad: 1 weight_filler {{ type: "msra" }} }} }}
+layer {{ name: "relu{k}" type: "ReLU" bottom: "conv{k}" top: "conv{k}" }}
+""" for k, b in ((1, "data"), (2, "conv1"), (3, "conv2"))) + """layer { name: "pool" type: "Pooling" bottom: "conv3" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_param { num_output: 10 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _memory_doc(capsys, tmp_path, *args: str) -> dict:
+    import json
+
+    from superneurons.cli import main
+
+    path = tmp_path / "small.prototxt"
+    path.write_text(SMALL)
+    assert main(["memory", "--model", str(path), "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_memory_plans_the_filter_copies_and_conversion_rooms_of_channels_last(capsys, tmp_path, monkeypatch):
+    nchw = _memory_doc(capsys, tmp_path, "--layout", "nchw")
+    nhwc = _memory_doc(capsys, tmp_path, "--layout", "nhwc")
+    assert (nchw["channels_last_blobs"], nhwc["channels_last_blobs"]) == (0, 3)  # conv1..3 (ReLU in place)
+    # Baseline holds everything at once: each convolution's KRSC filter copies (forward's and backward's), and
+    # the conversion rooms of conv1 (reading the NCHW batch) and of the pooling (writing the NCHW blob the
+    # InnerProduct flattens): a copy of the values forward, of the values and their gradient backward. What is
+    # left over is the bias copies and the rounding of each buffer to the pool's blocks.
+    filters = 4 * 16 * 9 * (3 + 16 + 16)
+    batch, pooled = 4 * 8 * 3 * 32 * 32, 4 * 8 * 16 * 16 * 16
+    added = nhwc["modes"]["baseline"]["peak_bytes"] - nchw["modes"]["baseline"]["peak_bytes"]
+    assert 2 * filters + 3 * (batch + pooled) <= added <= 2 * filters + 3 * (batch + pooled) + 6 * 1024
+    # Liveness holds a conversion room only in its own step: at conv1's forward the batch's copy is extra.
+    step = next(i for i, s in enumerate(nchw["steps"]) if (s["layer"], s["phase"]) == ("conv1", "forward"))
+    assert nhwc["steps"][step]["live_bytes"]["liveness"] - nchw["steps"][step]["live_bytes"]["liveness"] >= batch
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")  # the setting is the default
+    assert _memory_doc(capsys, tmp_path)["modes"] == nhwc["modes"]
+
+
+def test_memory_auto_keeps_auto_s_channels_last_only_where_it_stays_resident(capsys, tmp_path):
+    roomy = _memory_doc(capsys, tmp_path, "--layout", "auto", "--memory", "auto", "--gpu-memory", "5M")
+    assert roomy["auto"] == "baseline" and roomy["channels_last_blobs"] == 3
+    tight = _memory_doc(capsys, tmp_path, "--layout", "auto", "--memory", "auto", "--gpu-memory", "1800K")
+    assert tight["auto"] in ("offload", "recompute")
+    assert (tight["channels_last_blobs"], tight["channels_last_released"]) == (0, 3)
+    # released whole: the plan is the NCHW one
+    assert tight["modes"] == _memory_doc(capsys, tmp_path, "--layout", "nchw", "--gpu-memory", "1800K")["modes"]

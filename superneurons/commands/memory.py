@@ -8,13 +8,15 @@ from superneurons.commands._options import add_command, add_input_options, add_p
 from superneurons.dtypes import FLOAT32
 from superneurons.errors import UserError
 from superneurons.graph.build import build_graph
+from superneurons.graph.layout import NCHW, NHWC, BlobLayouts, choose as choose_layouts, release as release_layouts
 from superneurons.graph.precision import override_defaults
 from superneurons.memory import BLOCK_CHECKPOINTS, auto_recurrent_inputs, checkpoint_sets, recurrent_input
-from superneurons.memory.cost import TIE, Choice, choose
+from superneurons.memory.cost import FITS_ANYWAY, TIE, Choice, choose
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
 from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
+from superneurons import settings
 from superneurons.solver import fused_update
 
 EXAMPLES = """examples:
@@ -47,6 +49,10 @@ def register(sub) -> argparse.ArgumentParser:
                    help="data parallel over N GPUs: --batch and --gpu-memory are per GPU; also show the gradient "
                         "buckets the reduction holds")
     add_precision_option(p)
+    p.add_argument("--layout", choices=["nchw", "nhwc", "auto"],
+                   help="the GPU's layout of 4-D activations to plan for, as SUPERNEURONS_LAYOUT (its value is the "
+                        "default): channels last adds the KRSC filter copies and conversion rooms a GPU Net holds; "
+                        "under --memory auto, auto's layout stays only where every tensor stays resident, as a Net's")
     p.add_argument("--reduce-type", dest="reduce_type", choices=["fp32", "backward"],
                    help="with --ranks: the type gradients are summed in (train --reduce-type); backward adds the "
                         "half buffer it reduces in to the pool (default: SUPERNEURONS_DP_REDUCE, else fp32)")
@@ -66,6 +72,51 @@ def run(args) -> int:
     # which offload and recompute run.
     shown_mode = args.memory if args.memory in PLAN_MODES else "recompute"
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model, recurrent_input=recurrent_input(shown_mode))
+    # The layout a GPU Net of this graph stores (graph/layout.py): channels last declares buffers on the layers,
+    # which every plan below then counts.
+    layouts = choose_layouts(graph, (NCHW, NHWC), args.layout or settings.get("SUPERNEURONS_LAYOUT"))
+    # As a Net under --memory auto (runtime/net.py): auto's channels last stays only where auto keeps every
+    # tensor resident in the budget, else the Net declares itself again in NCHW
+    releasing = layouts.automatic and args.memory == "auto"
+    try:
+        plan, doc, choice = _plans(args, graph, budget)
+    except UserError:
+        if not releasing:
+            raise
+        choice = None
+    if releasing and (choice is None or not (choice.mode in FITS_ANYWAY and not choice.streams_params)):
+        release_layouts(layouts)
+        doc_released = len(layouts.blobs)
+        layouts = BlobLayouts()
+        plan, doc, choice = _plans(args, graph, budget)
+        doc["channels_last_released"] = doc_released
+    doc["channels_last_blobs"] = len(layouts.blobs)
+    shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
+    if args.plot:
+        plot(plan, shown, args.plot)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        if layouts.any:
+            print(f"GPU layout: channels last for {len(layouts.blobs)} 4-D blobs (their filter copies and conversion "
+                  f"rooms included)")
+        elif doc.get("channels_last_released"):
+            print(f"GPU layout: NCHW (auto's channels last for {doc['channels_last_released']} blobs released: "
+                  "the mode auto picks does not keep every tensor resident)")
+        print(format_plan(plan, doc, shown))
+        if "reduction" in doc:
+            print(format_reduction(doc["reduction"]))
+        if choice is not None:
+            print(format_choice(choice))
+            if "auto_recurrent_input" in doc:
+                print(f"(recurrent layers' input transform {RECURRENT_FORMS[doc['auto_recurrent_input']]})")
+        if args.at_peak:
+            print(format_at_peak(plan, shown))
+    return 0
+
+
+def _plans(args, graph, budget: int | None) -> tuple[MemoryPlan, dict, Choice | None]:
+    """The plan of every mode (the first checkpoint set), its JSON document, and with a budget auto's choice."""
     given = tuple(t.strip() for t in (args.checkpoints or "").split(",") if t.strip())
     sets = checkpoint_sets(graph, given)
     train = args.phase == "TRAIN"
@@ -115,22 +166,7 @@ def run(args) -> int:
         if args.ranks < 1:
             raise UserError(f"--ranks must be at least 1, got {args.ranks}")
         doc["reduction"] = bucket_plan(graph, args.ranks, half=reduce_type(args.reduce_type, graph.precision))
-    shown = list(PLAN_MODES) if args.memory in ("all", "auto") else [args.memory]
-    if args.plot:
-        plot(plan, shown, args.plot)
-    if args.json:
-        print(json.dumps(doc, indent=1))
-    else:
-        print(format_plan(plan, doc, shown))
-        if "reduction" in doc:
-            print(format_reduction(doc["reduction"]))
-        if choice is not None:
-            print(format_choice(choice))
-            if "auto_recurrent_input" in doc:
-                print(f"(recurrent layers' input transform {RECURRENT_FORMS[doc['auto_recurrent_input']]})")
-        if args.at_peak:
-            print(format_at_peak(plan, shown))
-    return 0
+    return plan, doc, choice
 
 
 def format_reduction(r: dict) -> str:

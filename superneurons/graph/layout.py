@@ -55,9 +55,10 @@ def _permuted(shape) -> bool:
     return len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
 
 
-def wanted(graph) -> bool:
-    """Whether SUPERNEURONS_LAYOUT asks for NHWC for this net (`auto`: decided in `choose`, auto_channels_last)."""
-    return settings.get("SUPERNEURONS_LAYOUT") in ("nhwc", "auto")
+def wanted(graph, setting: str | None = None) -> bool:
+    """Whether `setting` (default SUPERNEURONS_LAYOUT) asks for NHWC for this net (`auto`: decided in `choose`,
+    auto_channels_last)."""
+    return (setting or settings.get("SUPERNEURONS_LAYOUT")) in ("nhwc", "auto")
 
 
 # `auto`'s rule, from the nine zoo nets trained in both layouts and both types (one H200 each, 2026-11-28,
@@ -106,16 +107,18 @@ def _declare_conversions(graph, node, out: BlobLayouts) -> None:
     graph.step_layer(node).use_layout_copies(values, values + sum(room(b, precision.diff) for b in mixed))
 
 
-def choose(graph, layouts=(NCHW,)) -> BlobLayouts:
-    """The layouts of `graph`'s blobs on a backend storing `layouts` (see the module docstring)."""
+def choose(graph, layouts=(NCHW,), setting: str | None = None) -> BlobLayouts:
+    """The layouts of `graph`'s blobs on a backend storing `layouts` (see the module docstring), under `setting`
+    (nchw, nhwc or auto; default SUPERNEURONS_LAYOUT)."""
+    setting = setting or settings.get("SUPERNEURONS_LAYOUT")
     out = BlobLayouts()
-    if NHWC not in layouts or not wanted(graph) or getattr(graph, "live", None) is not None:
+    if NHWC not in layouts or not wanted(graph, setting) or getattr(graph, "live", None) is not None:
         return out  # a Filter's live batches (runtime/live_batch.py) cut NCHW rows
     blobs = channels_last_blobs(graph)
-    if settings.get("SUPERNEURONS_LAYOUT") == "auto" and not auto_channels_last(graph, blobs):
+    if setting == "auto" and not auto_channels_last(graph, blobs):
         return out
     out.blobs = blobs
-    out.automatic = settings.get("SUPERNEURONS_LAYOUT") == "auto"
+    out.automatic = setting == "auto"
     for node in graph.nodes:
         if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
             out.layers.add(node.name)
