@@ -339,17 +339,23 @@ def max_forward(x, y, mask, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, signed):
                 mask[o] = _mask_entry(arg, best, signed)
 
 
+@cuda.jit(device=True, inline=True)
+def _input_row(row, c, h, w, oh, ow, kh, sh, ph):
+    """Input row `row` (image * h + r) of a pooling's backward: r, the output rows [lo, hi) whose windows hold it,
+    and the flat indexes of its image's first output and of its own first element."""
+    img = row // h
+    r = row - img * h
+    lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
+    return r, lo_h, hi_h, img * oh * ow * c, row * w * c
+
+
 @cuda.jit
 def max_backward(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, relu, slope):
     sub, c0, per, active = lane(c)
     if not active:
         return
     for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
-        img = row // h
-        r = row - img * h
-        lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
-        out = img * oh * ow * c
-        at = row * w * c
+        r, lo_h, hi_h, out, at = _input_row(row, c, h, w, oh, ow, kh, sh, ph)
         for ch in range(c0, c, BLOCK):
             lo_w = 0
             hi_w = 0
@@ -440,11 +446,7 @@ def max_backward_pairs(dy, mask, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw,
     if not active:
         return
     for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
-        img = row // h
-        r = row - img * h
-        lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
-        out = img * oh * ow * c
-        at = row * w * c
+        r, lo_h, hi_h, out, at = _input_row(row, c, h, w, oh, ow, kh, sh, ph)
         first = out + min(lo_h, oh - 1) * ow * c
         second = out + min(lo_h + 1, oh - 1) * ow * c
         for ch in range(c0, c, BLOCK):
@@ -578,11 +580,7 @@ def ave_backward(dy, dx, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw):
     if not active:
         return
     for row in range(cuda.blockIdx.x, n * h, cuda.gridDim.x):
-        img = row // h
-        r = row - img * h
-        lo_h, hi_h = _out_range(r, ph, kh, sh, oh)
-        out = img * oh * ow * c
-        at = row * w * c
+        r, lo_h, hi_h, out, at = _input_row(row, c, h, w, oh, ow, kh, sh, ph)
         for ch in range(c0, c, BLOCK):
             lo_w = 0
             hi_w = 0
