@@ -71,6 +71,40 @@ def test_convert_axpy(rng):
     np.testing.assert_allclose(d.copy_to_host().reshape(shape), y + np.float32(0.5) * x, rtol=1e-6, atol=1e-6)
 
 
+# A tile with idle rows (3 channels: an image batch), tiles cut at both edges (40 x 36), 1x1 planes, rows and
+# columns past one tile; the last again with one block taking every tile in turn (the grid is capped).
+TRANSPOSES = [((2, 3, 5, 7), None), ((1, 40, 6, 6), None), ((3, 33, 1, 1), None), ((2, 65, 3, 11), None),
+              ((2, 65, 3, 11), 1)]
+
+
+@simulated
+@pytest.mark.parametrize("shape,blocks", TRANSPOSES)
+def test_transpose_between_layouts_in_every_mode(rng, monkeypatch, shape, blocks):
+    """layout.transpose (a 32x32 shared tile per block) against NumPy: NCHW to NHWC and back, copy, scale into
+    another type, and add into; half bits (uint16) move exactly."""
+    from superneurons.backend.cuda.layout import transpose
+
+    if blocks is not None:
+        monkeypatch.setattr(lk, "transpose_blocks", lambda n, rows, cols: blocks)
+
+    x = rng.standard_normal(shape).astype(np.float32)
+    nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    dst = cuda.to_device(np.zeros(x.size, np.float32))
+    transpose(np.float32(1.0), cuda.to_device(x.reshape(-1)), dst, shape, False, lk.COPY)
+    np.testing.assert_array_equal(dst.copy_to_host(), nhwc.reshape(-1))
+    half = cuda.to_device(np.zeros(x.size, np.float16))
+    transpose(np.float32(0.5), cuda.to_device(nhwc.reshape(-1)), half, shape, True, lk.SCALE)
+    np.testing.assert_array_equal(half.copy_to_host(), (np.float32(0.5) * x).astype(np.float16).reshape(-1))
+    y = rng.standard_normal(shape).astype(np.float32)
+    acc = cuda.to_device(y.reshape(-1).copy())
+    transpose(np.float32(-2.0), cuda.to_device(nhwc.reshape(-1)), acc, shape, True, lk.AXPY)
+    np.testing.assert_array_equal(acc.copy_to_host(), (y + np.float32(-2.0) * x).reshape(-1))
+    bits = rng.integers(0, 1 << 16, x.size, dtype=np.uint32).astype(np.uint16)
+    moved = cuda.to_device(np.zeros(x.size, np.uint16))
+    transpose(np.float32(1.0), cuda.to_device(bits), moved, shape, False, lk.COPY)
+    np.testing.assert_array_equal(moved.copy_to_host(), bits.reshape(shape).transpose(0, 2, 3, 1).reshape(-1))
+
+
 # the last: two channel tiles (the second partly idle) and two row groups, four rows per trip and a tail
 SUMS_SHAPES = [(2, 3, 4, 5), (4, 16, 3, 3), (4, 40, 9, 9)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import batch_norm as bk, channels_last as lk, fused as fk
-from superneurons.backend.cuda.layout import LayoutUnsupported, convert, layout_of
+from superneurons.backend.cuda.layout import TRANSPOSABLE, LayoutUnsupported, convert, layout_of, transpose
 from superneurons.backend.cuda.ops import basic, batch_norm, pooling, scale
 from superneurons.backend.cuda.ops._rows import take
 from superneurons.backend.geometry import PoolGeometry, check_signed_mask
@@ -62,6 +62,8 @@ def axpy(alpha: float, x, y) -> None:
     master gradient): one pass."""
     if layout_of(x) == layout_of(y) or x.ndim != 4:
         basic.axpy(alpha, x, y)
+    elif y.size and x.dtype in TRANSPOSABLE and y.dtype in TRANSPOSABLE:
+        transpose(scalar(y, alpha), flat(x), flat(y), y.shape, layout_of(x) == "NHWC", lk.AXPY)
     elif y.size:
         _n, c, h, w = y.shape
         K.launch(lk.convert_axpy, y.size)(scalar(y, alpha), flat(x), flat(y), c, h * w, layout_of(x) == "NHWC",

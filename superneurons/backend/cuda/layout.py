@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import bits, channels_last, flat, scalar
 from superneurons.backend.cuda.kernels import channels_last as lk
@@ -56,6 +58,18 @@ def _layout(a: Any) -> str | None:
     return NHWC if channels_last(a) else NCHW
 
 
+# Element types `transpose` moves exactly through its float32 tile (int32 masks take the element kernels).
+TRANSPOSABLE = frozenset({np.dtype(np.float32), np.dtype(np.uint16), *HALF_TYPES})
+
+
+def transpose(alpha: Any, src: Any, dst: Any, shape: tuple[int, ...], src_nhwc: bool, mode: int) -> None:
+    """Between layouts (src_nhwc: src is NHWC, dst NCHW; else the reverse), flat arrays of the (N, C, H, W)
+    `shape`: dst = src, alpha * src or dst + alpha * src (kernels/channels_last.transpose's modes)."""
+    n, c, h, w = shape
+    rows, cols = (h * w, c) if src_nhwc else (c, h * w)
+    K.launch(lk.transpose, 0, blocks=lk.transpose_blocks(n, rows, cols))(alpha, src, dst, n, rows, cols, mode)
+
+
 def convert(src: Any, dst: Any) -> None:
     """dst = src, two (N, C, H, W) arrays of any layouts and element types (a cast where they differ)."""
     if not dst.size:
@@ -64,10 +78,13 @@ def convert(src: Any, dst: Any) -> None:
         raise ValueError(f"layout conversion of {src.shape} into {dst.shape}")
     _n, c, h, w = dst.shape
     s_nhwc, d_nhwc = layout_of(src) == NHWC, layout_of(dst) == NHWC
-    if src.dtype == dst.dtype:
-        fs, fd = flat(src), flat(dst)
-        if src.dtype in HALF_TYPES:
-            fs, fd = bits(fs), bits(fd)
+    fs, fd = flat(src), flat(dst)
+    if src.dtype == dst.dtype and src.dtype in HALF_TYPES:
+        fs, fd = bits(fs), bits(fd)
+    if s_nhwc != d_nhwc and src.dtype in TRANSPOSABLE and dst.dtype in TRANSPOSABLE:
+        same = src.dtype == dst.dtype
+        transpose(np.float32(1.0), fs, fd, dst.shape, s_nhwc, lk.COPY if same else lk.SCALE)
+    elif src.dtype == dst.dtype:
         K.launch(lk.convert, dst.size)(fs, fd, c, h * w, s_nhwc, d_nhwc)
     else:
-        K.launch(lk.convert_cast, dst.size)(scalar(dst, 1.0), flat(src), flat(dst), c, h * w, s_nhwc, d_nhwc)
+        K.launch(lk.convert_cast, dst.size)(scalar(dst, 1.0), fs, fd, c, h * w, s_nhwc, d_nhwc)

@@ -75,6 +75,56 @@ SUM, SUM_SQUARES, DOT = 0, 1, 2  # sums[c] (and sums[dim + c]) of x / x and x*x 
 # sums with one atomic per sum. A warp reads LANES consecutive channels of one row (coalesced). Against a thread
 # per (channel, run of rows) with one load in flight and an atomic per thread, this took ResNet-50's bfloat16
 # forward statistics from 2.6 to 1.05 ms per iteration on an H200.
+# Between layouts, a batch of matrices transposed through shared memory: NCHW to NHWC takes each image's
+# (C, H*W) matrix to (H*W, C), the reverse (H*W, C) to (C, H*W). A block moves a TILE x TILE tile, reading rows
+# of the source and writing rows of the destination, both coalesced, and works out its tile's place once; the
+# element kernels above index each element through three 64-bit divisions and read (or write) one side with a
+# stride of a plane, which made ResNet-50's float32 filter and batch conversions 0.75 ms of an H200 iteration.
+TILE = 32
+TILE_ROWS = BLOCK // TILE  # the rows of a tile a block moves at once
+TILE_SHAPE = (TILE, TILE + 1)  # + 1: a tile column's reads hit 32 different banks (a module constant: numba
+# sizes shared arrays at compile time)
+COPY, SCALE, AXPY = 0, 1, 2  # dst = src; dst = alpha * src; dst += alpha * src
+
+
+def transpose_blocks(n: int, rows: int, cols: int) -> int:
+    """The grid of `transpose`: a block per tile, at most MAX_BLOCKS (then each takes several)."""
+    return max(1, min(n * -(-rows // TILE) * -(-cols // TILE), MAX_BLOCKS))
+
+
+@cuda.jit
+def transpose(alpha, src, dst, n, rows, cols, mode):
+    """dst's n matrices (cols x rows) = src's (rows x cols) transposed, as `mode` says (COPY, SCALE, AXPY); the
+    values pass through float32, exact for the float types and for the uint16 bits of half ones."""
+    tile = cuda.shared.array(TILE_SHAPE, float32)
+    tx = cuda.threadIdx.x % TILE
+    ty = cuda.threadIdx.x // TILE
+    row_tiles = (rows + TILE - 1) // TILE
+    col_tiles = (cols + TILE - 1) // TILE
+    per = row_tiles * col_tiles
+    for b in range(cuda.blockIdx.x, n * per, cuda.gridDim.x):
+        m = b // per
+        rest = b - m * per
+        r0 = (rest // col_tiles) * TILE
+        c0 = (rest - (rest // col_tiles) * col_tiles) * TILE
+        base = m * rows * cols
+        for k in range(ty, TILE, TILE_ROWS):
+            if r0 + k < rows and c0 + tx < cols:
+                tile[k, tx] = src[base + (r0 + k) * cols + c0 + tx]
+        cuda.syncthreads()
+        for k in range(ty, TILE, TILE_ROWS):
+            if c0 + k < cols and r0 + tx < rows:
+                i = base + (c0 + k) * rows + r0 + tx
+                v = tile[tx, k]
+                if mode == COPY:
+                    dst[i] = v
+                elif mode == SCALE:
+                    dst[i] = alpha * v
+                else:
+                    dst[i] += alpha * v
+        cuda.syncthreads()  # the tile is rewritten by the block's next one
+
+
 LANES = 32
 ROW_LANES = BLOCK // LANES
 TILE_RUN = 32  # rows a thread sums, about (the grid: groups = rows / (ROW_LANES * TILE_RUN))
