@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from tools.bench import precision_loss
 
@@ -85,3 +86,29 @@ def test_the_schedule_decays_to_near_zero_and_the_test_pass_reads_the_held_out_i
     # without held-out images the TEST pass reads the training images
     same = precision_loss.make_data(tmp_path, 64, 16, 0.1)
     assert same[0] == same[1] and same[0] != data[0]
+
+
+def test_merge_reports_runs_of_several_gpus_as_one_and_refuses_another_design(tmp_path, capsys):
+    """Seeds trained apart (as one process per GPU would) and merged give the report of all of them: each seed's
+    difference as in its own file, the mean over every seed and its standard error."""
+    first = _run(tmp_path, "first", ["--precisions", "fp32,bf16", "--seeds", "21,22"])
+    second = _run(tmp_path, "second", ["--precisions", "fp32,bf16", "--seeds", "23"])
+    files = [str(tmp_path / d / "precision_loss.json") for d in ("first", "second")]
+    assert precision_loss.main(["--merge", ",".join(files), "--out", str(tmp_path / "merged")]) == 0
+    doc = json.loads((tmp_path / "merged" / "precision_loss.json").read_text())
+    assert doc["seeds"] == [21, 22, 23] and doc["net"] == "tiny" and doc["iterations"] == 6
+    diffs = {**first["summary"]["bf16"]["relative_difference"], **second["summary"]["bf16"]["relative_difference"]}
+    bf16 = doc["summary"]["bf16"]
+    assert bf16["relative_difference"] == diffs
+    values = list(diffs.values())
+    assert math.isclose(bf16["mean_difference"], float(np.mean(values)), rel_tol=1e-12)
+    assert math.isclose(bf16["standard_error"], float(np.std(values, ddof=1)) / math.sqrt(3), rel_tol=1e-12)
+    assert "standard error" in doc["targets"][0]["note"]
+    # a file of another design, or a seed twice, is refused with what differs
+    other = json.loads(open(files[1]).read())
+    other["label_noise"] = 0.2
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    for bad, why in (([files[0], str(tmp_path / "other.json")], "label_noise 0.2 against 0.1"),
+                     ([files[0], files[0]], "seed 21 of fp32 is in an earlier file too")):
+        with pytest.raises(SystemExit, match=why):
+            precision_loss.main(["--merge", ",".join(bad), "--out", str(tmp_path / "bad")])

@@ -4,6 +4,7 @@ precision, and the loss each ends at, over several initial weights.
     python3 -m tools.bench.precision_loss [--net resnet50|tiny] [--iterations 300] [--batch 64] [--images N]
                                           [--held-out 1280] [--seeds 1701,1702,1703] [--precisions fp32,bf16,fp16]
                                           [--label-noise 0.1] [--device cuda|cpu]
+    python3 -m tools.bench.precision_loss --merge gpu0/precision_loss.json,gpu1/precision_loss.json,...
 
 The question is whether a precision ends where float32 ends, so the number compared has to move less with
 chance than the 2% asked of it. The design:
@@ -40,6 +41,13 @@ the seconds reported beside them do). --timeout bounds each process; one stopped
 finished (the table compares the seeds both precisions finished). --net tiny: a two-convolution net with
 BatchNorm on 16x16 images, for a quick check on the CPU. Writes precision_loss.json: every iteration's
 training loss, each run's final loss and accuracy, the table.
+
+Telling a 2% difference apart takes many seeds (the standard error of the mean difference, reported beside
+it, is the seeds' standard deviation over their square root: at the 6.5% measured, 3 seeds give 3.8%, 16 give
+1.6%). On a machine of several GPUs each can train its own seeds (tools/gpu/per_gpu.sh, one precision_loss
+per GPU with disjoint --seeds); --merge then reads their precision_loss.json files, which must share the
+design (net, batch, iterations, rate, images, held-out images, label noise) and no seed, and reports them as
+one run.
 """
 from __future__ import annotations
 
@@ -231,10 +239,40 @@ def summarize(runs: dict[str, dict[int, dict]], seeds: list[int], floor: float =
             d = list(diffs.values())
             row["mean_difference"] = float(np.mean(d)) if d else None
             row["std_difference"] = float(np.std(d, ddof=1)) if len(d) > 1 else None
+            row["standard_error"] = row["std_difference"] / len(d) ** 0.5 if len(d) > 1 else None
             e = list(excess.values())
             row["mean_excess_difference"] = float(np.mean(e)) if e else None
         out[precision] = row
     return out
+
+
+DESIGN = ("net", "batch", "iterations", "base_lr", "images", "held_out", "label_noise")  # what merged runs share
+
+
+def merged(paths: list[str]) -> tuple[dict[str, dict[int, dict]], list[int], dict]:
+    """The runs of several precision_loss.json files as one: (runs by precision and seed, the seeds in order,
+    the design they share). Files of another design, or holding a seed another file holds too, are refused."""
+    runs: dict[str, dict[int, dict]] = {}
+    seeds: list[int] = []
+    design: dict | None = None
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--merge: {path}: {e}") from None
+        mine = {k: doc.get(k) for k in DESIGN}
+        if design is None:
+            design = mine
+        elif mine != design:
+            other = ", ".join(f"{k} {mine[k]} against {design[k]}" for k in DESIGN if mine[k] != design[k])
+            raise SystemExit(f"--merge: {path} measured another design than {paths[0]} ({other})")
+        for precision, by_seed in doc.get("runs", {}).items():
+            for seed, run in by_seed.items():
+                if int(seed) in runs.get(precision, {}):
+                    raise SystemExit(f"--merge: {path}: seed {seed} of {precision} is in an earlier file too")
+                runs.setdefault(precision, {})[int(seed)] = run
+        seeds += [s for s in doc.get("seeds", []) if s not in seeds]
+    return runs, seeds, design or {}
 
 
 def _pct(v: float | None) -> str:
@@ -258,8 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1701,1702,1703", help="the solver's random_seed values: the initial weights")
     ap.add_argument("--jobs", type=int, default=3, help="precisions training at once, each in its process "
                     "(default %(default)s: one GPU runs them side by side; the figures do not depend on it)")
+    ap.add_argument("--merge", default="", help="precision_loss.json files of one design, comma-separated: report "
+                    "their runs as one (no training)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.merge:
+        runs, seeds, design = merged([p for p in args.merge.split(",") if p])
+        for key, value in design.items():
+            if value is not None:
+                setattr(args, key, value)
+        order = ("fp32", "bf16", "fp16")
+        report(args, runs, seeds, [p for p in order if p in runs] + [p for p in runs if p not in order], {})
+        return 0
     args.images = args.images or args.iterations * args.batch
     for flag, value in (("--images", args.images), ("--held-out", args.held_out)):
         if value % args.batch:
@@ -312,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{precision}: {why} after {len(done)} of {len(seeds)} seeds: "
                       f"{err.strip().splitlines()[-1:] or ''}", file=sys.stderr)
                 errors[precision] = f"{why} after {len(done)} of {len(seeds)} seeds\n{err[-2000:]}"
+    report(args, runs, seeds, precisions, errors)
+    return 1 if errors else 0
+
+
+def report(args: argparse.Namespace, runs: dict[str, dict[int, dict]], seeds: list[int], precisions: list[str],
+           errors: dict[str, str]) -> None:
+    """The table, the targets and precision_loss.json of these runs."""
     runs = {p: runs[p] for p in precisions if p in runs}  # the table in the order asked
     floor = floor_loss(args.label_noise)
     summary = summarize(runs, seeds, floor)
@@ -328,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"seed-to-seed {_pct(row['excess_seed_spread'])[1:]}" if row["excess_seed_spread"] is not None
                       else "-"]
         else:
-            cells += [common.fmt(row["mean_loss"], ".4f"), _pct(row["mean_difference"]),
+            se = row["standard_error"]
+            cells += [common.fmt(row["mean_loss"], ".4f"),
+                      _pct(row["mean_difference"]) + ("" if se is None else f" (standard error {100 * se:.2f}%)"),
                       "-" if row["std_difference"] is None else f"{100 * row['std_difference']:.2f}%",
                       _pct(row["mean_excess_difference"])]
         accs = [runs[precision][s].get("accuracy") for s in seeds if s in runs[precision]]
@@ -346,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                         "over the seeds)", "measured": d, "threshold": TARGET,
                         "met": d is not None and abs(d) <= TARGET,
                         "shortfall": None if d is None or abs(d) <= TARGET else abs(d) - TARGET,
-                        "note": (f"float32's seed-to-seed spread {_pct(spread)[1:]}; above the labels' floor {floor:.3f}: "
+                        "note": (f"standard error {_pct(summary.get(precision, {}).get('standard_error'))[1:]} over "
+                                 f"{len(summary.get(precision, {}).get('relative_difference', {}))} seeds; "
+                                 f"float32's seed-to-seed spread {_pct(spread)[1:]}; above the labels' floor {floor:.3f}: "
                                  f"{_pct(summary.get(precision, {}).get('mean_excess_difference'))}")
                         if spread is not None else ""})
     title = (f"{args.net} b{args.batch}, {args.iterations} iterations (lr {args.base_lr:g} linearly to 0) on "
@@ -357,9 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                   extra={"runs": {p: {str(s): r for s, r in by.items()} for p, by in runs.items()},
                          "summary": {p: {k: ({str(s): x for s, x in v.items()} if isinstance(v, dict) else v)
                                          for k, v in row.items()} for p, row in summary.items()},
-                         "errors": errors, "seeds": seeds, "net": args.net, "label_noise": args.label_noise,
-                         "images": args.images, "held_out": args.held_out, "floor": floor})
-    return 1 if errors else 0
+                         "errors": errors, "seeds": seeds, "floor": floor, "merged": args.merge or None,
+                         **{k: getattr(args, k) for k in DESIGN}})
 
 
 if __name__ == "__main__":
