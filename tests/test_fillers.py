@@ -62,3 +62,15 @@ def test_a_parameter_without_host_memory_to_fill_is_one_line_naming_the_layer(mo
     monkeypatch.setattr(net_module, "fill_host", no_memory)
     with pytest.raises(UserError, match=r"^layer 'ip': no host memory left to fill its parameter of shape \(4, 3\) "):
         net_module.Net(build_graph(param, pb.TEST), get_backend("cpu"))
+
+
+
+def test_a_gaussian_std_of_minus_zero_fills_the_mean_and_a_negative_one_is_refused():
+    """-0.0 passes `std >= 0` but NumPy's normal refuses its sign bit (a fuzzed prototxt found it)."""
+    from superneurons.errors import UserError
+
+    f = text_format.Parse('type: "gaussian" mean: 0.25 std: -0.0', pb.FillerParameter())
+    np.testing.assert_array_equal(fillers.fill(f, (3, 4), np.random.default_rng(0)), np.full((3, 4), 0.25, np.float32))
+    f.std = -0.5
+    with pytest.raises(UserError, match="std -0.5 must be 0 or above"):
+        fillers.fill(f, (3, 4), np.random.default_rng(0))

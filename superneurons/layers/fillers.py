@@ -49,7 +49,10 @@ def fill(f: pb.FillerParameter, shape: tuple[int, ...], rng: np.random.Generator
     if kind == "uniform":
         return _drawn(shape, lambda n: rng.uniform(f.min, f.max, size=n))
     if kind == "gaussian":
-        out = _drawn(shape, lambda n: rng.normal(f.mean, f.std, size=n))
+        if not f.std >= 0:
+            raise UserError(f"gaussian filler: std {f.std:g} must be 0 or above")
+        std = abs(f.std)  # -0.0 is a std of 0, which NumPy refuses by its sign bit
+        out = _drawn(shape, lambda n: rng.normal(f.mean, std, size=n))
         if f.sparse >= 0 and len(shape) >= 2:
             # Keep each weight with probability sparse / num_outputs, as Caffe does.
             num_outputs = shape[0]

@@ -209,6 +209,8 @@ class Net:
                         nbytes = tensor_bytes(decl.shape, FLOAT32)
                         raise UserError(f"layer {node.name!r}: no host memory left to fill its parameter of shape "
                                         f"{tuple(decl.shape)} ({format_bytes(nbytes)})") from None
+                    except UserError as e:  # a filler's field out of range: say whose
+                        raise UserError(f"layer {node.name!r}: parameter of shape {tuple(decl.shape)}: {e}") from None
                     self.params.write(decl.data_tensor, values)
         self.bind_params()
 
