@@ -11,12 +11,11 @@ from superneurons.graph.build import build_graph
 from superneurons.graph.layout import NCHW, NHWC, BlobLayouts, choose as choose_layouts, release as release_layouts
 from superneurons.graph.precision import override_defaults
 from superneurons.memory import BLOCK_CHECKPOINTS, auto_recurrent_inputs, checkpoint_sets, recurrent_input
-from superneurons.memory.cost import FITS_ANYWAY, TIE, Choice, choose
+from superneurons.memory.cost import TIE, Choice, choose, keeps_everything_resident
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
 from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons import settings
 from superneurons.solver import fused_update
 
 EXAMPLES = """examples:
@@ -74,7 +73,7 @@ def run(args) -> int:
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model, recurrent_input=recurrent_input(shown_mode))
     # The layout a GPU Net of this graph stores (graph/layout.py): channels last declares buffers on the layers,
     # which every plan below then counts.
-    layouts = choose_layouts(graph, (NCHW, NHWC), args.layout or settings.get("SUPERNEURONS_LAYOUT"))
+    layouts = choose_layouts(graph, (NCHW, NHWC), args.layout)  # None: SUPERNEURONS_LAYOUT
     # As a Net under --memory auto (runtime/net.py): auto's channels last stays only where auto keeps every
     # tensor resident in the budget, else the Net declares itself again in NCHW
     releasing = layouts.automatic and args.memory == "auto"
@@ -84,7 +83,7 @@ def run(args) -> int:
         if not releasing:
             raise
         choice = None
-    if releasing and (choice is None or not (choice.mode in FITS_ANYWAY and not choice.streams_params)):
+    if releasing and (choice is None or not keeps_everything_resident(choice)):
         release_layouts(layouts)
         doc_released = len(layouts.blobs)
         layouts = BlobLayouts()

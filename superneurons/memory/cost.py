@@ -43,6 +43,12 @@ MOVING_MODES = ("offload", "recompute")  # the modes whose plan depends on the c
 FITS_ANYWAY = PLAN_MODES[:2]  # baseline, liveness: nothing moves, nothing replays -- take them when they fit
 
 
+def keeps_everything_resident(choice) -> bool:
+    """Whether auto's `choice` keeps every tensor on the device (baseline or liveness, parameters not streamed):
+    where a channels-last Net under --memory auto keeps its layout (runtime/net.py, commands/memory.py)."""
+    return choice.mode in FITS_ANYWAY and not choice.streams_params
+
+
 def forward_seconds(node: Node, graph: Graph) -> float:
     """One forward step: the longer of its arithmetic and its memory traffic, as its layer declares them
     (nothing for a view or a layer fused into another)."""

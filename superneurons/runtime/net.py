@@ -153,13 +153,13 @@ class Net:
         """`auto`'s choice for this declaration in `pool_bytes` where it keeps every tensor resident (baseline or
         liveness, the parameters not streamed), else None."""
         from superneurons.memory import pick_mode
-        from superneurons.memory.cost import FITS_ANYWAY
+        from superneurons.memory.cost import keeps_everything_resident
 
         try:
             choice = pick_mode(self, types, capacity=pool_bytes // BLOCK * BLOCK)
         except UserError:
             return None
-        return choice if choice.mode in FITS_ANYWAY and not choice.streams_params else None
+        return choice if keeps_everything_resident(choice) else None
 
     def _pool_bytes(self, given: int | None, param_pool: int | None, share: "Net | None") -> int:
         """The pool's size: `given`; else the solver's budget (`param_pool`) for a net of its own parameters; else
