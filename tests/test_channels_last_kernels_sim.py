@@ -276,3 +276,40 @@ def test_pooling_matches_the_cpu(rng, method, kernel, stride, pad, relu, shape):
     if mask is not None:
         np.testing.assert_array_equal(gmask.nchw(), mask)  # the same plane indexes as the NCHW kernels'
     np.testing.assert_allclose(gdx.nchw(), dx, rtol=1e-5, atol=1e-6)
+
+
+# Joins along each axis: channels (the zoo's: Inception's, DenseNet's, SqueezeNet's), with rows long and short
+# enough to take both copy walks; batch; height and width.
+JOINS = [(1, [(2, 3, 4, 5), (2, 5, 4, 5)]), (1, [(1, 64, 3, 3), (1, 1, 3, 3), (1, 96, 3, 3)]),
+         (0, [(1, 3, 4, 5), (2, 3, 4, 5)]), (2, [(2, 3, 1, 5), (2, 3, 4, 5)]), (3, [(2, 3, 4, 2), (2, 3, 4, 6)])]
+
+
+@simulated
+@pytest.mark.parametrize("axis,shapes", JOINS)
+def test_concat_slice_and_relu_slab_match_the_cpu(rng, axis, shapes):
+    """Concat forward (and Slice's backward) into an NHWC top, Concat's backward (Slice's forward) out of it, and
+    a ReLU's backward reading its slice of the top gradient: the CPU's NCHW values."""
+    ops = _ops()
+    bottoms = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    top_shape = list(shapes[0])
+    top_shape[axis] = sum(s[axis] for s in shapes)
+    top = np.zeros(top_shape, np.float32)
+    CPU.concat_forward(bottoms, top, axis)
+    gtop = Nhwc(np.zeros(top_shape, np.float32))
+    ops.concat_forward([Nhwc(b) for b in bottoms], gtop, axis)
+    np.testing.assert_array_equal(gtop.nchw(), top)
+    dtop = rng.standard_normal(top_shape).astype(np.float32)
+    offset = 0
+    for b in bottoms:
+        want = np.zeros(b.shape, np.float32)
+        CPU.concat_backward(dtop, want, axis, offset)
+        got = Nhwc(np.zeros(b.shape, np.float32))
+        ops.concat_backward(Nhwc(dtop), got, axis, offset)
+        np.testing.assert_array_equal(got.nchw(), want)
+        y = np.maximum(b, 0)
+        want_relu = np.zeros(b.shape, np.float32)
+        CPU.relu_backward_slab(y, dtop, want_relu, axis, offset, 0.1)
+        got_relu = Nhwc(np.zeros(b.shape, np.float32))
+        ops.relu_backward_slab(Nhwc(y), Nhwc(dtop), got_relu, axis, offset, 0.1)
+        np.testing.assert_array_equal(got_relu.nchw(), want_relu)
+        offset += b.shape[axis]

@@ -31,7 +31,8 @@ TOLERANCE = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 6e-2)}
 
 # ResNet's and VGG's layer families: convolution (+ReLU fused, with and without bias, 3x3 and 1x1, a stride),
 # BatchNorm+Scale+ReLU fused, Eltwise SUM+ReLU fused, max pooling (3x3 s2 padded, and 2x2 s2 with the ReLU's
-# backward), average pooling, an InnerProduct flattening a 4-D blob, Dropout, SoftmaxWithLoss.
+# backward), a Concat (its ReLU'd bottom reading its slice of the gradient: the baseline's fusion) cut again by a
+# Slice, average pooling, an InnerProduct flattening a 4-D blob, Dropout, SoftmaxWithLoss.
 NET = 'name: "channels_last"\n' + dummy_images(8, 3, 20, 20) + """layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 16 kernel_size: 3 pad: 1 stride: 2 weight_filler { type: "msra" } bias_term: false } }
 layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
@@ -52,7 +53,10 @@ layer { name: "conv4" type: "Convolution" bottom: "sum" top: "conv4"
   convolution_param { num_output: 24 kernel_size: 3 pad: 1 weight_filler { type: "msra" }
     bias_filler { type: "constant" value: 0.1 } } }
 layer { name: "relu4" type: "ReLU" bottom: "conv4" top: "conv4" }
-layer { name: "pool2" type: "Pooling" bottom: "conv4" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "cat" type: "Concat" bottom: "conv4" bottom: "sum" top: "cat" }
+layer { name: "cut" type: "Slice" bottom: "cat" top: "cut1" top: "cut2" slice_param { axis: 1 slice_point: 20 } }
+layer { name: "join" type: "Eltwise" bottom: "cut1" bottom: "cut2" top: "join" }
+layer { name: "pool2" type: "Pooling" bottom: "join" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "pool3" type: "Pooling" bottom: "pool2" top: "pool3" pooling_param { pool: AVE kernel_size: 2 stride: 1 } }
 layer { name: "fc1" type: "InnerProduct" bottom: "pool3" top: "fc1"
   inner_product_param { num_output: 32 weight_filler { type: "xavier" } } }
@@ -92,7 +96,7 @@ def test_an_nhwc_net_computes_what_the_cpu_computes(gpu, nhwc, precision, monkey
     nets = _nets(gpu, precision)
     g = nets["cuda"]
     nhwc_keys = {s.key for s in g.layout.specs if s.layout == "NHWC"}
-    assert {"conv2", "sum", "conv4", "pool2", "conv2@diff", "conv4#param0_copy"} <= nhwc_keys, sorted(nhwc_keys)
+    assert {"conv2", "sum", "conv4", "cat", "cut1", "pool2", "conv2@diff", "cat@diff", "conv4#param0_copy"} <= nhwc_keys, sorted(nhwc_keys)
     assert {"data", "pool3"}.isdisjoint(nhwc_keys)
     assert {s.key for s in nets["cpu"].layout.specs if s.layout == "NHWC"} == set()
     losses = {k: n.forward_backward() for k, n in nets.items()}

@@ -6,6 +6,7 @@ from superneurons.layers.base import Layer, canonical_axis, register
 
 @register("Concat")
 class Concat(Layer):
+    channels_last = True  # slab copies over the stored rows (backend/cuda/channels_last_ops.py)
     n_bottoms = (1, None)
 
     def setup(self, bottom_shapes):

@@ -8,6 +8,7 @@ from superneurons.layers.base import Layer, canonical_axis, count, register
 class Slice(Layer):
     """Cut bottom 0 along an axis into the tops, at `slice_point`s or into equal parts."""
 
+    channels_last = True  # Concat's ops, the other way round
     n_tops = (1, None)
 
     def setup(self, bottom_shapes):

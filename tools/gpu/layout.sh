@@ -2,10 +2,13 @@
 # On the GPU machine: channels-last (NHWC) tensors in one call. The GPU tests of tests/test_cuda_channels_last.py
 # (NHWC nets against the CPU in float32 and bfloat16, training to the CPU's weights), and `superneurons time` on
 # ResNet-50 and VGG16 at batch 64 with SUPERNEURONS_LAYOUT=nchw and =nhwc in each of LAYOUT_PRECISIONS (`time`:
-# per-layer profile; `speed`: speed_zoo's training throughput; `torch`: PyTorch's channels_last configurations).
-# Logs go to $OUT.
+# per-layer profile; `speed`: speed_zoo's training throughput; `torch`: PyTorch's configurations
+# LAYOUT_TORCH_CONFIGS, default its two channels_last ones). LAYOUT_TESTS adds GPU tests of other files (a
+# pytest argument list). Logs and JSON go to $OUT/layout.tar.gz (the device tool brings back at most 8 files).
 #   bash tools/gpu/layout.sh                              # all of it
 #   LAYOUT_PARTS="time" LAYOUT_NETS="vgg16" bash tools/gpu/layout.sh
+#   LAYOUT_PARTS="tests speed torch" LAYOUT_NETS="inception_v4 squeezenet" LAYOUT_TORCH_CONFIGS=fp32,fp32-cl,bf16-cl \
+#       LAYOUT_TESTS="tests/test_cuda_ops.py -k concat" bash tools/gpu/layout.sh
 set -u
 source tools/gpu/env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -14,19 +17,29 @@ NETS=${LAYOUT_NETS:-resnet50 vgg16}
 PRECISIONS=${LAYOUT_PRECISIONS:-bf16 fp32}
 LAYOUTS=${LAYOUT_LAYOUTS:-nchw nhwc}
 ITERATIONS=${LAYOUT_ITERATIONS:-20}
+LOGS=$(mktemp -d)
+trap 'tar -czf "$OUT/layout.tar.gz" -C "$LOGS" .' EXIT
 for part in $PARTS; do
     case $part in
     tests)
         echo "== tests/test_cuda_channels_last.py"
         timeout ${LAYOUT_TEST_TIMEOUT:-150} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider -x \
-            tests/test_cuda_channels_last.py > "$OUT/layout_tests.log" 2>&1
-        grep -E "^(FAILED|ERROR)|^(fp32|bf16):|converted|converts|Error" "$OUT/layout_tests.log" | head -30
-        tail -1 "$OUT/layout_tests.log" ;;
+            tests/test_cuda_channels_last.py > "$LOGS/layout_tests.log" 2>&1
+        grep -E "^(FAILED|ERROR)|^(fp32|bf16):|converted|converts|Error" "$LOGS/layout_tests.log" | head -30
+        tail -1 "$LOGS/layout_tests.log"
+        if [ -n "${LAYOUT_TESTS:-}" ]; then
+            echo "== $LAYOUT_TESTS"
+            # shellcheck disable=SC2086
+            timeout ${LAYOUT_TEST_TIMEOUT:-150} python -m pytest -q -m gpu -rfE -p no:cacheprovider $LAYOUT_TESTS \
+                > "$LOGS/other_tests.log" 2>&1
+            grep -E "^(FAILED|ERROR)" "$LOGS/other_tests.log" | head -10
+            tail -1 "$LOGS/other_tests.log"
+        fi ;;
     time)
         for net in $NETS; do
             for precision in $PRECISIONS; do
                 for layout in $LAYOUTS; do
-                    log="$OUT/time_${net}_${precision}_${layout}.log"
+                    log="$LOGS/time_${net}_${precision}_${layout}.log"
                     echo "== superneurons time $net b64 --precision $precision SUPERNEURONS_LAYOUT=$layout"
                     SUPERNEURONS_LAYOUT=$layout timeout ${LAYOUT_TIME_TIMEOUT:-75} python -m superneurons time \
                         --model "models/$net/${net}_dummy.prototxt" --gpu 0 --iterations "$ITERATIONS" \
@@ -41,15 +54,16 @@ for part in $PARTS; do
             echo "== speed_zoo ours, SUPERNEURONS_LAYOUT=$layout, --precisions ${PRECISIONS// /,}"
             SUPERNEURONS_LAYOUT=$layout timeout ${LAYOUT_SPEED_TIMEOUT:-150} python -m tools.bench.speed_zoo \
                 --nets "${NETS// /,}" --no-torch --precisions "${PRECISIONS// /,}" --iterations 10 --warmup 3 \
-                --out "/tmp/speed_$layout" --time-limit ${LAYOUT_SPEED_LIMIT:-120} > "$OUT/speed_$layout.log" 2>&1
-            cp "/tmp/speed_$layout/speed_zoo.json" "$OUT/speed_$layout.json" 2>/dev/null
-            grep -E "^(ResNet|VGG)|rror" "$OUT/speed_$layout.log" | tail -12
+                --out "/tmp/speed_$layout" --time-limit ${LAYOUT_SPEED_LIMIT:-120} > "$LOGS/speed_$layout.log" 2>&1
+            cp "/tmp/speed_$layout/speed_zoo.json" "$LOGS/speed_$layout.json" 2>/dev/null
+            grep -E "^[A-Z][A-Za-z0-9-]+ .*[0-9]|rror" "$LOGS/speed_$layout.log" | tail -16
         done ;;
     torch)
-        echo "== PyTorch, same prototxt: fp32 channels_last and bf16 autocast channels_last"
-        timeout ${LAYOUT_TORCH_TIMEOUT:-150} python -m tools.bench.speed_zoo --nets resnet50,vgg16 --no-ours \
-            --torch-configs fp32-cl,bf16-cl --no-torchvision --iterations 10 --warmup 3 --out "$OUT" \
-            --time-limit 120 > "$OUT/torch.log" 2>&1
-        tail -15 "$OUT/torch.log" ;;
+        configs=${LAYOUT_TORCH_CONFIGS:-fp32-cl,bf16-cl}
+        echo "== PyTorch, same prototxt: $configs"
+        timeout ${LAYOUT_TORCH_TIMEOUT:-150} python -m tools.bench.speed_zoo --nets "${NETS// /,}" --no-ours \
+            --torch-configs "$configs" --no-torchvision --iterations 10 --warmup 3 --out "$LOGS" \
+            --time-limit ${LAYOUT_TORCH_LIMIT:-120} > "$LOGS/torch.log" 2>&1
+        tail -15 "$LOGS/torch.log" ;;
     esac
 done

@@ -11,7 +11,7 @@ from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.device import flat, scalar
 from superneurons.backend.cuda.kernels import batch_norm as bk, channels_last as lk, fused as fk
 from superneurons.backend.cuda.layout import TRANSPOSABLE, LayoutUnsupported, convert, layout_of, transpose
-from superneurons.backend.cuda.ops import basic, batch_norm, pooling, scale
+from superneurons.backend.cuda.ops import basic, batch_norm, concat, pooling, scale
 from superneurons.backend.cuda.ops._rows import take
 from superneurons.backend.geometry import PoolGeometry, check_signed_mask
 from superneurons.backend.scratch import row_sums
@@ -210,6 +210,30 @@ def pool_backward(dy, mask, dx, geom: PoolGeometry, relu_slope: float | None = N
         pooling.pool_backward(dy, mask, dx, geom, relu_slope)  # its error
 
 
+# ---- Concat and Slice ------------------------------------------------------------------------------------
+# Channels last stores (N, C, H, W) as (N, H, W, C): a slab along the channels is a run of C_i values in every
+# pixel's row of C, so joining along them is ops/concat.py's row copy over N*H*W rows (and along H or W, over
+# fewer, longer rows). Every array here is NHWC or of a shape whose layouts coincide (layout_conversion.py
+# converts the others first), so one order holds for all.
+STORED = (0, 2, 3, 1)  # the logical axes of an NHWC array in memory order
+
+
+def concat_forward(bottoms, top, axis: int) -> None:
+    offset = 0
+    for b in bottoms:
+        concat.slab_copy(b, top, axis, 0, offset, b.shape[axis], order=STORED)
+        offset += b.shape[axis]
+
+
+def concat_backward(top_diff, bottom_diff, axis: int, offset: int) -> None:
+    concat.slab_copy(top_diff, bottom_diff, axis, offset, 0, bottom_diff.shape[axis], order=STORED)
+
+
+def relu_backward_slab(y, top_diff, dx, axis: int, offset: int, slope: float) -> None:
+    concat.slab_copy(top_diff, dx, axis, offset, 0, dx.shape[axis], relu_output=y, slope=slope, order=STORED)
+
+
 # The ops these functions stand in for (layout.py looks them up by the op's name).
 NAMES = ("copy", "axpy", "add_bias", "bias_backward", "channel_mul", "channel_mul_grad", "bn_batch_stats", "bn_normalize",
-         "bn_backward", "bn_affine_forward", "bn_affine_backward", "pool_forward", "pool_backward")
+         "bn_backward", "bn_affine_forward", "bn_affine_backward", "pool_forward", "pool_backward", "concat_forward",
+         "concat_backward", "relu_backward_slab")

@@ -33,11 +33,16 @@ def row_parts(outer: int, length: int) -> tuple[int, int]:
 
 
 def slab_copy(src, dst, axis: int, src_offset: int, dst_offset: int, width: int,
-              max_blocks: int = K.MAX_BLOCKS, relu_output=None, slope: float = 0.0) -> None:
+              max_blocks: int = K.MAX_BLOCKS, relu_output=None, slope: float = 0.0,
+              order: Sequence[int] | None = None) -> None:
     """dst[..., dst_offset:dst_offset + width, ...] = src[..., src_offset:src_offset + width, ...] along
     `axis` (src and dst agree on every other dimension), on a grid of at most `max_blocks` blocks; with
-    `relu_output` (dst's shape), each value goes through the backward of the ReLU that output came from."""
-    outer, inner = prod(src.shape[:axis]), prod(src.shape[axis + 1:])
+    `relu_output` (dst's shape), each value goes through the backward of the ReLU that output came from.
+    `order`: the logical axes in the order memory holds them (default: as numbered; channels last stores
+    (N, C, H, W) as (0, 2, 3, 1)), which sets the rows a slab is cut from."""
+    stored = [src.shape[k] for k in order] if order is not None else list(src.shape)
+    at = list(order).index(axis) if order is not None else axis
+    outer, inner = prod(stored[:at]), prod(stored[at + 1:])
     length = width * inner
     if not outer or not length:
         return
