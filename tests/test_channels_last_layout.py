@@ -57,12 +57,17 @@ def test_nchw_unless_asked_and_unless_the_backend_stores_nhwc(monkeypatch):
 VGG_LRN = VGG.replace(
     'layer { name: "pool1"', 'layer { name: "norm1" type: "LRN" bottom: "conv1" top: "conv1n" }\n'
     'layer { name: "pool1"').replace('bottom: "conv1" top: "pool1"', 'bottom: "conv1n" top: "pool1"')
+# VGG whose second stage joins conv2 and pool1 in a Concat (SqueezeNet's and Inception's joins)
+VGG_CONCAT = VGG.replace(
+    'layer { name: "pool2"', 'layer { name: "cat" type: "Concat" bottom: "conv2" bottom: "pool1" top: "cat" }\n'
+    'layer { name: "pool2"').replace('bottom: "conv2" top: "pool2"', 'bottom: "cat" top: "pool2"')
 VGG_GROUPED = VGG.replace("num_output: 5 kernel_size: 3", "num_output: 4 kernel_size: 3 group: 2")
 
 
 def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
-    """`auto`: a plain convolution net in both types, a BatchNorm net in float32 only; never a net with a
-    grouped convolution or a layer without a channels-last path between its convolutions."""
+    """`auto`: a plain convolution net in both types, a BatchNorm net in float32 only, a Concat net in bfloat16
+    only; never a net with a grouped convolution or a layer without a channels-last path between its
+    convolutions."""
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
     vgg = {"conv1", "pool1", "conv2"}
     assert _nhwc_blobs(_graph(VGG, "fp32")) == vgg == _nhwc_blobs(_graph(VGG, "bf16"))
@@ -75,8 +80,13 @@ def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
     assert _nhwc_blobs(_graph(VGG_GROUPED, "fp32")) == set()
     lrn = _graph(VGG_LRN, "fp32")
     assert layout.channels_last_blobs(lrn) and _nhwc_blobs(lrn) == set()
+    # a Concat net: NHWC in bfloat16 (SqueezeNet gained), NCHW in float32 (DenseNet-121 and SqueezeNet lost)
+    splits = {"pool1_pool1_0_split_0", "pool1_pool1_0_split_1"}  # pool1 feeds conv2 and the Concat
+    assert _nhwc_blobs(_graph(VGG_CONCAT, "bf16")) == vgg | {"cat"} | splits
+    assert _nhwc_blobs(_graph(VGG_CONCAT, "fp32")) == set()
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "nhwc")  # asked for, it is channels last all the same
     assert _nhwc_blobs(_graph(VGG_LRN, "fp32")) and _nhwc_blobs(_graph(RESNET, "bf16"))
+    assert _nhwc_blobs(_graph(VGG_CONCAT, "fp32")) == vgg | {"cat", "pool1_pool1_0_split_0", "pool1_pool1_0_split_1"}
 
 
 def test_vgg_like_net(monkeypatch):

@@ -63,11 +63,13 @@ def wanted(graph, setting: str | None = None) -> bool:
 
 # `auto`'s rule, from the nine zoo nets trained in both layouts and both types (one H200 each, 2026-11-28,
 # tools/gpu/speed_map.sh, docs/BENCHMARKS.md): channels last was faster where every convolution writes a
-# channels-last top (no layer without a channels-last path, Concat or LRN, reads one), no convolution is grouped
+# channels-last top (no layer without a channels-last path, such as LRN, reads one), no convolution is grouped
 # (cuDNN's grouped and depthwise NHWC kernels were slower: AlexNet, MobileNet), and, for a net with BatchNorm,
 # in float32 only (ResNet-50/101/152 in bfloat16 tied or lost: their steps are bound by the host, and the
 # channels-last dispatch adds to it). VGG16 gained 29% in float32 and 45% in bfloat16, the ResNets 11-14% in
-# float32; Inception-v4, DenseNet-121 and SqueezeNet (Concat), AlexNet (LRN, groups) and MobileNet lost.
+# float32. Once Concat and Slice kept channels-last blobs (2026-12-02, one H200, tools/gpu/layout.sh), the
+# Concat nets split: in float32 DenseNet-121 lost 34% and SqueezeNet 4% while Inception-v4 gained 3%, in
+# bfloat16 SqueezeNet (no BatchNorm) gained 12%; so a net with a Concat is channels last in half types only.
 MEASURED_TYPES = ("float32", "bfloat16")  # float16 nets were not timed channels last: auto keeps them NCHW
 
 
@@ -81,7 +83,7 @@ def auto_channels_last(graph, blobs: dict[str, str]) -> bool:
         layer = node.layer
         if layer.type_name == "Convolution" and (layer.geom.group > 1 or any(blobs.get(t) != NHWC for t in node.tops)):
             return False
-        if half and layer.type_name == "BatchNorm":
+        if (half and layer.type_name == "BatchNorm") or (not half and layer.type_name == "Concat"):
             return False
     return True
 
