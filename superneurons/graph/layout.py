@@ -67,9 +67,10 @@ def wanted(graph, setting: str | None = None) -> bool:
 # (cuDNN's grouped and depthwise NHWC kernels were slower: AlexNet, MobileNet), and, for a net with BatchNorm,
 # in float32 only (ResNet-50/101/152 in bfloat16 tied or lost: their steps are bound by the host, and the
 # channels-last dispatch adds to it). VGG16 gained 29% in float32 and 45% in bfloat16, the ResNets 11-14% in
-# float32. Once Concat and Slice kept channels-last blobs (2026-12-02, one H200, tools/gpu/layout.sh), the
-# Concat nets split: in float32 DenseNet-121 lost 34% and SqueezeNet 4% while Inception-v4 gained 3%, in
-# bfloat16 SqueezeNet (no BatchNorm) gained 12%; so a net with a Concat is channels last in half types only.
+# float32. With Concat and Slice channels last too (2026-12-02, one H200, tools/gpu/layout.sh,
+# docs/BENCHMARKS.md), the Concat nets still lost in NHWC: DenseNet-121 by 30% in float32 and 14% in bfloat16,
+# SqueezeNet by 2-6% in both, in each of three runs (their steps are bound by the host, which channels last loads with
+# more kernel launches); Inception-v4 gained 3% or less. So a net with a Concat stays NCHW.
 MEASURED_TYPES = ("float32", "bfloat16")  # float16 nets were not timed channels last: auto keeps them NCHW
 
 
@@ -83,7 +84,7 @@ def auto_channels_last(graph, blobs: dict[str, str]) -> bool:
         layer = node.layer
         if layer.type_name == "Convolution" and (layer.geom.group > 1 or any(blobs.get(t) != NHWC for t in node.tops)):
             return False
-        if (half and layer.type_name == "BatchNorm") or (not half and layer.type_name == "Concat"):
+        if layer.type_name == "Concat" or (half and layer.type_name == "BatchNorm"):
             return False
     return True
 
