@@ -112,3 +112,23 @@ def test_merge_reports_runs_of_several_gpus_as_one_and_refuses_another_design(tm
                      ([files[0], files[0]], "seed 21 of fp32 is in an earlier file too")):
         with pytest.raises(SystemExit, match=why):
             precision_loss.main(["--merge", ",".join(bad), "--out", str(tmp_path / "bad")])
+
+
+def test_pytorch_s_runs_start_from_our_weights_train_as_ours_and_are_compared_with_their_own_float32(tmp_path):
+    """torch-fp32 is the same net, initial weights, batches and Caffe update in PyTorch: its losses follow ours
+    to float32 rounding. torch-bf16's difference is taken against torch-fp32, and only ours carry targets."""
+    pytest.importorskip("torch", reason="torch is not installed: PyTorch's runs cannot be built")
+    doc = _run(tmp_path, "t", ["--precisions", "fp32,torch-fp32,torch-bf16", "--seeds", "11,12"])
+    runs, summary = doc["runs"], doc["summary"]
+    for s in ("11", "12"):
+        ours, theirs = runs["fp32"][s], runs["torch-fp32"][s]
+        np.testing.assert_allclose(theirs["losses"], ours["losses"], rtol=1e-5)
+        assert math.isclose(theirs["final_loss"], ours["final_loss"], rel_tol=1e-5)
+        assert theirs["accuracy"] == ours["accuracy"]
+        assert runs["torch-bf16"][s]["losses"] != theirs["losses"]  # autocast did round
+    diffs = {s: runs["torch-bf16"][s]["final_loss"] / runs["torch-fp32"][s]["final_loss"] - 1 for s in ("11", "12")}
+    assert summary["torch-bf16"]["relative_difference"] == diffs
+    assert summary["torch-fp32"]["seed_spread"] is not None and "mean_difference" not in summary["torch-fp32"]
+    assert doc["targets"] == []  # fp32 alone of ours: nothing to hold to a target
+    with pytest.raises(SystemExit, match="torch-bf32"):
+        precision_loss.main(TINY + ["--out", str(tmp_path / "x"), "--precisions", "fp32,torch-bf32"])

@@ -42,6 +42,11 @@ finished (the table compares the seeds both precisions finished). --net tiny: a 
 BatchNorm on 16x16 images, for a quick check on the CPU. Writes precision_loss.json: every iteration's
 training loss, each run's final loss and accuracy, the table.
 
+PyTorch's runs of the same design (--precisions torch-fp32,torch-bf16,torch-fp16; precision_loss_torch.py:
+the same net, initial weights, batches, schedule and held-out pass, in float32 or under autocast) are rows
+of the same table, each compared with PyTorch's float32: whether a half type moves PyTorch's end point as it
+moves ours tells the type's effect on this task from our implementation's.
+
 Telling a 2% difference apart takes many seeds (the standard error of the mean difference, reported beside
 it, is the seeds' standard deviation over their square root: at the 6.5% measured, 3 seeds give 3.8%, 16 give
 1.6%). On a machine of several GPUs each can train its own seeds (tools/gpu/per_gpu.sh, one precision_loss
@@ -67,6 +72,13 @@ DATA_SEED = 7  # the data set is the same for every seed of the weights
 # ResNet-50 reads 224x224 images; the tiny net 16x16 ones. The class pattern is 1/16 of the side, blown up.
 SIDES = {"resnet50": 224, "tiny": 16}
 TARGET = 0.02  # the requirement: within 2% of float32's loss
+OURS = ("fp32", "bf16", "fp16")
+TORCH_RUNS = ("torch-fp32", "torch-bf16", "torch-fp16")  # PyTorch's own runs (precision_loss_torch.py)
+
+
+def reference_of(precision: str) -> str:
+    """The float32 run a precision's loss is compared with: ours for ours, PyTorch's for PyTorch's."""
+    return "torch-fp32" if precision in TORCH_RUNS else "fp32"
 
 TINY_NET = """
 name: "tiny"
@@ -196,8 +208,12 @@ def train_one(precision: str, seed: int, net: str, data: tuple[Path, Path], batc
     from superneurons.solver.evaluate import evaluate
     from superneurons.solver.solver import Solver
 
-    backend = common.make_backend(device, None)
     param = solver_param(net, data, batch, iterations, tested, seed, base_lr)
+    if precision in TORCH_RUNS:
+        from tools.bench import precision_loss_torch
+
+        return precision_loss_torch.train_one(precision, seed, param, data, batch, iterations, tested, device)
+    backend = common.make_backend(device, None)
     solver = Solver(param, "precision_loss", backend=backend, memory="baseline", precision=precision)
     losses: list[float] = []
     solver.callbacks.append(lambda _solver, _iteration, loss: losses.append(float(loss)))
@@ -214,14 +230,16 @@ def train_one(precision: str, seed: int, net: str, data: tuple[Path, Path], batc
 
 
 def summarize(runs: dict[str, dict[int, dict]], seeds: list[int], floor: float = 0.0) -> dict:
-    """Per precision: the final loss per seed, its relative difference from float32's with the same seed, and
-    the mean and standard deviation over the seeds; float32's own relative spread over the seeds. The same for
+    """Per precision: the final loss per seed, its relative difference from float32's with the same seed (ours'
+    for ours, PyTorch's for PyTorch's: `reference_of`), and the mean and standard deviation over the seeds;
+    float32's own relative spread over the seeds. The same for
     the excess of the loss over `floor` (the least loss the labels allow), the stricter view."""
     out: dict = {}
-    ref = {s: runs.get("fp32", {}).get(s, {}).get("final_loss") for s in seeds}
-    ref_losses = [v for v in ref.values() if v is not None]
-    ref_mean = float(np.mean(ref_losses)) if ref_losses else None
     for precision, by_seed in runs.items():
+        reference = reference_of(precision)
+        ref = {s: runs.get(reference, {}).get(s, {}).get("final_loss") for s in seeds}
+        ref_losses = [v for v in ref.values() if v is not None]
+        ref_mean = float(np.mean(ref_losses)) if ref_losses else None
         losses = {s: r["final_loss"] for s, r in by_seed.items() if "final_loss" in r}
         diffs = {s: losses[s] / ref[s] - 1.0 for s in losses if ref.get(s)}
         excess = {s: (losses[s] - floor) / (ref[s] - floor) - 1.0 for s in losses if ref.get(s) and ref[s] > floor}
@@ -229,7 +247,7 @@ def summarize(runs: dict[str, dict[int, dict]], seeds: list[int], floor: float =
         row = {"final_loss": losses, "mean_loss": float(np.mean(values)) if values else None,
                "std_loss": float(np.std(values, ddof=1)) if len(values) > 1 else None,
                "relative_difference": diffs, "excess_difference": excess}
-        if precision == "fp32":
+        if precision == reference:
             # float32 against itself: how far the end point moves with the initial weights alone
             row["seed_spread"] = (row["std_loss"] / ref_mean) if row["std_loss"] is not None and ref_mean else None
             above = ref_mean - floor if ref_mean is not None else None
@@ -290,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label-noise", type=float, default=0.1, help="share of labels drawn at random "
                     "(default %(default)s)")
     ap.add_argument("--base-lr", type=float, default=0.01, help="the rate at iteration 0 (default %(default)s)")
-    ap.add_argument("--precisions", default="fp32,bf16,fp16")
+    ap.add_argument("--precisions", default="fp32,bf16,fp16", help="ours (fp32, bf16, fp16) and PyTorch's "
+                    "(torch-fp32, torch-bf16, torch-fp16: precision_loss_torch.py), each compared with its own "
+                    "float32 (default %(default)s)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default %(default)s)")
     ap.add_argument("--data", default="", help="folder of the generated data sets (default: under --out)")
     ap.add_argument("--seeds", default="1701,1702,1703", help="the solver's random_seed values: the initial weights")
@@ -305,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in design.items():
             if value is not None:
                 setattr(args, key, value)
-        order = ("fp32", "bf16", "fp16")
+        order = OURS + TORCH_RUNS
         report(args, runs, seeds, [p for p in order if p in runs] + [p for p in runs if p not in order], {})
         return 0
     args.images = args.images or args.iterations * args.batch
@@ -316,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     tested = args.held_out or args.images
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     precisions = [p for p in args.precisions.split(",") if p]
+    unknown = [p for p in precisions if p not in OURS + TORCH_RUNS]
+    if unknown:
+        raise SystemExit(f"--precisions {','.join(unknown)}: expected some of {', '.join(OURS + TORCH_RUNS)}")
     data = make_data(Path(args.data or Path(args.out) / "precision_loss_data"), args.images, SIDES[args.net],
                      args.label_noise, args.held_out)
     if args.one:  # the worker: one precision, every seed, a JSON line per seed as it ends (kept if a later one is late)
@@ -375,9 +398,10 @@ def report(args: argparse.Namespace, runs: dict[str, dict[int, dict]], seeds: li
         cells = [precision]
         for s in seeds:
             loss = row["final_loss"].get(s)
-            cells.append("-" if loss is None else f"{loss:.4f}" + ("" if precision == "fp32" else
+            reference = precision == reference_of(precision)
+            cells.append("-" if loss is None else f"{loss:.4f}" + ("" if reference else
                                                                    f" ({_pct(row['relative_difference'].get(s))})"))
-        if precision == "fp32":
+        if precision == reference_of(precision):
             cells += [common.fmt(row["mean_loss"], ".4f"), "(reference)",
                       f"seed-to-seed {_pct(row['seed_spread'])[1:]}" if row["seed_spread"] is not None else "-",
                       f"seed-to-seed {_pct(row['excess_seed_spread'])[1:]}" if row["excess_seed_spread"] is not None
@@ -393,10 +417,10 @@ def report(args: argparse.Namespace, runs: dict[str, dict[int, dict]], seeds: li
         cells.append(common.fmt(sum(runs[precision][s]["seconds"] for s in runs[precision]), ".1f"))
         rows.append(cells)
     header = (["precision"] + [f"seed {s}" for s in seeds]
-              + ["mean loss", "mean diff vs fp32", "std of diff / fp32 spread", f"excess over {floor:.3f}: diff / spread",
+              + ["mean loss", "mean diff vs its fp32", "std of diff / fp32 spread", f"excess over {floor:.3f}: diff / spread",
                  "accuracy", "seconds"])
     targets = []
-    for precision in (p for p in precisions if p != "fp32"):
+    for precision in (p for p in precisions if p in OURS and p != "fp32"):  # the targets are ours
         d = summary.get(precision, {}).get("mean_difference")
         spread = summary.get("fp32", {}).get("seed_spread")
         targets.append({"name": f"precision loss {precision}", "target": "final loss within 2% of float32's (mean "
