@@ -103,7 +103,7 @@ def train_one(config: str, seed: int, param: Any, data: tuple[Path, Path], batch
             t.grad = None
         loss = loss_of(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev))
         (loss * scale).backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         with torch.no_grad():
             grads = [t.grad / scale for t, _, _ in tensors]
             if cast == "float16":
