@@ -52,19 +52,10 @@ def initial_weights(param: Any, device: str) -> dict[str, list[np.ndarray]]:
 
 def multiplied(model: Any, graph: Any) -> list[tuple[Any, float, float]]:
     """(tensor, lr_mult, decay_mult) of every learnable tensor of the twin, from its layer's ParamSpecs."""
-    torch = torch_nets._torch()
     layers = {n.name: n.layer.param for n in graph.nodes}
     out = []
-    for key, names in model.layer_names.items():
-        mod = model.mods[key]
-        if isinstance(mod, torch.nn.Sequential):  # InnerProduct: Flatten + Linear
-            mod = mod[-1]
-        if isinstance(mod, torch.nn.BatchNorm2d):  # the learnables are the fused Scale's, if any
-            names = names[1:]
-        if not names:
-            continue
-        specs = layers[names[0]].param
-        targets = [t for t in (getattr(mod, "weight", None), getattr(mod, "bias", None)) if t is not None]
+    for name, targets in torch_nets.learnables(model):
+        specs = layers[name].param
         for i, t in enumerate(targets):
             spec = specs[i] if i < len(specs) else None
             out.append((t, spec.lr_mult if spec is not None else 1.0, spec.decay_mult if spec is not None else 1.0))

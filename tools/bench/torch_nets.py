@@ -354,29 +354,39 @@ def _proto_net_class():
     return _ProtoNet
 
 
-def copy_parameters(model: Any, params: dict[str, Sequence[Any]]) -> int:
-    """Load our layers' learnable blobs (`params`: layer name -> its blobs as arrays, Caffe's order: weight
-    then bias; BatchNorm's mean/variance/factor are not learnable and are left alone) into a ProtoNet.
-    Returns how many tensors were copied; a shape that differs is an error naming the layer."""
+def learnables(model: Any) -> list[tuple[str, list[Any]]]:
+    """(our layer's name, its learnable torch tensors in Caffe's blob order: weight, then bias) of a ProtoNet."""
     torch = _torch()
-    copied = 0
+    out = []
     for key, names in model.layer_names.items():
         mod = model.mods[key]
         if isinstance(mod, torch.nn.Sequential):  # InnerProduct: Flatten + Linear
             mod = mod[-1]
         if isinstance(mod, torch.nn.BatchNorm2d):  # the learnables are the fused Scale's, if any
             names = names[1:]
-        if not names or names[0] not in params:
+        if names:
+            out.append((names[0], [t for t in (getattr(mod, "weight", None), getattr(mod, "bias", None))
+                                   if t is not None]))
+    return out
+
+
+def copy_parameters(model: Any, params: dict[str, Sequence[Any]]) -> int:
+    """Load our layers' learnable blobs (`params`: layer name -> its blobs as arrays, Caffe's order: weight
+    then bias; BatchNorm's mean/variance/factor are not learnable and are left alone) into a ProtoNet.
+    Returns how many tensors were copied; a shape that differs is an error naming the layer."""
+    torch = _torch()
+    copied = 0
+    for name, targets in learnables(model):
+        if name not in params:
             continue
-        blobs = list(params[names[0]])
-        targets = [t for t in (getattr(mod, "weight", None), getattr(mod, "bias", None)) if t is not None]
+        blobs = list(params[name])
         if len(blobs) != len(targets):
-            raise ValueError(f"layer {names[0]!r}: {len(blobs)} blobs for {len(targets)} torch tensors")
+            raise ValueError(f"layer {name!r}: {len(blobs)} blobs for {len(targets)} torch tensors")
         with torch.no_grad():
             for t, b in zip(targets, blobs):
                 value = torch.as_tensor(b, dtype=t.dtype)
                 if value.numel() != t.numel():
-                    raise ValueError(f"layer {names[0]!r}: blob of shape {tuple(value.shape)} for a torch tensor "
+                    raise ValueError(f"layer {name!r}: blob of shape {tuple(value.shape)} for a torch tensor "
                                      f"of shape {tuple(t.shape)}")
                 t.copy_(value.reshape(t.shape))
                 copied += 1
