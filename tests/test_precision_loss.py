@@ -132,3 +132,15 @@ def test_pytorch_s_runs_start_from_our_weights_train_as_ours_and_are_compared_wi
     assert doc["targets"] == []  # fp32 alone of ours: nothing to hold to a target
     with pytest.raises(SystemExit, match="torch-bf32"):
         precision_loss.main(TINY + ["--out", str(tmp_path / "x"), "--precisions", "fp32,torch-bf32"])
+
+
+def test_pytorch_s_float16_loss_scale_halves_on_an_overflow_and_doubles_after_clean_steps():
+    from tools.bench.precision_loss_torch import LossScale
+
+    scale = LossScale(dynamic=True, start=1024.0, growth_interval=3)
+    assert scale.step(True) and scale.step(True) and scale.scale == 1024.0
+    assert not scale.step(False) and scale.scale == 512.0  # skipped, lowered, the clean count restarts
+    assert scale.step(True) and scale.step(True) and scale.scale == 512.0
+    assert scale.step(True) and scale.scale == 1024.0  # three clean steps in a row
+    fixed = LossScale(dynamic=False)
+    assert fixed.step(False) and fixed.scale == 1.0  # float32 and bfloat16 are not scaled

@@ -68,9 +68,9 @@ def wanted(graph, setting: str | None = None) -> bool:
 # in float32 only (ResNet-50/101/152 in bfloat16 tied or lost: their steps are bound by the host, and the
 # channels-last dispatch adds to it). VGG16 gained 29% in float32 and 45% in bfloat16, the ResNets 11-14% in
 # float32. With Concat and Slice channels last too (2026-12-02, one H200, tools/gpu/layout.sh,
-# docs/BENCHMARKS.md), the Concat nets still lost in NHWC: DenseNet-121 by 30% in float32 and 14% in bfloat16,
-# SqueezeNet by 2-6% in both, in each of three runs (their steps are bound by the host, which channels last loads with
-# more kernel launches); Inception-v4 gained 3% or less. So a net with a Concat stays NCHW.
+# docs/BENCHMARKS.md), the Concat nets still lost in NHWC: DenseNet-121 by 30% in float32 and 14% in bfloat16
+# (its step is bound by the host, and the channels-last BatchNorm launches more kernels), SqueezeNet by 2-6% in
+# both types in each of three runs; Inception-v4 gained 3% or less. So a net with a Concat stays NCHW.
 MEASURED_TYPES = ("float32", "bfloat16")  # float16 nets were not timed channels last: auto keeps them NCHW
 
 

@@ -232,8 +232,8 @@ def train_one(precision: str, seed: int, net: str, data: tuple[Path, Path], batc
 def summarize(runs: dict[str, dict[int, dict]], seeds: list[int], floor: float = 0.0) -> dict:
     """Per precision: the final loss per seed, its relative difference from float32's with the same seed (ours'
     for ours, PyTorch's for PyTorch's: `reference_of`), and the mean and standard deviation over the seeds;
-    float32's own relative spread over the seeds. The same for
-    the excess of the loss over `floor` (the least loss the labels allow), the stricter view."""
+    float32's own relative spread over the seeds. The same for the excess of the loss over `floor` (the least
+    loss the labels allow), the stricter view."""
     out: dict = {}
     for precision, by_seed in runs.items():
         reference = reference_of(precision)
@@ -396,12 +396,12 @@ def report(args: argparse.Namespace, runs: dict[str, dict[int, dict]], seeds: li
     rows = []
     for precision, row in summary.items():
         cells = [precision]
+        reference = precision == reference_of(precision)
         for s in seeds:
             loss = row["final_loss"].get(s)
-            reference = precision == reference_of(precision)
             cells.append("-" if loss is None else f"{loss:.4f}" + ("" if reference else
                                                                    f" ({_pct(row['relative_difference'].get(s))})"))
-        if precision == reference_of(precision):
+        if reference:
             cells += [common.fmt(row["mean_loss"], ".4f"), "(reference)",
                       f"seed-to-seed {_pct(row['seed_spread'])[1:]}" if row["seed_spread"] is not None else "-",
                       f"seed-to-seed {_pct(row['excess_seed_spread'])[1:]}" if row["excess_seed_spread"] is not None
@@ -417,8 +417,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict[int, dict]], seeds: li
         cells.append(common.fmt(sum(runs[precision][s]["seconds"] for s in runs[precision]), ".1f"))
         rows.append(cells)
     header = (["precision"] + [f"seed {s}" for s in seeds]
-              + ["mean loss", "mean diff vs its fp32", "std of diff / fp32 spread", f"excess over {floor:.3f}: diff / spread",
-                 "accuracy", "seconds"])
+              + ["mean loss", "mean diff vs its fp32", "std of diff / fp32 spread",
+                 f"excess over {floor:.3f}: diff / spread", "accuracy", "seconds"])
     targets = []
     for precision in (p for p in precisions if p in OURS and p != "fp32"):  # the targets are ours
         d = summary.get(precision, {}).get("mean_difference")

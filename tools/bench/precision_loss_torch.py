@@ -24,6 +24,29 @@ AUTOCAST = {"torch-fp32": None, "torch-bf16": "bfloat16", "torch-fp16": "float16
 SCALE_START, SCALE_GROWTH_INTERVAL = 65536.0, 2000  # GradScaler's defaults
 
 
+class LossScale:
+    """Dynamic loss scaling as GradScaler does it: `step(finite)` after each backward says whether to apply the
+    update (not where a gradient overflowed: the scale halves), and doubles the scale after `growth_interval`
+    clean steps in a row. Scale 1, never changing, where `dynamic` is off (float32, bfloat16)."""
+
+    def __init__(self, dynamic: bool, start: float = SCALE_START, growth_interval: int = SCALE_GROWTH_INTERVAL):
+        self.dynamic = dynamic
+        self.scale = start if dynamic else 1.0
+        self.growth_interval = growth_interval
+        self.clean = 0
+
+    def step(self, finite: bool) -> bool:
+        if not self.dynamic:
+            return True
+        if not finite:
+            self.scale, self.clean = self.scale / 2, 0
+            return False
+        self.clean += 1
+        if self.clean == self.growth_interval:
+            self.scale, self.clean = self.scale * 2, 0
+        return True
+
+
 def batches(listing: Path, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(images as float32, labels as int64) of the HDF5 files `listing` names, in order, `batch` at a time."""
     import h5py
@@ -78,7 +101,7 @@ def train_one(config: str, seed: int, param: Any, data: tuple[Path, Path], batch
     torch_nets.copy_parameters(model, weights)
     tensors = multiplied(model, graph)
     history = [torch.zeros_like(t) for t, _, _ in tensors]
-    scale, clean = (SCALE_START, 0) if cast == "float16" else (1.0, 0)
+    scaler = LossScale(dynamic=cast == "float16")
 
     def loss_of(x: Any, y: Any) -> Any:
         if cast is None:
@@ -93,17 +116,13 @@ def train_one(config: str, seed: int, param: Any, data: tuple[Path, Path], batch
         for t, _, _ in tensors:
             t.grad = None
         loss = loss_of(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev))
+        scale = scaler.scale
         (loss * scale).backward()
         losses.append(float(loss.detach()))
         with torch.no_grad():
             grads = [t.grad / scale for t, _, _ in tensors]
-            if cast == "float16":
-                if not all(bool(torch.isfinite(g).all()) for g in grads):
-                    scale, clean = scale / 2, 0  # the step is skipped
-                    continue
-                clean += 1
-                if clean == SCALE_GROWTH_INTERVAL:
-                    scale, clean = scale * 2, 0
+            if not scaler.step(not scaler.dynamic or all(bool(torch.isfinite(g).all()) for g in grads)):
+                continue  # an overflow: the step is skipped
             for (t, lr_mult, decay_mult), g, v in zip(tensors, grads, history):
                 # Caffe's SGD: v = momentum v + rate lr_mult (g + decay decay_mult w); w -= v
                 v.mul_(param.momentum).add_(g + param.weight_decay * decay_mult * t, alpha=rate * lr_mult)
