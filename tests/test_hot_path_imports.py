@@ -20,8 +20,9 @@ SETUP_ONLY = {
     "backend/cuda/half_math.py": {"_compile_errors", "_float32_buffer"},
     "backend/cuda/copy_room.py": {"take"},  # only for a copy past the planned room
     "backend/cuda/__init__.py": {"__init__", "_collect_ops", "ops_for", "layout_conversions", "make_transfer",
-                                 "make_stream"},
+                                 "make_stream", "graph_recorder"},
     "runtime/net.py": {"__init__", "_resident_choice"},
+    "runtime/graph_replay.py": {"_record"},  # once per kind of pass
 }
 
 

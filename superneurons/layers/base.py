@@ -170,6 +170,10 @@ class Layer:
     # as they take NCHW ones (graph/layout.py keeps a blob NHWC only where its producer and readers all do; an op
     # given arguments it has no such path for converts them on the device).
     channels_last: ClassVar[bool] = False
+    # Given the same arrays, forward and backward queue the same device work with the same arguments on every
+    # pass, so a CUDA graph recorded once can replay them (runtime/graph_replay.py). Not so for a layer that draws
+    # a per-pass value on the host (Dropout's pass number) or runs the user's host code (Python).
+    replayable: ClassVar[bool] = True
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
     n_tops: ClassVar[tuple[int, int | None]] = (1, 1)

@@ -12,6 +12,8 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("Dropout")
 class Dropout(Layer):
+    replayable = False  # its mask hashes the pass number, a kernel argument that changes every pass
+
     def setup(self, bottom_shapes):
         self.ratio = float(self.param.dropout_param.dropout_ratio)
         if not 0.0 <= self.ratio < 1.0:

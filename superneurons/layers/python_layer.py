@@ -159,6 +159,7 @@ def _user_class(param: Any, where: str) -> type:
 
 @register("Python")
 class Python(Layer):
+    replayable = False  # the user's host code runs in forward and backward
     n_bottoms = (0, None)
     n_tops = (0, None)
     # Its setup runs the user's code on the user's object: a copy set up again for another batch (the layers

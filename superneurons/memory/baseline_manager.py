@@ -9,6 +9,7 @@ from superneurons.memory.pool import format_bytes
 
 class BaselineManager(MemoryManager):
     name = "baseline"  # nothing moves; checkpoint types are only reported, like the other modes'
+    static_placement = True
 
     def setup(self) -> None:
         net = self.net

@@ -66,6 +66,9 @@ class MemoryManager(StepHooks, MovementCounters, ABC):
     that move memory, and pass the class as `Net(..., memory=YourManager)`."""
 
     name: ClassVar[str]  # the mode's name, in reports and messages
+    # Every tensor keeps its memory from setup on and the hooks do nothing per step, so a pass may be replayed
+    # as a recorded CUDA graph (runtime/graph_replay.py).
+    static_placement: ClassVar[bool] = False
 
     def __init__(self, net: NetServices, checkpoint_types: Iterable[str] = (), recompute_limit: int = 0):
         self.net = net

@@ -30,6 +30,7 @@ from superneurons.memory.interface import MemoryManager, StepHooks
 from superneurons.memory.pool import BLOCK, format_bytes, make_pool
 from superneurons.memory.steps import RunContext, Step, Tensor
 from superneurons.memory.tensors import declare_tensors
+from superneurons.runtime.graph_replay import GraphReplay, replay_for
 from superneurons.runtime.hook_dispatch import HookList, final_gradient_writers
 from superneurons.runtime.limits import check_fits
 from superneurons.runtime.live_batch import LiveRun
@@ -328,9 +329,13 @@ class Net:
         self.ctx.run_deferred_checks()
         return loss
 
-    def _queue_forward(self, first: int = 0, last: int | None = None) -> None:
+    def _queue_forward(self, first: int = 0, last: int | None = None, steps: range | None = None) -> None:
+        """Queue the forward steps of the layers at prototxt positions `first`..`last`, or the steps `steps`
+        (indexes into `forward_steps`)."""
         partial = check_range(self, first, last, "forward over part of the net")
-        for i, step in enumerate(self.forward_steps):
+        forward = self.forward_steps
+        for i in steps if steps is not None else range(len(forward)):
+            step = forward[i]
             if partial and not first <= step.node.layer.layer_index <= last:
                 continue
             self.hooks.before_forward(i, step)
@@ -464,9 +469,23 @@ class Net:
             rounded.append((buf.array, d))
         return bottom_diffs, rounded
 
+    @cached_property
+    def _replay(self) -> GraphReplay | None:
+        return replay_for(self)  # decided at the first training pass, once the net is set up
+
     def forward_backward(self) -> float:
-        """One training pass; the loss is read while the device runs backward (runtime/loss_read.py)."""
-        self._queue_forward()
+        """One training pass, replayed as a CUDA graph where runtime/graph_replay.py can; the loss is read while
+        the device runs backward (runtime/loss_read.py)."""
+        replay = self._replay
+        if replay is not None:
+            value = replay.forward_backward()
+            if value is not None:
+                return value
+        return self.finish_pass(0)
+
+    def finish_pass(self, start: int) -> float:
+        """The training pass from forward step `start` on (the steps before it have run); returns the loss."""
+        self._queue_forward(steps=range(start, len(self.forward_steps)))
         loss = self._loss_reader.start(self.loss_blobs)
         self.backward()
         value = loss()

@@ -128,6 +128,15 @@ class CudaBackend:
         """numba defers cudaFree of dropped device arrays; run the pending frees now."""
         self._transfer.release_freed_allocations()
 
+    def graph_recorder(self):
+        """The recorder of CUDA graphs for this device's handles (graphs.GraphRecorder), made at the first call."""
+        recorder = getattr(self, "_recorder", None)
+        if recorder is None:
+            from superneurons.backend.cuda.graphs import GraphRecorder
+
+            recorder = self._recorder = GraphRecorder(self.device)
+        return recorder
+
     def make_stream(self, high_priority: bool = False):
         """A NON_BLOCKING stream beside stream 0 (streams.CudaStream), of the device's highest priority if
         `high_priority`."""

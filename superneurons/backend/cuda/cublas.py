@@ -42,6 +42,10 @@ class Handle:
     def __init__(self, stream: int = 0):
         self.value = _c.c_void_p()
         call("cublasCreate_v2", _c.byref(self.value))
+        self.set_stream(stream)
+
+    def set_stream(self, stream: int) -> None:
+        """Queue this handle's work on `stream` from now on (0: the legacy default stream; graphs.py)."""
         call("cublasSetStream_v2", self.value, _c.c_void_p(stream))
 
     def gemm(self, trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int, lda: int,

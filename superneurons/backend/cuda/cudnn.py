@@ -97,11 +97,15 @@ class Handle:
     def __init__(self, stream: int, tf32: bool, workspace_source):
         self.value = _c.c_void_p()
         call("cudnnCreate", _c.byref(self.value))
-        call("cudnnSetStream", self.value, _c.c_void_p(stream))
+        self.set_stream(stream)
         self.math = DEFAULT_MATH if tf32 else FMA_MATH
         self.workspace_source = workspace_source  # a base.WorkspaceSource; Device swaps it
         self._tensors: dict = {}
         self._convs: dict = {}
+
+    def set_stream(self, stream: int) -> None:
+        """Queue this handle's work on `stream` from now on (0: the legacy default stream; graphs.py)."""
+        call("cudnnSetStream", self.value, _c.c_void_p(stream))
 
     # -- descriptors ----------------------------------------------------------------------------
     def tensor(self, shape: tuple[int, ...], dtype, nhwc: bool = False) -> _c.c_void_p:

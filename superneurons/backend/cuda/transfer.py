@@ -30,6 +30,14 @@ from superneurons.backend.cuda.pointers import pointer
 STREAM0 = drv.CUstream(0)  # the legacy default stream: where numba, cuDNN and cuBLAS run
 
 
+def compute_stream() -> Any:
+    """The stream compute is queued on now: stream 0, or a graph's capturing stream (graphs.py)."""
+    from superneurons.backend.cuda import kernels
+
+    handle = kernels.stream_handle()
+    return drv.CUstream(handle) if handle else STREAM0
+
+
 def _check(result: tuple, what: str) -> Any:
     err = result[0]
     if err != drv.CUresult.CUDA_SUCCESS:

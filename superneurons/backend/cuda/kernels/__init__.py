@@ -12,6 +12,10 @@ Arrays are keyed by identity (their header is immutable: same object, same point
 scalars by type, their values written into the block at each launch (a learning rate or a dropout key that
 changes every iteration then reuses one block instead of taking numba's ~300 us path each time).
 SUPERNEURONS_FAST_LAUNCH=0 (or the simulator) keeps numba's own path.
+
+Launches go to the legacy default stream 0, where all compute runs, except while a CUDA graph is being
+captured (graphs.py): a captured stream cannot be the legacy one, so `set_stream` points every launch and
+device copy at the capturing stream meanwhile.
 """
 from __future__ import annotations
 
@@ -31,6 +35,25 @@ FAST: bool | None = None
 _SCALARS: frozenset = frozenset()
 _cu = None
 _configured: dict = {}
+# The stream launches and device copies go to: None, the legacy default stream; else (handle, numba's stream
+# object) of the stream a graph is being captured on (`set_stream`).
+_STREAM: tuple | None = None
+
+
+def set_stream(handle: int | None) -> None:
+    """Queue launches and device copies on stream `handle` from now on (None: the legacy default stream)."""
+    global _STREAM
+    if handle is None:
+        _STREAM = None
+        return
+    from numba import cuda
+
+    _STREAM = (ctypes.c_void_p(handle), cuda.external_stream(handle))
+
+
+def stream_handle() -> int:
+    """The stream launches go to now (0: the legacy default stream)."""
+    return 0 if _STREAM is None else int(_STREAM[0].value or 0)
 
 
 def _fast() -> bool:
@@ -122,6 +145,8 @@ class _Launcher:
         self.blocks: dict = {}
 
     def __call__(self, *args):
+        if _STREAM is not None:  # a graph capture: numba's path onto the capturing stream when not recorded
+            return self._launch_on(_STREAM, args)
         if not (FAST if FAST is not None else _fast()):
             # Configured afresh: the simulator's kernel object keeps only the grid it was last given, so a
             # kept configuration would launch another launcher's grid.
@@ -162,12 +187,28 @@ class _Launcher:
             self.blocks[key] = (handle, params, values, scalars, refs)
         return None
 
+    def _launch_on(self, stream: tuple, args) -> None:
+        """Launch on `stream` ((handle, numba stream)): the recorded block when there is one, else numba's path."""
+        key = tuple([a.__class__ if a.__class__ in _SCALARS else id(a) for a in args])
+        entry = self.blocks.get(key) if FAST else None
+        if entry is not None:
+            handle, params, _values, scalars, _refs = entry
+            try:
+                for i, slot, convert in scalars:
+                    slot.value = convert(args[i])
+                if _cu(handle, self.grid, 1, 1, BLOCK, 1, 1, 0, stream[0], params, None) == 0:
+                    return None
+            except _NotInt64:
+                pass
+        self.kernel[self.grid, BLOCK, stream[1]](*args)
+        return None
+
 
 _memcpy = None
 
 
 def memcpy_device(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
-    """Queue a device-to-device copy on the default stream through the driver (cuMemcpyDtoDAsync), a few us
+    """Queue a device-to-device copy on the compute stream (`set_stream`) through the driver (cuMemcpyDtoDAsync), a few us
     against ~100 us for numba's copy_to_device checks. False where there is no driver (simulator)."""
     global _memcpy
     if _memcpy is None:
@@ -177,7 +218,8 @@ def memcpy_device(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
             _memcpy = fn
-    return bool(_memcpy) and _fast() and _memcpy(dst_ptr, src_ptr, nbytes, None) == 0
+    stream = None if _STREAM is None else _STREAM[0]
+    return bool(_memcpy) and _fast() and _memcpy(dst_ptr, src_ptr, nbytes, stream) == 0
 
 
 def _disable() -> None:

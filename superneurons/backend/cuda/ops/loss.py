@@ -50,7 +50,7 @@ class LabelCheck:
     _next = 0
 
     def __init__(self, stats, channels: int):
-        from superneurons.backend.cuda.transfer import STREAM0, CudaEvent, copy_to_host_async
+        from superneurons.backend.cuda.transfer import STREAM0, CudaEvent, compute_stream, copy_to_host_async
 
         cls = LabelCheck
         if cls._slots is None:
@@ -60,8 +60,15 @@ class LabelCheck:
         self._host = cls._slots[cls._next]
         cls._next = (cls._next + 1) % cls.RING
         self.channels = channels
-        copy_to_host_async(stats[2:5], self._host, STREAM0)
-        self._done = CudaEvent(STREAM0)
+        stream = compute_stream()
+        copy_to_host_async(stats[2:5], self._host, stream)
+        self._done = CudaEvent(stream)
+        self._rearmed = lambda: CudaEvent(STREAM0)
+
+    def rearm(self) -> None:
+        """Wait for the copy as queued again since (a CUDA graph's replay of the forward that queued it writes the
+        same slot): the next call waits for the compute queued on stream 0 until now."""
+        self._done = self._rearmed()
 
     def __call__(self) -> None:
         self._done.synchronize()

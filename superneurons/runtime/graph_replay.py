@@ -1,0 +1,171 @@
+"""Training passes replayed as CUDA graphs (backend/cuda/graphs.py), so the host issues one launch per pass.
+
+A pass is recorded once its kind has run WARMUP times eagerly (kernels compiled, convolution algorithms
+picked, every launch's arguments recorded), then replayed. The data layers stay outside the graph and run on
+the host each pass (they fetch the next batch), in front of it: they must come first in the route. The graph
+holds the other forward steps, the loss gradients' seeds and backward, with the arrays, pointers and scalars of
+its recording, so:
+
+- only a net whose tensors never move qualifies (a memory manager with `static_placement`: baseline), with no
+  parameters streamed, no Filter, no hooks but the memory manager's (a profiler or a gradient reducer runs per
+  step), every layer `replayable` (not Dropout, not Python);
+- a pass's kind is what its recorded scalars depend on: the loss scale and which parameter gradients were just
+  cleared (a first micro-batch overwrites them, a later one of `iter_size` adds); each kind has its own graph;
+- a pass whose arrays are not the ones recorded (a compaction, a reshape) runs eagerly and records again.
+
+A recording that fails (a layer's op synchronized with the host or allocated) leaves the net eager for the rest
+of the run, with one log line naming the error; SUPERNEURONS_CUDA_GRAPH=0 keeps every net eager.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from superneurons import settings
+from superneurons.backend.log_line import log_line
+
+WARMUP = 2  # eager passes of a kind before it is recorded: the first compiles and measures, the second records launches
+
+
+def replay_for(net: Any) -> "GraphReplay | None":
+    """A GraphReplay for `net`, or None where passes cannot be replayed (logged once, with the reason, when
+    the backend could record them)."""
+    if not settings.get("SUPERNEURONS_CUDA_GRAPH") or not net.train:
+        return None
+    recorder = getattr(net._device_backend, "graph_recorder", None)
+    if recorder is None:
+        return None
+    reason = _why_not(net)
+    if reason is not None:
+        log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes run eagerly, not as a CUDA graph: {reason}")
+        return None
+    return GraphReplay(net, recorder())
+
+
+def _why_not(net: Any) -> str | None:
+    if not net.memory.static_placement:
+        return f"--memory {net.memory.name} moves tensors during a pass"
+    if net.streaming is not None:
+        return "parameters are streamed from the host"
+    if net.live is not None:
+        return "a Filter changes the batch the layers after it see"
+    steps = net.forward_steps
+    prefix = data_prefix(net)
+    for step in steps[prefix:]:
+        layer = net._step_layers[id(step.node)]
+        if layer.is_data:
+            return f"data layer {step.node.name!r} comes after computing layers in the route"
+        if not layer.replayable:
+            return f"layer {step.node.name!r} ({layer.type_name}) {_REASONS.get(layer.type_name, 'is not replayable')}"
+    return None
+
+
+_REASONS = {"Dropout": "draws a new mask every pass", "Python": "runs host code every pass"}
+
+
+def data_prefix(net: Any) -> int:
+    """How many forward steps, from the first, are data layers (run eagerly in front of the graph)."""
+    count = 0
+    for step in net.forward_steps:
+        if not net._step_layers[id(step.node)].is_data:
+            break
+        count += 1
+    return count
+
+
+class GraphReplay:
+    def __init__(self, net: Any, recorder: Any):
+        self.net = net
+        self.recorder = recorder
+        self.prefix = data_prefix(net)
+        self.failed = False
+        self.replays = 0  # passes run as a graph (the recording pass's launch included)
+        self._passes: dict[tuple, int] = {}  # eager passes seen per kind
+        self._graphs: dict[tuple, _Recorded] = {}
+
+    def _kind(self) -> tuple:
+        net = self.net
+        return (net.loss_scale, tuple(decl.diff_cleared for decl in net.learnable))
+
+    def forward_backward(self) -> float | None:
+        """Run one training pass through a graph (recording it first if due) and return its loss; None: the
+        caller runs this pass eagerly."""
+        net = self.net
+        if self.failed or len(net.hooks) != 1:
+            return None
+        kind = self._kind()
+        recorded = self._graphs.get(kind)
+        if recorded is not None and not recorded.in_place(net):
+            del self._graphs[kind]
+            self._passes.pop(kind, None)
+            recorded = None
+        if recorded is None:
+            seen = self._passes[kind] = self._passes.get(kind, 0) + 1
+            if seen <= WARMUP:
+                return None
+        self._run_data_layers()
+        if recorded is None:
+            recorded = self._record(kind)
+            if recorded is None:  # the rest of this pass, eagerly
+                return self._finish_eagerly()
+            self._graphs[kind] = recorded
+        recorded.graph.launch()
+        self.replays += 1
+        for check in recorded.checks:
+            check.rearm()
+        net.ctx.deferred_checks.extend(recorded.checks)
+        for decl, cleared in zip(net.learnable, recorded.cleared_after):
+            decl.diff_cleared = cleared
+        loss = net._loss_reader.start(net.loss_blobs)
+        value = loss()
+        net.ctx.run_deferred_checks()
+        return value
+
+    def _run_data_layers(self) -> None:
+        self.net._queue_forward(steps=range(self.prefix))
+
+    def _run_rest(self) -> None:
+        """What the graph holds: the forward steps after the data layers, the loss gradients' seeds, backward."""
+        net = self.net
+        net._queue_forward(steps=range(self.prefix, len(net.forward_steps)))
+        net.backward()
+
+    def _record(self, kind: tuple) -> "_Recorded | None":
+        from superneurons.backend.cuda.graphs import CaptureFailed
+
+        net = self.net
+        checks_before = list(net.ctx.deferred_checks)
+        net.ctx.deferred_checks = []
+        try:
+            graph = self.recorder.capture(self._run_rest)
+            checks = net.ctx.deferred_checks
+            if not all(hasattr(c, "rearm") for c in checks):
+                raise CaptureFailed("a layer queued a host check a replay cannot repeat")
+        except CaptureFailed as e:
+            self.failed = True
+            net.ctx.deferred_checks = checks_before
+            for decl, cleared in zip(net.learnable, kind[1]):  # as before the attempt: the pass runs again
+                decl.diff_cleared = cleared
+            log_line("W", "graph_replay.py", f"Net {net.name or 'net'}: recording a pass as a CUDA graph failed, "
+                     f"passes run eagerly from now on: {e}")
+            return None
+        net.ctx.deferred_checks = checks_before
+        cleared_after = tuple(decl.diff_cleared for decl in net.learnable)
+        if not self._graphs:
+            log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes replay a CUDA graph of {graph.nodes} "
+                     f"nodes ({self.prefix} data layer(s) run on the host in front; SUPERNEURONS_CUDA_GRAPH=0 "
+                     f"issues every kernel from the host)")
+        return _Recorded(graph, checks, cleared_after, [t.array for t in net.tensors])
+
+    def _finish_eagerly(self) -> float:
+        return self.net.finish_pass(self.prefix)
+
+
+class _Recorded:
+    __slots__ = ("graph", "checks", "cleared_after", "arrays")
+
+    def __init__(self, graph: Any, checks: list, cleared_after: tuple, arrays: list):
+        self.graph, self.checks, self.cleared_after, self.arrays = graph, checks, cleared_after, arrays
+
+    def in_place(self, net: Any) -> bool:
+        """Whether every tensor of `net` still has the array the graph was recorded with."""
+        return all(a is b for a, b in zip(self.arrays, [t.array for t in net.tensors]))

@@ -1,0 +1,48 @@
+"""Which nets may replay a training pass as a CUDA graph (runtime/graph_replay.py), decided on the CPU: the data
+layers in front, a layer that draws per-pass values on the host, a memory mode that moves tensors. The replay
+itself runs on the GPU (tests/test_gpu_graph_replay.py)."""
+from __future__ import annotations
+
+from google.protobuf import text_format
+
+from superneurons.backend.cpu import CpuBackend
+from superneurons.graph.build import build_graph
+from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.graph_replay import _why_not, data_prefix, replay_for
+from superneurons.runtime.net import Net
+
+NET = """name: "small"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+"""
+DROPOUT = NET.replace('layer { name: "fc"', 'layer { name: "drop" type: "Dropout" bottom: "conv" top: "conv" }\n'
+                      'layer { name: "fc"')
+
+
+def _net(text: str, memory: str = "baseline") -> Net:
+    return Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN), CpuBackend(), memory=memory)
+
+
+def test_a_plain_net_qualifies_with_its_data_layer_in_front():
+    net = _net(NET)
+    assert data_prefix(net) == 1
+    assert _why_not(net) is None
+
+
+def test_dropout_and_moving_memory_modes_keep_passes_eager():
+    assert "'drop' (Dropout) draws a new mask every pass" in _why_not(_net(DROPOUT))
+    assert "--memory liveness moves tensors" in _why_not(_net(NET, "liveness"))
+
+
+def test_the_cpu_backend_never_records(monkeypatch):
+    monkeypatch.setenv("SUPERNEURONS_CUDA_GRAPH", "1")
+    net = _net(NET)
+    assert replay_for(net) is None
+    assert net.forward_backward() > 0  # the eager pass, as always
