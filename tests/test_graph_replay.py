@@ -8,7 +8,7 @@ from google.protobuf import text_format
 from superneurons.backend.cpu import CpuBackend
 from superneurons.graph.build import build_graph
 from superneurons.proto import superneurons_pb2 as pb
-from superneurons.runtime.graph_replay import _why_not, data_prefix, replay_for
+from superneurons.runtime.graph_replay import _why_not, data_steps, replay_for
 from superneurons.runtime.net import Net
 
 NET = """name: "small"
@@ -30,9 +30,19 @@ def _net(text: str, memory: str = "baseline") -> Net:
     return Net(build_graph(text_format.Parse(text, pb.NetParameter()), pb.TRAIN), CpuBackend(), memory=memory)
 
 
-def test_a_plain_net_qualifies_with_its_data_layer_in_front():
+INPUTS = NET.replace(NET[NET.index("layer"):NET.index('layer { name: "conv"')],
+                     'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } } }\n'
+                     'layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 4 } } }\n')
+
+
+def test_a_plain_net_qualifies_with_its_data_layers_in_front():
     net = _net(NET)
-    assert data_prefix(net) == 1
+    assert data_steps(net) == ([0], [1, 2, 3, 4])  # ReLU in place after the convolution: fused or not, 4 steps
+    assert _why_not(net) is None
+    net = _net(INPUTS)  # the route places the label's Input just before the loss: it runs in front all the same
+    data, rest = data_steps(net)
+    assert [net.forward_steps[i].node.name for i in data] == ["data", "label"]
+    assert sorted(data + rest) == list(range(len(net.forward_steps)))
     assert _why_not(net) is None
 
 

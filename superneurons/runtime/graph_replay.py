@@ -2,9 +2,10 @@
 
 A pass is recorded once its kind has run WARMUP times eagerly (kernels compiled, convolution algorithms
 picked, every launch's arguments recorded), then replayed. The data layers stay outside the graph and run on
-the host each pass (they fetch the next batch), in front of it: they must come first in the route. The graph
-holds the other forward steps, the loss gradients' seeds and backward, with the arrays, pointers and scalars of
-its recording, so:
+the host each pass (they fetch the next batch), in front of it: they read no blob, and under baseline their tops
+share memory with nothing, so running them before the steps the route puts ahead of them changes nothing. The
+graph holds the other forward steps, the loss gradients' seeds and backward, with the arrays, pointers and
+scalars of its recording, so:
 
 - only a net whose tensors never move qualifies (a memory manager with `static_placement`: baseline), with no
   parameters streamed, no Filter, no hooks but the memory manager's (a profiler or a gradient reducer runs per
@@ -48,12 +49,8 @@ def _why_not(net: Any) -> str | None:
         return "parameters are streamed from the host"
     if net.live is not None:
         return "a Filter changes the batch the layers after it see"
-    steps = net.forward_steps
-    prefix = data_prefix(net)
-    for step in steps[prefix:]:
+    for step in net.forward_steps:
         layer = net._step_layers[id(step.node)]
-        if layer.is_data:
-            return f"data layer {step.node.name!r} comes after computing layers in the route"
         if not layer.replayable:
             return f"layer {step.node.name!r} ({layer.type_name}) {_REASONS.get(layer.type_name, 'is not replayable')}"
     return None
@@ -62,21 +59,19 @@ def _why_not(net: Any) -> str | None:
 _REASONS = {"Dropout": "draws a new mask every pass", "Python": "runs host code every pass"}
 
 
-def data_prefix(net: Any) -> int:
-    """How many forward steps, from the first, are data layers (run eagerly in front of the graph)."""
-    count = 0
-    for step in net.forward_steps:
-        if not net._step_layers[id(step.node)].is_data:
-            break
-        count += 1
-    return count
+def data_steps(net: Any) -> tuple[list[int], list[int]]:
+    """The forward steps (indexes) of the data layers, run eagerly in front of the graph, and the others."""
+    data, rest = [], []
+    for i, step in enumerate(net.forward_steps):
+        (data if net._step_layers[id(step.node)].is_data else rest).append(i)
+    return data, rest
 
 
 class GraphReplay:
     def __init__(self, net: Any, recorder: Any):
         self.net = net
         self.recorder = recorder
-        self.prefix = data_prefix(net)
+        self.data_steps, self.rest = data_steps(net)
         self.failed = False
         self.replays = 0  # passes run as a graph (the recording pass's launch included)
         self._passes: dict[tuple, int] = {}  # eager passes seen per kind
@@ -121,13 +116,12 @@ class GraphReplay:
         return value
 
     def _run_data_layers(self) -> None:
-        self.net._queue_forward(steps=range(self.prefix))
+        self.net._queue_forward(steps=self.data_steps)
 
     def _run_rest(self) -> None:
-        """What the graph holds: the forward steps after the data layers, the loss gradients' seeds, backward."""
-        net = self.net
-        net._queue_forward(steps=range(self.prefix, len(net.forward_steps)))
-        net.backward()
+        """What the graph holds: the forward steps but the data layers', the loss gradients' seeds, backward."""
+        self.net._queue_forward(steps=self.rest)
+        self.net.backward()
 
     def _record(self, kind: tuple) -> "_Recorded | None":
         from superneurons.backend.cuda.graphs import CaptureFailed
@@ -152,12 +146,12 @@ class GraphReplay:
         cleared_after = tuple(decl.diff_cleared for decl in net.learnable)
         if not self._graphs:
             log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes replay a CUDA graph of {graph.nodes} "
-                     f"nodes ({self.prefix} data layer(s) run on the host in front; SUPERNEURONS_CUDA_GRAPH=0 "
+                     f"nodes ({len(self.data_steps)} data layer(s) run on the host in front; SUPERNEURONS_CUDA_GRAPH=0 "
                      f"issues every kernel from the host)")
         return _Recorded(graph, checks, cleared_after, [t.array for t in net.tensors])
 
     def _finish_eagerly(self) -> float:
-        return self.net.finish_pass(self.prefix)
+        return self.net.finish_pass(self.rest)
 
 
 class _Recorded:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -329,7 +329,7 @@ class Net:
         self.ctx.run_deferred_checks()
         return loss
 
-    def _queue_forward(self, first: int = 0, last: int | None = None, steps: range | None = None) -> None:
+    def _queue_forward(self, first: int = 0, last: int | None = None, steps: Sequence[int] | None = None) -> None:
         """Queue the forward steps of the layers at prototxt positions `first`..`last`, or the steps `steps`
         (indexes into `forward_steps`)."""
         partial = check_range(self, first, last, "forward over part of the net")
@@ -481,11 +481,12 @@ class Net:
             value = replay.forward_backward()
             if value is not None:
                 return value
-        return self.finish_pass(0)
+        return self.finish_pass(range(len(self.forward_steps)))
 
-    def finish_pass(self, start: int) -> float:
-        """The training pass from forward step `start` on (the steps before it have run); returns the loss."""
-        self._queue_forward(steps=range(start, len(self.forward_steps)))
+    def finish_pass(self, steps: Sequence[int]) -> float:
+        """The training pass from the forward steps `steps` (indexes, in order; the others have run) on: the rest
+        of forward, backward; returns the loss."""
+        self._queue_forward(steps=steps)
         loss = self._loss_reader.start(self.loss_blobs)
         self.backward()
         value = loss()

@@ -32,7 +32,7 @@ class CudaGraph:
 
     def __init__(self, graph: Any, nodes: int):
         self._graph = graph
-        self._exec = _check(drv.cuGraphInstantiateWithFlags(graph, 0), "cuGraphInstantiateWithFlags")
+        self._exec = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")  # CUDA 12's (graph, flags)
         self.nodes = nodes
 
     def launch(self) -> None:
@@ -81,8 +81,12 @@ class GraphRecorder:
                 drv.cuGraphDestroy(graph)
             reason = f"{type(failure).__name__}: {failure}" if failure is not None else f"cuStreamEndCapture: {err!r}"
             raise CaptureFailed(reason.splitlines()[0] if reason else "capture failed")
-        _err, _nodes, count = drv.cuGraphGetNodes(graph, 0)
-        return CudaGraph(graph, int(count))
+        try:
+            _err, _nodes, count = drv.cuGraphGetNodes(graph, 0)
+            return CudaGraph(graph, int(count))
+        except Exception as e:  # recorded, but not instantiable
+            drv.cuGraphDestroy(graph)
+            raise CaptureFailed(f"instantiating the graph: {e}") from None
 
     def _point_at(self, stream: int) -> None:
         K.set_stream(stream or None)
