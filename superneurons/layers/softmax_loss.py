@@ -42,6 +42,23 @@ def run_label_op(layer: Layer, op: Callable, *args, **kwargs) -> Any:
         raise layer.fail(f"{e} in label blob {layer.param.bottom[1]!r}") from None
 
 
+class _LabelVerdict:
+    """The GPU's verdict on a forward's labels, deferred: calling it raises the error naming `layer` if a label
+    was outside the classes. `rearm`: a CUDA graph replayed that forward, so wait for the verdict queued again
+    (runtime/graph_replay.py)."""
+
+    __slots__ = ("layer", "check")
+
+    def __init__(self, layer: Layer, check: Any):
+        self.layer, self.check = layer, check
+
+    def __call__(self) -> None:
+        run_label_op(self.layer, self.check)
+
+    def rearm(self) -> None:
+        self.check.rearm()
+
+
 @register("SoftmaxWithLoss")
 class SoftmaxWithLoss(Layer):
     is_loss = True
@@ -78,7 +95,7 @@ class SoftmaxWithLoss(Layer):
         check = run_label_op(self, ops.softmax_loss_forward, prob, ops.reshape(bottom[1], self.label_dims), top[0],
                              self.ignore_label, self.normalization, scratch=self.ctx.scratch)
         if check is not None:  # the GPU's verdict on the labels arrives later: the Net asks for it with the loss
-            self.ctx.defer(lambda: run_label_op(self, check))
+            self.ctx.defer(_LabelVerdict(self, check))
         if len(top) > 1:
             ops.copy(self.prob.array, top[1])
 
