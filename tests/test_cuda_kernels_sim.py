@@ -32,11 +32,12 @@ def test_dropout_mask_is_bit_identical_to_cpu():
     seed, it, layer = int(rng.integers(1 << 31)), int(rng.integers(1000)), 3
     want = np.empty_like(x)
     cpu_dropout.dropout_apply(x, want, 0.4, seed, it, layer)
-    k1, k2 = cpu_dropout.stream_keys(seed, it, layer)
     got = np.empty_like(x)
-    K.launch(dk.dropout_apply, x.size)(x, got, np.uint64(k1), np.uint64(k2),
+    key = np.array([cpu_dropout.pass_key(seed, it)], np.uint32)  # the pass's word, as the GPU keeps it
+    K.launch(dk.dropout_apply, x.size)(x, got, key, np.uint64(layer),
                                        np.uint64(cpu_dropout.keep_threshold(0.4)), np.float32(1 / 0.6))
     assert np.array_equal(got, want)
+    assert cpu_dropout.layer_keys(int(key[0]), layer) == cpu_dropout.stream_keys(seed, it, layer)
 
 
 @simulated

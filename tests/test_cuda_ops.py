@@ -245,8 +245,9 @@ def test_dropout_bit_identical(gpu, rng):
 @FLOAT32_VALUES
 def test_a_launch_with_new_scalars_reuses_its_recorded_block(gpu, rng):
     """The fast launch path keys a launch by its arrays and its scalars' types and writes the scalars' values
-    at each launch: dropout on the same arrays in successive iterations (new uint64 keys each time) and with
-    another ratio (a new float32 scale) reuses one recorded block and matches the CPU bit for bit."""
+    at each launch: dropout on the same arrays in successive iterations (a new pass key in its device word each
+    time) and with another ratio (a new threshold and float32 scale) reuses one recorded block and matches the
+    CPU bit for bit."""
     from superneurons.backend.cuda import kernels as K
     from superneurons.backend.cuda.kernels import dropout as dk
 

@@ -46,9 +46,43 @@ def test_a_plain_net_qualifies_with_its_data_layers_in_front():
     assert _why_not(net) is None
 
 
-def test_dropout_and_moving_memory_modes_keep_passes_eager():
-    assert "'drop' (Dropout) draws a new mask every pass" in _why_not(_net(DROPOUT))
+IDENTITY = """import superneurons as caffe
+
+
+class Identity(caffe.Layer):
+    def setup(self, bottom, top):
+        pass
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = top[0].diff
+"""
+
+
+def test_python_layers_and_moving_memory_modes_keep_passes_eager(tmp_path, monkeypatch):
+    (tmp_path / "replay_identity.py").write_text(IDENTITY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    python = NET.replace('bottom: "conv" top: "fc"', 'bottom: "same" top: "fc"').replace(
+        'layer { name: "fc"', 'layer { name: "py" type: "Python" bottom: "conv" top: "same"\n'
+        '  python_param { module: "replay_identity" layer: "Identity" } }\nlayer { name: "fc"')
+    assert "'py' (Python) runs host code every pass" in _why_not(_net(python))
     assert "--memory liveness moves tensors" in _why_not(_net(NET, "liveness"))
+
+
+def test_dropout_replays_with_its_pass_key_prepared(monkeypatch):
+    """Dropout qualifies: before each launch it queues its pass's key (the CPU has nothing to queue)."""
+    net = _net(DROPOUT)
+    assert _why_not(net) is None
+    calls = []
+    monkeypatch.setattr(net.ops, "dropout_pass", lambda seed, iteration: calls.append((seed, iteration)))
+    net.ctx.iteration = 7
+    net.layer("drop").prepare_replay()
+    assert calls == [(net.ctx.seed, 7)]
 
 
 def test_the_cpu_backend_never_records(monkeypatch):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType, SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -116,6 +116,28 @@ class WorkspaceSource(Protocol):
 
     def give_back(self) -> None:
         """The bytes last borrowed are free again."""
+
+
+class CaptureFailed(RuntimeError):
+    """Recording work as a graph failed (`GraphRecorder.capture`): a call the graph cannot hold was queued (a host
+    synchronization, an allocation), or the graph could not be instantiated."""
+
+
+class Graph(Protocol):
+    """Work recorded once (a training pass) and replayed by one launch."""
+
+    nodes: int  # the work items recorded
+
+    def launch(self) -> None:
+        """Queue one replay after the compute queued so far."""
+
+
+class GraphRecorder(Protocol):
+    """What a backend that can record graphs returns from its optional `graph_recorder()` (the CUDA backend's;
+    runtime/graph_replay.py looks the method up and runs every pass eagerly where there is none)."""
+
+    def capture(self, fn: Callable[[], None]) -> Graph:
+        """Record what `fn` queues, running none of it; raises CaptureFailed."""
 
 
 class Backend(Protocol):

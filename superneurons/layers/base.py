@@ -171,8 +171,8 @@ class Layer:
     # given arguments it has no such path for converts them on the device).
     channels_last: ClassVar[bool] = False
     # Given the same arrays, forward and backward queue the same device work with the same arguments on every
-    # pass, so a CUDA graph recorded once can replay them (runtime/graph_replay.py). Not so for a layer that draws
-    # a per-pass value on the host (Dropout's pass number) or runs the user's host code (Python).
+    # pass (or `prepare_replay` puts what changes on the device), so a CUDA graph recorded once can replay them
+    # (runtime/graph_replay.py). Not so for a layer that runs the user's host code (Python).
     replayable: ClassVar[bool] = True
     # Top counts allowed: (min, max); None means unbounded.
     n_bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -266,6 +266,11 @@ class Layer:
         """Write bottom diffs (overwrite) and accumulate into param diffs (+=), as Caffe does. A layer that
         `can_accumulate_bottom_diff` also takes `accumulate`, the bottom indexes whose diff to add into."""
         raise NotImplementedError
+
+    def prepare_replay(self) -> None:
+        """Before each replay of a CUDA graph that holds this layer's steps (runtime/graph_replay.py): queue on the
+        device what this pass's host-side values are (Dropout: its pass's key), since the graph repeats the
+        recording pass's kernel arguments. Most layers have nothing to do."""
 
     # ---- helpers for subclasses ---------------------------------------------------------------
     def add_param(self, shape: Shape, filler: pb.FillerParameter | None, learnable: bool = True) -> ParamDecl:

@@ -12,8 +12,6 @@ from superneurons.proto import superneurons_pb2 as pb
 
 @register("Dropout")
 class Dropout(Layer):
-    replayable = False  # its mask hashes the pass number, a kernel argument that changes every pass
-
     def setup(self, bottom_shapes):
         self.ratio = float(self.param.dropout_param.dropout_ratio)
         if not 0.0 <= self.ratio < 1.0:
@@ -31,6 +29,10 @@ class Dropout(Layer):
             return
         ctx = self.ctx
         self.ops.dropout_apply(src, dst, self.ratio, ctx.seed, ctx.iteration, self.layer_index)
+
+    def prepare_replay(self) -> None:
+        if self.active:  # the mask of this pass: the kernels read its key from the device
+            self.ops.dropout_pass(self.ctx.seed, self.ctx.iteration)
 
     def forward(self, bottom, top):
         self._apply(bottom[0], top[0])

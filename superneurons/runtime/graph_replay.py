@@ -9,7 +9,8 @@ scalars of its recording, so:
 
 - only a net whose tensors never move qualifies (a memory manager with `static_placement`: baseline), with no
   parameters streamed, no Filter, no hooks but the memory manager's (a profiler or a gradient reducer runs per
-  step), every layer `replayable` (not Dropout, not Python);
+  step), every layer `replayable` (not Python); a layer whose kernels read a per-pass value writes it to the
+  device before each launch (`prepare_replay`: Dropout's pass key);
 - a pass's kind is what its recorded scalars depend on: the loss scale and which parameter gradients were just
   cleared (a first micro-batch overwrites them, a later one of `iter_size` adds); each kind has its own graph;
 - a pass whose arrays are not the ones recorded (a compaction, a reshape) runs eagerly and records again.
@@ -22,9 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 from superneurons import settings
+from superneurons.backend.base import CaptureFailed
 from superneurons.backend.log_line import log_line
+from superneurons.layers.base import Layer
 
 WARMUP = 2  # eager passes of a kind before it is recorded: the first compiles and measures, the second records launches
+KEPT = 4  # graphs kept per net (adaptive loss scaling makes a new kind at each change of scale): the oldest goes
 
 
 def replay_for(net: Any) -> "GraphReplay | None":
@@ -56,7 +60,7 @@ def _why_not(net: Any) -> str | None:
     return None
 
 
-_REASONS = {"Dropout": "draws a new mask every pass", "Python": "runs host code every pass"}
+_REASONS = {"Python": "runs host code every pass"}
 
 
 def data_steps(net: Any) -> tuple[list[int], list[int]]:
@@ -72,6 +76,8 @@ class GraphReplay:
         self.net = net
         self.recorder = recorder
         self.data_steps, self.rest = data_steps(net)
+        layers = [net._step_layers[id(net.forward_steps[i].node)] for i in self.rest]
+        self._preparing = [layer for layer in layers if type(layer).prepare_replay is not Layer.prepare_replay]
         self.failed = False
         self.replays = 0  # passes run as a graph (the recording pass's launch included)
         self._passes: dict[tuple, int] = {}  # eager passes seen per kind
@@ -102,7 +108,11 @@ class GraphReplay:
             recorded = self._record(kind)
             if recorded is None:  # the rest of this pass, eagerly
                 return self._finish_eagerly()
+            if len(self._graphs) >= KEPT:
+                del self._graphs[next(iter(self._graphs))]
             self._graphs[kind] = recorded
+        for layer in self._preparing:
+            layer.prepare_replay()
         recorded.graph.launch()
         self.replays += 1
         for check in recorded.checks:
@@ -124,8 +134,6 @@ class GraphReplay:
         self.net.backward()
 
     def _record(self, kind: tuple) -> "_Recorded | None":
-        from superneurons.backend.cuda.graphs import CaptureFailed
-
         net = self.net
         checks_before = list(net.ctx.deferred_checks)
         net.ctx.deferred_checks = []

@@ -3,7 +3,8 @@
 # replay's GPU tests (bit-for-bit against eager passes) and GRAPH_TESTS (a pytest argument list of other GPU tests,
 # run with replay on, as it is by default); `speed`: speed_zoo's training throughput of GRAPH_NETS in each of
 # GRAPH_PRECISIONS with SUPERNEURONS_CUDA_GRAPH=0 and =1, alternating GRAPH_ROUNDS times (host-bound figures move
-# from run to run: compare within a round); `torch`: PyTorch's GRAPH_TORCH_CONFIGS on the same nets.
+# from run to run: compare within a round; GRAPH_SETTINGS picks the values); `torch`: PyTorch's GRAPH_TORCH_CONFIGS
+# on GRAPH_TORCH_NETS (default: the same nets).
 # Logs and JSON go to $OUT/graph_replay.tar.gz.
 #   bash tools/gpu/graph_replay.sh
 #   GRAPH_PARTS="speed torch" GRAPH_NETS="resnet50 densenet121" GRAPH_PRECISIONS="fp32 bf16" bash tools/gpu/graph_replay.sh
@@ -19,7 +20,7 @@ trap 'tar -czf "$OUT/graph_replay.tar.gz" -C "$LOGS" .' EXIT
 for part in $PARTS; do
     case $part in
     tests)
-        echo "== tests/test_gpu_graph_replay.py ${GRAPH_TESTS:-}"
+        echo "== tests/test_gpu_graph_replay.py ${GRAPH_TESTS:-}"  # (a pytest argument list)
         # shellcheck disable=SC2086
         timeout ${GRAPH_TEST_TIMEOUT:-240} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider \
             tests/test_gpu_graph_replay.py ${GRAPH_TESTS:-} > "$LOGS/tests.log" 2>&1
@@ -27,7 +28,7 @@ for part in $PARTS; do
         tail -1 "$LOGS/tests.log" ;;
     speed)
         for round in $(seq "$ROUNDS"); do
-            for replay in 0 1; do
+            for replay in ${GRAPH_SETTINGS:-0 1}; do
                 tag="r${round}_graph$replay"
                 echo "== speed_zoo ours, SUPERNEURONS_CUDA_GRAPH=$replay, round $round"
                 SUPERNEURONS_CUDA_GRAPH=$replay timeout ${GRAPH_SPEED_TIMEOUT:-200} python -m tools.bench.speed_zoo \
@@ -40,7 +41,8 @@ for part in $PARTS; do
     torch)
         configs=${GRAPH_TORCH_CONFIGS:-fp32,fp32-cl,bf16-cl}
         echo "== PyTorch, same prototxt: $configs"
-        timeout ${GRAPH_TORCH_TIMEOUT:-200} python -m tools.bench.speed_zoo --nets "${NETS// /,}" --no-ours \
+        torch_nets=${GRAPH_TORCH_NETS:-$NETS}
+        timeout ${GRAPH_TORCH_TIMEOUT:-200} python -m tools.bench.speed_zoo --nets "${torch_nets// /,}" --no-ours \
             --torch-configs "$configs" --no-torchvision --iterations 20 --warmup 5 --out "$LOGS" \
             --time-limit ${GRAPH_TORCH_LIMIT:-180} > "$LOGS/torch.log" 2>&1
         tail -15 "$LOGS/torch.log" ;;

@@ -7,10 +7,9 @@ arithmetic on unsigned 32-bit integers with wraparound (`mod 2**32`), `^` xor, `
     fmix32(h):  h ^= h >> 16;  h *= 0x85EBCA6B;  h ^= h >> 13;  h *= 0xC2B2AE35;  h ^= h >> 16
                 (MurmurHash3's finalizer, a bijection on 32-bit words with full avalanche)
     G = 0x9E3779B9
-    Per (seed, iteration, layer_index), each first reduced mod 2**32, two stream keys, on the host:
-        k1 = fmix32(seed + G)
-        k1 = fmix32((k1 ^ iteration) + G)
-        k1 = fmix32((k1 ^ layer_index) + G)
+    Per (seed, iteration, layer_index), each first reduced mod 2**32, two stream keys:
+        p  = fmix32((fmix32(seed + G) ^ iteration) + G)        the pass key (one word per pass)
+        k1 = fmix32((p ^ layer_index) + G)
         k2 = fmix32(k1 + G)
     Per element at flat row-major index i (a tensor has fewer than 2**32 elements):
         h = fmix32(fmix32(i ^ k1) + k2)
@@ -27,7 +26,7 @@ import math
 
 import numpy as np
 
-__all__ = ["dropout_apply"]
+__all__ = ["dropout_apply", "dropout_pass"]
 
 _M32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
@@ -54,12 +53,22 @@ def _fmix32_array(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def stream_keys(seed: int, iteration: int, layer_index: int) -> tuple[int, int]:
-    """(k1, k2) of the module docstring; the GPU backend passes the same two words to its kernel."""
-    k1 = fmix32((seed & _M32) + GOLDEN)
-    k1 = fmix32((k1 ^ (iteration & _M32)) + GOLDEN)
-    k1 = fmix32((k1 ^ (layer_index & _M32)) + GOLDEN)
+def pass_key(seed: int, iteration: int) -> int:
+    """The part of k1 that (seed, iteration) decide: the GPU keeps it in device memory, where a replayed pass's
+    kernels read it, and derives each layer's keys in the kernel."""
+    k = fmix32((seed & _M32) + GOLDEN)
+    return fmix32((k ^ (iteration & _M32)) + GOLDEN)
+
+
+def layer_keys(key: int, layer_index: int) -> tuple[int, int]:
+    """(k1, k2) of the module docstring from a pass's `pass_key`."""
+    k1 = fmix32((key ^ (layer_index & _M32)) + GOLDEN)
     return k1, fmix32(k1 + GOLDEN)
+
+
+def stream_keys(seed: int, iteration: int, layer_index: int) -> tuple[int, int]:
+    """(k1, k2) of the module docstring."""
+    return layer_keys(pass_key(seed, iteration), layer_index)
 
 
 def keep_threshold(ratio: float) -> int:
@@ -76,6 +85,10 @@ def keep_mask(n: int, ratio: float, seed: int, iteration: int, layer_index: int)
     h += np.uint32(k2)
     _fmix32_array(h)
     return (h >> np.uint32(8)) >= np.uint32(keep_threshold(ratio))
+
+
+def dropout_pass(seed: int, iteration: int) -> None:
+    """Nothing to prepare: the host derives the keys at each call (the GPU keeps the pass's key on the device)."""
 
 
 def dropout_apply(src: np.ndarray, dst: np.ndarray, ratio: float, seed: int, iteration: int,

@@ -19,12 +19,9 @@ from typing import Any, Callable
 
 from cuda.bindings import driver as drv
 
+from superneurons.backend.base import CaptureFailed
 from superneurons.backend.cuda import kernels as K
 from superneurons.backend.cuda.transfer import STREAM0, _check
-
-
-class CaptureFailed(RuntimeError):
-    """Recording failed: the function queued work a graph cannot hold (a synchronizing call, an allocation)."""
 
 
 class CudaGraph:

@@ -222,6 +222,24 @@ def memcpy_device(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
     return bool(_memcpy) and _fast() and _memcpy(dst_ptr, src_ptr, nbytes, stream) == 0
 
 
+_memset = None
+
+
+def memset32(dst_ptr: int, value: int, count: int) -> bool:
+    """Queue a fill of `count` 32-bit words at `dst_ptr` with `value` on the compute stream (cuMemsetD32Async: the
+    value travels with the call, no host buffer has to outlive it). False where there is no driver (simulator)."""
+    global _memset
+    if _memset is None:
+        _memset = False
+        if _driver() is not None:
+            fn = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+            _memset = fn
+    stream = None if _STREAM is None else _STREAM[0]
+    return bool(_memset) and _memset(dst_ptr, value, count, stream) == 0
+
+
 def _disable() -> None:
     global FAST
     FAST = False

@@ -14,6 +14,7 @@ _C2 = np.uint64(0xC2B2AE35)
 _S8 = np.uint64(8)
 _S13 = np.uint64(13)
 _S16 = np.uint64(16)
+_GOLDEN = np.uint64(0x9E3779B9)
 
 
 @cuda.jit(device=True)
@@ -27,8 +28,12 @@ def fmix32(h):
 
 
 @cuda.jit
-def dropout_apply(src, dst, k1, k2, threshold, scale):
-    """dst = src * scale where the element's 24-bit hash is >= threshold, else 0."""
+def dropout_apply(src, dst, pass_key, layer_index, threshold, scale):
+    """dst = src * scale where the element's 24-bit hash is >= threshold, else 0. `pass_key`: a one-word device
+    array holding the pass's key (backend/cpu/dropout.py pass_key), so a graph replays the kernel for another pass
+    once the word is rewritten; the layer's two keys are derived here, as layer_keys does on the host."""
+    k1 = fmix32(((np.uint64(pass_key[0]) ^ layer_index) + _GOLDEN) & _M32)
+    k2 = fmix32((k1 + _GOLDEN) & _M32)
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         h = fmix32(np.uint64(i) ^ k1)
         h = fmix32((h + k2) & _M32)
