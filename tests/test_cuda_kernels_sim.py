@@ -284,3 +284,23 @@ def test_channel_partials_match_float64_sums(shape, mode):
         np.testing.assert_allclose(sums[:c], first.sum(axis=(0, 2)), rtol=1e-10, atol=1e-10)
         want_second = second.sum(axis=(0, 2)) if second is not None else np.zeros(c)
         np.testing.assert_allclose(sums[c:], want_second, rtol=1e-10, atol=1e-10)
+
+
+@simulated
+def test_dropout_op_keeps_the_pass_key_on_the_device():
+    """The op writes the pass's key into its device word when the pass changes (and only then), and the kernel's
+    masks follow it: successive passes, a repeated one (the backward regenerating the forward's mask) and a
+    pass that dropout_pass set up beforehand all match the CPU."""
+    from superneurons.backend.cuda.ops import dropout as gpu_dropout
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal(500).astype(np.float32)
+    src, dst = cuda.to_device(x), cuda.device_array_like(x)
+    seed = int(rng.integers(1 << 31))
+    for it in (0, 5, 5, 6):
+        gpu_dropout.dropout_apply(src, dst, 0.3, seed, it, 4)
+        want = np.empty_like(x)
+        cpu_dropout.dropout_apply(x, want, 0.3, seed, it, 4)
+        assert np.array_equal(dst.copy_to_host(), want), it
+    gpu_dropout.dropout_pass(seed, 9)
+    assert int(gpu_dropout._KEY[0].copy_to_host()[0]) == cpu_dropout.pass_key(seed, 9)

@@ -1,6 +1,6 @@
 """Dropout with the counter-based mask of backend/cpu/dropout.py (same keys, same bits).
 
-The pass's key lives in one device word per GPU context, which the kernel reads: rewritten (on the compute
+The pass's key lives in one device word, which the kernel reads: rewritten (on the compute
 stream) when a pass with another seed or iteration calls `dropout_apply`, or, for a pass a CUDA graph replays,
 by `dropout_pass` before the launch (layers/dropout.py `prepare_replay`). While a graph is being recorded the
 word is only read: a write recorded into the graph would pin every replay to the recording pass's mask.
@@ -8,7 +8,7 @@ word is only read: a write recorded into the graph would pin every replay to the
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import config as numba_config, cuda
 
 from superneurons.backend.cpu.dropout import keep_threshold, pass_key
 from superneurons.backend.cuda import kernels as K
@@ -18,7 +18,9 @@ from superneurons.backend.cuda.pointers import pointer
 
 __all__ = ["dropout_apply", "dropout_pass"]
 
-_KEYS: dict[int, list] = {}  # GPU context -> [its uint32[1] key word, the key last queued into it (None: none)]
+# [the uint32[1] key word, the key last queued into it (None: none)]; one per process, as every buffer of the ops
+# is (a process drives one GPU)
+_KEY: list = []
 
 
 def dropout_pass(seed: int, iteration: int) -> None:
@@ -36,13 +38,14 @@ def dropout_apply(src, dst, ratio: float, seed: int, iteration: int, layer_index
 
 
 def _key_word(seed: int, iteration: int, write: bool):
-    context = cuda.current_context().handle.value
-    entry = _KEYS.get(context)
-    if entry is None:
-        entry = _KEYS[context] = [cuda.device_array(1, np.uint32), None]
+    entry = _KEY
+    if not entry:
+        entry += [cuda.device_array(1, np.uint32), None]
     key = pass_key(seed, iteration)
     if write and entry[1] != key:
-        if not K.memset32(pointer(entry[0]), key, 1):
-            entry[0].copy_to_device(np.array([key], np.uint32))  # the simulator: no driver to queue a fill
+        if numba_config.ENABLE_CUDASIM:  # no driver to queue a fill on
+            entry[0].copy_to_device(np.array([key], np.uint32))
+        elif not K.memset32(pointer(entry[0]), key, 1):
+            raise RuntimeError("cuMemsetD32Async failed on dropout's key word")
         entry[1] = key
     return entry[0]
