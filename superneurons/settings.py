@@ -123,7 +123,7 @@ _DECLARED = (
             "Launch numba kernels through cuLaunchKernel with recorded arguments (read at the first launch); 0 "
             "takes numba's own path every time."),
     Setting("SUPERNEURONS_CUDA_GRAPH", FLAG, True,
-            "Record a training pass as a CUDA graph after its warm-up passes and replay it with one launch "
+            "Record a training pass as CUDA graphs (forward, backward) after its warm-up passes and replay it with two launches "
             "(runtime/graph_replay.py: a net whose tensors all stay in place, under `baseline`, with no layer that "
             "draws per-pass values on the host); 0 issues every kernel from Python on every pass."),
     Setting("SUPERNEURONS_LAYOUT", CHOICE, "nchw",

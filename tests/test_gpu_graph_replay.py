@@ -145,7 +145,7 @@ def test_training_with_replay_writes_the_eager_weights(tmp_path, precision, layo
     fresh values each pass), a stepped learning rate and momentum: the snapshot equals the eager run's."""
     eager, _ = _train(tmp_path, f"eager-{precision}", DUMMY + BODY, precision, layout, False)
     replayed, log = _train(tmp_path, f"graph-{precision}", DUMMY + BODY, precision, layout, True)
-    assert "replay a CUDA graph" in log, log[-3000:]
+    assert "replay as CUDA graphs" in log, log[-3000:]
     assert set(eager) == set(replayed)
     differing = [k for k in eager if not np.array_equal(eager[k], replayed[k])]
     assert not differing, differing
@@ -158,6 +158,6 @@ def test_a_net_with_dropout_replays_each_pass_mask(tmp_path):
                            'layer { name: "fc2"')
     eager, _ = _train(tmp_path, "dropout-eager", DUMMY + dropout, "fp32", "nchw", False)
     replayed, log = _train(tmp_path, "dropout-graph", DUMMY + dropout, "fp32", "nchw", True)
-    assert "replay a CUDA graph" in log, log[-3000:]
+    assert "replay as CUDA graphs" in log, log[-3000:]
     differing = [k for k in eager if not np.array_equal(eager[k], replayed[k])]
     assert not differing, differing

@@ -1,18 +1,20 @@
-"""Training passes replayed as CUDA graphs (backend/cuda/graphs.py), so the host issues one launch per pass.
+"""Training passes replayed as CUDA graphs (backend/cuda/graphs.py): the host issues two launches per pass, not
+a thousand.
 
 A pass is recorded once its kind has run WARMUP times eagerly (kernels compiled, convolution algorithms
 picked, every launch's arguments recorded), then replayed. The data layers stay outside the graph and run on
 the host each pass (they fetch the next batch), in front of it: they read no blob, and under baseline their tops
 share memory with nothing, so running them before the steps the route puts ahead of them changes nothing. The
-graph holds the other forward steps, the loss gradients' seeds and backward, with the arrays, pointers and
-scalars of its recording, so:
+recording is two graphs, one of the other forward steps and one of the loss gradients' seeds and backward (the
+loss is copied to the host between them, so the host reads it, and queues the solver's update, while the device
+runs backward). A graph holds the arrays, pointers and scalars of its recording, so:
 
 - only a net whose tensors never move qualifies (a memory manager with `static_placement`: baseline), with no
   parameters streamed, no Filter, no hooks but the memory manager's (a profiler or a gradient reducer runs per
   step), every layer `replayable` (not Python); a layer whose kernels read a per-pass value writes it to the
   device before each launch (`prepare_replay`: Dropout's pass key);
 - a pass's kind is what its recorded scalars depend on: the loss scale and which parameter gradients were just
-  cleared (a first micro-batch overwrites them, a later one of `iter_size` adds); each kind has its own graph;
+  cleared (a first micro-batch overwrites them, a later one of `iter_size` adds); each kind has its own graphs;
 - a pass whose arrays are not the ones recorded (a compaction, a reshape) runs eagerly and records again.
 
 A recording that fails (a layer's op synchronized with the host or allocated) leaves the net eager for the rest
@@ -113,14 +115,17 @@ class GraphReplay:
             self._graphs[kind] = recorded
         for layer in self._preparing:
             layer.prepare_replay()
-        recorded.graph.launch()
+        recorded.forward.launch()
+        # The loss is copied out between the two graphs, so the host reads it while the device runs backward and
+        # queues the solver's update meanwhile (runtime/loss_read.py), as an eager pass does.
+        loss = net._loss_reader.start(net.loss_blobs)
+        recorded.backward.launch()
         self.replays += 1
         for check in recorded.checks:
             check.rearm()
         net.ctx.deferred_checks.extend(recorded.checks)
         for decl, cleared in zip(net.learnable, recorded.cleared_after):
             decl.diff_cleared = cleared
-        loss = net._loss_reader.start(net.loss_blobs)
         value = loss()
         net.ctx.run_deferred_checks()
         return value
@@ -128,17 +133,17 @@ class GraphReplay:
     def _run_data_layers(self) -> None:
         self.net._queue_forward(steps=self.data_steps)
 
-    def _run_rest(self) -> None:
-        """What the graph holds: the forward steps but the data layers', the loss gradients' seeds, backward."""
+    def _run_forward(self) -> None:
+        """The forward graph: the forward steps but the data layers'."""
         self.net._queue_forward(steps=self.rest)
-        self.net.backward()
 
     def _record(self, kind: tuple) -> "_Recorded | None":
         net = self.net
         checks_before = list(net.ctx.deferred_checks)
         net.ctx.deferred_checks = []
         try:
-            graph = self.recorder.capture(self._run_rest)
+            forward = self.recorder.capture(self._run_forward)
+            backward = self.recorder.capture(self.net.backward)  # the loss gradients' seeds, then backward
             checks = net.ctx.deferred_checks
             if not all(hasattr(c, "rearm") for c in checks):
                 raise CaptureFailed("a layer queued a host check a replay cannot repeat")
@@ -153,20 +158,21 @@ class GraphReplay:
         net.ctx.deferred_checks = checks_before
         cleared_after = tuple(decl.diff_cleared for decl in net.learnable)
         if not self._graphs:
-            log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes replay a CUDA graph of {graph.nodes} "
-                     f"nodes ({len(self.data_steps)} data layer(s) run on the host in front; SUPERNEURONS_CUDA_GRAPH=0 "
-                     f"issues every kernel from the host)")
-        return _Recorded(graph, checks, cleared_after, [t.array for t in net.tensors])
+            log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes replay as CUDA graphs of {forward.nodes} "
+                     f"(forward) and {backward.nodes} (backward) nodes ({len(self.data_steps)} data layer(s) run on the "
+                     f"host in front; SUPERNEURONS_CUDA_GRAPH=0 issues every kernel from the host)")
+        return _Recorded(forward, backward, checks, cleared_after, [t.array for t in net.tensors])
 
     def _finish_eagerly(self) -> float:
         return self.net.finish_pass(self.rest)
 
 
 class _Recorded:
-    __slots__ = ("graph", "checks", "cleared_after", "arrays")
+    __slots__ = ("forward", "backward", "checks", "cleared_after", "arrays")
 
-    def __init__(self, graph: Any, checks: list, cleared_after: tuple, arrays: list):
-        self.graph, self.checks, self.cleared_after, self.arrays = graph, checks, cleared_after, arrays
+    def __init__(self, forward: Any, backward: Any, checks: list, cleared_after: tuple, arrays: list):
+        self.forward, self.backward, self.checks = forward, backward, checks
+        self.cleared_after, self.arrays = cleared_after, arrays
 
     def in_place(self, net: Any) -> bool:
         """Whether every tensor of `net` still has the array the graph was recorded with."""
