@@ -473,6 +473,12 @@ class Net:
     def _replay(self) -> GraphReplay | None:
         return replay_for(self)  # decided at the first training pass, once the net is set up
 
+    @property
+    def replayed_passes(self) -> int:
+        """Training passes run as CUDA graphs so far (runtime/graph_replay.py); 0 where passes run eagerly."""
+        replay = self.__dict__.get("_replay")  # not decided before the first pass
+        return replay.replays if replay is not None else 0
+
     def forward_backward(self) -> float:
         """One training pass, replayed as a CUDA graph where runtime/graph_replay.py can; the loss is read while
         the device runs backward (runtime/loss_read.py)."""

@@ -655,6 +655,7 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
             solver.step(warmup - 1)
         backend.synchronize()
         before = counters(mgr)
+        replayed = solver.net.replayed_passes
         profiler = cProfile.Profile() if profile else None
         if profiler:
             profiler.enable()
@@ -672,6 +673,8 @@ def ours_task(net: str, batch: int, memory: str = "auto", budget: int | None = N
     result["fits"] = result["ok"] = True
     result["img_per_s"] = batch * iterations / timing["seconds"] if iterations else None
     result["per_iteration"] = {k: (after[k] - before[k]) / n for k in MEMORY_COUNTERS}
+    # timed passes run as CUDA graphs (SUPERNEURONS_CUDA_GRAPH, runtime/graph_replay.py): 0 where they ran eagerly
+    result["graph_replayed"] = solver.net.replayed_passes - replayed
     result["losses"] = losses
     result["pool_high_water"] = pool.high_water
     result["host_pinned_bytes"] = int(getattr(mgr, "host_pinned_bytes", 0) or 0)
