@@ -204,40 +204,41 @@ class _Launcher:
         return None
 
 
-_memcpy = None
+_bound: dict = {}  # libcuda functions bound through ctypes at their first call (False: no driver)
+
+
+def _driver_call(name: str, argtypes: list):
+    """libcuda's `name` with `argtypes` (returning a CUresult), bound once; None where there is no driver."""
+    fn = _bound.get(name)
+    if fn is None:
+        fn = _bound[name] = False
+        if _driver() is not None:
+            fn = _bound[name] = getattr(ctypes.CDLL("libcuda.so.1"), name)
+            fn.restype = ctypes.c_int
+            fn.argtypes = argtypes
+    return fn or None
+
+
+def _stream():
+    return None if _STREAM is None else _STREAM[0]
+
+
+_COPY_ARGS = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]  # dst, src, bytes, stream
+_FILL_ARGS = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]  # dst, word, words, stream
 
 
 def memcpy_device(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
-    """Queue a device-to-device copy on the compute stream (`set_stream`) through the driver (cuMemcpyDtoDAsync), a few us
-    against ~100 us for numba's copy_to_device checks. False where there is no driver (simulator)."""
-    global _memcpy
-    if _memcpy is None:
-        _memcpy = False
-        if _driver() is not None:
-            fn = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-            _memcpy = fn
-    stream = None if _STREAM is None else _STREAM[0]
-    return bool(_memcpy) and _fast() and _memcpy(dst_ptr, src_ptr, nbytes, stream) == 0
-
-
-_memset = None
+    """Queue a device-to-device copy on the compute stream (`set_stream`) through the driver (cuMemcpyDtoDAsync), a
+    few us against ~100 us for numba's copy_to_device checks. False where there is no driver (simulator)."""
+    fn = _driver_call("cuMemcpyDtoDAsync_v2", _COPY_ARGS)
+    return fn is not None and _fast() and fn(dst_ptr, src_ptr, nbytes, _stream()) == 0
 
 
 def memset32(dst_ptr: int, value: int, count: int) -> bool:
     """Queue a fill of `count` 32-bit words at `dst_ptr` with `value` on the compute stream (cuMemsetD32Async: the
     value travels with the call, no host buffer has to outlive it). False where there is no driver (simulator)."""
-    global _memset
-    if _memset is None:
-        _memset = False
-        if _driver() is not None:
-            fn = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
-            _memset = fn
-    stream = None if _STREAM is None else _STREAM[0]
-    return bool(_memset) and _memset(dst_ptr, value, count, stream) == 0
+    fn = _driver_call("cuMemsetD32Async", _FILL_ARGS)
+    return fn is not None and fn(dst_ptr, value, count, _stream()) == 0
 
 
 def _disable() -> None:
