@@ -92,3 +92,110 @@ def test_the_cpu_backend_never_records(monkeypatch):
     for _ in range(4):
         assert net.forward_backward() > 0  # eager passes, as always
     assert net.replayed_passes == 0
+
+
+class _FakeGraph:
+    """Stands in for a recorded graph on the CPU: a launch runs the recorded function again with the cleared-gradient
+    flags of the recording (a replay repeats the kernels the recording's Python chose), and leaves the flags as it
+    found them (a replay runs no Python)."""
+
+    def __init__(self, net: Net, fn, flags: list[bool]):
+        self.net, self.fn, self.flags, self.nodes = net, fn, flags, 0
+
+    def launch(self) -> None:
+        learnable = self.net.learnable
+        found = [decl.diff_cleared for decl in learnable]
+        for decl, cleared in zip(learnable, self.flags):
+            decl.diff_cleared = cleared
+        self.fn()
+        for decl, cleared in zip(learnable, found):
+            decl.diff_cleared = cleared
+
+
+class _FakeRecorder:
+    """Records as the GPU's recorder does, on the CPU: the function's Python runs and nothing is computed (what it
+    computes is undone: every tensor gets its contents back); `fail_at`: that capture fails after running."""
+
+    def __init__(self, net: Net, fail_at: int | None = None):
+        self.net, self.fail_at, self.captures = net, fail_at, 0
+
+    def capture(self, fn):
+        from superneurons.backend.base import CaptureFailed
+
+        self.captures += 1
+        net = self.net
+        flags = [decl.diff_cleared for decl in net.learnable]
+        kept = [(t.array, t.array.copy()) for t in net.tensors if t.base is None and t.array is not None]
+        fn()
+        for array, contents in kept:
+            array[...] = contents
+        if self.captures == self.fail_at:
+            raise CaptureFailed("refused for the test")
+        return _FakeGraph(net, fn, flags)
+
+
+def _replaying(text: str, fail_at: int | None = None) -> Net:
+    from superneurons.runtime.graph_replay import GraphReplay
+
+    net = _net(text)
+    net.__dict__["_replay"] = GraphReplay(net, _FakeRecorder(net, fail_at))  # what replay_for gives a GPU net
+    return net
+
+
+def _passes(net: Net, kinds: list[bool]) -> list[float]:
+    """A pass per entry: True clears the gradients first (a first micro-batch), False adds into them."""
+    losses = []
+    for it, clear in enumerate(kinds):
+        net.ctx.iteration = it
+        if clear:
+            net.clear_param_diffs()
+        losses.append(net.forward_backward())
+    return losses
+
+
+KINDS = [True] * 5 + [False, True] * 4  # from pass 5 on, iter_size 2: every other pass accumulates
+
+
+def _same_passes(text: str, fail_at: int | None = None) -> Net:
+    """KINDS on an eager net and a replaying one: equal losses and parameter gradients after every pass, and the
+    cleared-gradient flags left alike. Returns the replaying net."""
+    eager, replayed = _net(text), _replaying(text, fail_at)
+    for it, clear in enumerate(KINDS):
+        assert _passes(replayed, [clear]) == _passes(eager, [clear]), it
+        for a, b in zip(eager.learnable, replayed.learnable):
+            assert (a.diff == b.diff).all() and a.diff_cleared == b.diff_cleared, it
+    return replayed
+
+
+def test_replayed_passes_are_the_eager_passes():
+    """Two warm-up passes per kind, then one recording (forward and backward), then replays; the accumulating passes
+    are a kind of their own, recorded adding where the clearing kind overwrites."""
+    replay = _same_passes(DROPOUT)._replay
+    assert len(replay._graphs) == 2 and replay.recorder.captures == 4
+    # kind one: passes 0-1 warm up, 2-4 and the clearing passes 6, 8, 10, 12 replay; kind two: 5, 7 warm up, 9, 11
+    assert replay.replays == 3 + 4 + 2
+
+
+def test_a_failed_recording_leaves_the_pass_and_the_rest_eager():
+    """The backward's recording fails after its layers' Python ran: that pass runs again eagerly from its first step
+    after the data layers, and so does every pass after it, each equal to the eager net's."""
+    replayed = _same_passes(NET, fail_at=2)
+    assert replayed._replay.failed and replayed.replayed_passes == 0 and replayed._replay.recorder.captures == 2
+
+
+def test_moved_arrays_and_new_loss_scales_record_again():
+    net = _replaying(NET)
+    _passes(net, [True] * 4)
+    replay = net._replay
+    assert replay.recorder.captures == 2
+    net.loss_scale = 2.0  # a new kind: warm-up again, then its own graphs; the old ones stay
+    _passes(net, [True] * 3)
+    assert len(replay._graphs) == 2 and replay.recorder.captures == 4
+    tensor = next(t for t in net.tensors if t.base is None and t.array is not None)
+    tensor.array = tensor.array.copy()  # as a compaction or a reshape would re-point it
+    _passes(net, [True] * 3)
+    assert replay.recorder.captures == 6  # recorded again after two eager passes
+    for scale in (3.0, 4.0, 5.0):
+        net.loss_scale = scale
+        _passes(net, [True] * 3)
+    assert len(replay._graphs) == 4  # KEPT: the oldest went
