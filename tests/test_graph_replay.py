@@ -31,7 +31,8 @@ def _net(text: str, memory: str = "baseline") -> Net:
 
 
 INPUTS = NET.replace(NET[NET.index("layer"):NET.index('layer { name: "conv"')],
-                     'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } } }\n'
+                     'layer { name: "data" type: "Input" top: "data"\n'
+                     '  input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } } }\n'
                      'layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 4 } } }\n')
 
 

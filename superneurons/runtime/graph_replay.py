@@ -30,7 +30,7 @@ from superneurons.backend.log_line import log_line
 from superneurons.layers.base import Layer
 
 WARMUP = 2  # eager passes of a kind before it is recorded: the first compiles and measures, the second records launches
-KEPT = 4  # graphs kept per net (adaptive loss scaling makes a new kind at each change of scale): the oldest goes
+KEPT = 4  # kinds whose graphs a net keeps (adaptive loss scaling makes a kind per scale): the oldest goes
 
 
 def replay_for(net: Any) -> "GraphReplay | None":
@@ -158,9 +158,9 @@ class GraphReplay:
         net.ctx.deferred_checks = checks_before
         cleared_after = tuple(decl.diff_cleared for decl in net.learnable)
         if not self._graphs:
-            log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes replay as CUDA graphs of {forward.nodes} "
-                     f"(forward) and {backward.nodes} (backward) nodes ({len(self.data_steps)} data layer(s) run on the "
-                     f"host in front; SUPERNEURONS_CUDA_GRAPH=0 issues every kernel from the host)")
+            log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes replay as CUDA graphs of "
+                     f"{forward.nodes} (forward) and {backward.nodes} (backward) nodes ({len(self.data_steps)} data "
+                     f"layer(s) run on the host in front; SUPERNEURONS_CUDA_GRAPH=0 issues every kernel from the host)")
         return _Recorded(forward, backward, checks, cleared_after, [t.array for t in net.tensors])
 
     def _finish_eagerly(self) -> float:

@@ -1,4 +1,4 @@
-"""CUDA graphs: one training pass recorded once and replayed with a single launch.
+"""CUDA graphs: work recorded once (half a training pass) and replayed with a single launch.
 
 A pass of a small-kernel net issues over a thousand launches, and the host's time to issue them (Python, the
 ops' argument handling, cuLaunchKernel) can exceed the device's time to run them. Recorded as a graph, the same
