@@ -200,3 +200,13 @@ def test_moved_arrays_and_new_loss_scales_record_again():
         net.loss_scale = scale
         _passes(net, [True] * 3)
     assert len(replay._graphs) == 4  # KEPT: the oldest went
+
+
+def test_per_step_hooks_keep_passes_eager_and_say_so(capsys):
+    from superneurons.memory.interface import StepHooks
+
+    net = _replaying(NET)
+    net.add_hooks(StepHooks())  # as the profiler or the float16 watch adds theirs
+    _passes(net, [True] * 4)
+    assert net.replayed_passes == 0 and net._replay.recorder.captures == 0
+    assert capsys.readouterr().err.count("passes run eagerly while per-step hooks watch them") == 1

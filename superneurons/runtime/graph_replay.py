@@ -81,6 +81,7 @@ class GraphReplay:
         layers = [net._step_layers[id(net.forward_steps[i].node)] for i in self.rest]
         self._preparing = [layer for layer in layers if type(layer).prepare_replay is not Layer.prepare_replay]
         self.failed = False
+        self._hooks_said = False
         self.replays = 0  # passes run as a graph (the recording pass's launch included)
         self._passes: dict[tuple, int] = {}  # eager passes seen per kind
         self._graphs: dict[tuple, _Recorded] = {}
@@ -93,7 +94,13 @@ class GraphReplay:
         """Run one training pass through a graph (recording it first if due) and return its loss; None: the
         caller runs this pass eagerly."""
         net = self.net
-        if self.failed or len(net.hooks) != 1:
+        if self.failed:
+            return None
+        if len(net.hooks) != 1:  # hooks beside the memory manager's run at every step: a graph would skip them
+            if not self._hooks_said:
+                self._hooks_said = True
+                log_line("I", "graph_replay.py", f"Net {net.name or 'net'}: passes run eagerly while per-step hooks "
+                         f"watch them (a profiler, the float16 Inf/NaN watch, a gradient reducer)")
             return None
         kind = self._kind()
         recorded = self._graphs.get(kind)
