@@ -123,9 +123,9 @@ _DECLARED = (
             "Launch numba kernels through cuLaunchKernel with recorded arguments (read at the first launch); 0 "
             "takes numba's own path every time."),
     Setting("SUPERNEURONS_CUDA_GRAPH", FLAG, True,
-            "Record a training pass as CUDA graphs (forward, backward) after its warm-up passes and replay it with two launches "
-            "(runtime/graph_replay.py: a net whose tensors all stay in place, under `baseline`, with no layer that "
-            "draws per-pass values on the host); 0 issues every kernel from Python on every pass."),
+            "Record a training pass as two CUDA graphs (forward, backward) after two eager passes of its kind and "
+            "replay it with two launches (runtime/graph_replay.py: under `baseline`, with no Python layer and no "
+            "per-step hooks; the others run eagerly and say why); 0 issues every kernel from Python on every pass."),
     Setting("SUPERNEURONS_LAYOUT", CHOICE, "nchw",
             "Memory layout of 4-D activations on the GPU: `nchw` everywhere (Caffe's), `nhwc` (channels last, "
             "where cuDNN's tensor-core convolutions run without transposes) for the blobs whose producer and "

@@ -116,7 +116,7 @@ class GraphReplay:
         if recorded is None:
             recorded = self._record(kind)
             if recorded is None:  # the rest of this pass, eagerly
-                return self._finish_eagerly()
+                return net.finish_pass(self.rest)
             if len(self._graphs) >= KEPT:
                 del self._graphs[next(iter(self._graphs))]
             self._graphs[kind] = recorded
@@ -169,10 +169,6 @@ class GraphReplay:
                      f"{forward.nodes} (forward) and {backward.nodes} (backward) nodes ({len(self.data_steps)} data "
                      f"layer(s) run on the host in front; SUPERNEURONS_CUDA_GRAPH=0 issues every kernel from the host)")
         return _Recorded(forward, backward, checks, cleared_after, [t.array for t in net.tensors])
-
-    def _finish_eagerly(self) -> float:
-        return self.net.finish_pass(self.rest)
-
 
 class _Recorded:
     __slots__ = ("forward", "backward", "checks", "cleared_after", "arrays")

@@ -77,7 +77,7 @@ class GraphRecorder:
             if err == drv.CUresult.CUDA_SUCCESS and graph is not None:
                 drv.cuGraphDestroy(graph)
             reason = f"{type(failure).__name__}: {failure}" if failure is not None else f"cuStreamEndCapture: {err!r}"
-            raise CaptureFailed(reason.splitlines()[0] if reason else "capture failed")
+            raise CaptureFailed(reason.splitlines()[0])
         try:
             _err, _nodes, count = drv.cuGraphGetNodes(graph, 0)
             return CudaGraph(graph, int(count))
