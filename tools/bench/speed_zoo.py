@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                                    budget=budget if capped else common.UNCAPPED, **run))
             torch_tasks += [dict(kind="torch", net=net, variant=v, batch=wb, source=src, benchmark=benchmark,
                                  tf32=tf32, **run) for v, src in torch_variants]
-        print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, ours {', '.join(precisions)}, "
-              f"PyTorch {', '.join(configs)}{' and torchvision' if tv else ''}", flush=True)
+        sides = ([] if args.no_ours else [f"ours {', '.join(precisions)}"]) + (
+            [] if args.no_torch else [f"PyTorch {', '.join(configs)}{' and torchvision' if tv else ''}"])
+        print(f"[{time.monotonic() - t_start:5.0f} s] {spec.label}: batches {bs}, {', '.join(sides)}", flush=True)
         ours_runs, pt_runs = [], []
         for _ in range(args.repeats):
             if not args.no_ours:

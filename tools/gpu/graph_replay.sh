@@ -1,50 +1,73 @@
 #!/usr/bin/env bash
-# On the GPU machine: training passes replayed as CUDA graphs (runtime/graph_replay.py) in one call. `tests`: the
-# replay's GPU tests (bit-for-bit against eager passes) and GRAPH_TESTS (a pytest argument list of other GPU tests,
-# run with replay on, as it is by default); `speed`: speed_zoo's training throughput of GRAPH_NETS in each of
-# GRAPH_PRECISIONS with SUPERNEURONS_CUDA_GRAPH=0 and =1, alternating GRAPH_ROUNDS times (host-bound figures move
-# from run to run: compare within a round; GRAPH_SETTINGS picks the values); `torch`: PyTorch's GRAPH_TORCH_CONFIGS
-# on GRAPH_TORCH_NETS (default: the same nets).
-# Logs and JSON go to $OUT/graph_replay.tar.gz.
+# On the GPU machine: training passes replayed as CUDA graphs (runtime/graph_replay.py) in one call. Parts, run in
+# the order GRAPH_PARTS names them:
+#   tests   GRAPH_TEST_FILES (default: the replay's GPU tests, bit-for-bit against eager passes) and GRAPH_TESTS (a
+#           pytest argument list of other GPU tests), run with replay on, as it is by default;
+#   speed   speed_zoo's throughput of ours alone on GRAPH_SPEED_NETS (default GRAPH_NETS) in each of
+#           GRAPH_SPEED_PRECISIONS (default GRAPH_PRECISIONS) with SUPERNEURONS_CUDA_GRAPH=0 and =1, alternating
+#           GRAPH_ROUNDS times (host-bound figures move from run to run: compare within a round; GRAPH_SETTINGS
+#           picks the values), in the layout GRAPH_SPEED_LAYOUT (default: SUPERNEURONS_LAYOUT's);
+#   torch   PyTorch's GRAPH_TORCH_CONFIGS alone on GRAPH_TORCH_NETS (default: the same nets);
+#   versus  one speed_zoo run of both sides, ours (replay on, SUPERNEURONS_LAYOUT=$GRAPH_LAYOUT, default auto) in
+#           GRAPH_PRECISIONS beside PyTorch's GRAPH_TORCH_CONFIGS, with the ratios and targets in its JSON.
+# Every log and JSON is written under $OUT/graph_replay/ as it is made, so a call cut short keeps what it ran.
+# Each speed_zoo run stops starting nets after its *_LIMIT seconds and is killed 45 s after that.
 #   bash tools/gpu/graph_replay.sh
-#   GRAPH_PARTS="speed torch" GRAPH_NETS="resnet50 densenet121" GRAPH_PRECISIONS="fp32 bf16" bash tools/gpu/graph_replay.sh
+#   GRAPH_PARTS="versus" GRAPH_NETS="resnet50 vgg16" GRAPH_VERSUS_LIMIT=200 bash tools/gpu/graph_replay.sh
 set -u
 source tools/gpu/env.sh || exit 1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+LOGS="$OUT/graph_replay"
+mkdir -p "$LOGS"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/device.txt"
 PARTS=${GRAPH_PARTS:-tests speed}
 NETS=${GRAPH_NETS:-resnet50}
 PRECISIONS=${GRAPH_PRECISIONS:-fp32 bf16}
+CONFIGS=${GRAPH_TORCH_CONFIGS:-fp32,fp32-cl,bf16-cl}
 ROUNDS=${GRAPH_ROUNDS:-1}
-LOGS=$(mktemp -d)
-trap 'tar -czf "$OUT/graph_replay.tar.gz" -C "$LOGS" .' EXIT
+RUN=(--iterations 20 --warmup 5 --no-torchvision)
 for part in $PARTS; do
     case $part in
     tests)
-        echo "== tests/test_gpu_graph_replay.py ${GRAPH_TESTS:-}"  # (a pytest argument list)
+        files=${GRAPH_TEST_FILES:-tests/test_gpu_graph_replay.py}
+        echo "== $files ${GRAPH_TESTS:-}"
         # shellcheck disable=SC2086
-        timeout ${GRAPH_TEST_TIMEOUT:-240} python -m pytest -q -s -m gpu -rfE -p no:cacheprovider \
-            tests/test_gpu_graph_replay.py ${GRAPH_TESTS:-} > "$LOGS/tests.log" 2>&1
+        timeout "${GRAPH_TEST_TIMEOUT:-240}" python -m pytest -q -s -m gpu -rfE -p no:cacheprovider --durations=5 \
+            $files ${GRAPH_TESTS:-} > "$LOGS/tests.log" 2>&1
         grep -E "^(FAILED|ERROR)|Error|graph_replay.py" "$LOGS/tests.log" | sort | uniq -c | sort -rn | head -20
-        tail -1 "$LOGS/tests.log" ;;
+        tail -n 1 "$LOGS/tests.log" ;;
     speed)
+        limit=${GRAPH_SPEED_LIMIT:-180}
+        speed_nets=${GRAPH_SPEED_NETS:-$NETS}
+        speed_precisions=${GRAPH_SPEED_PRECISIONS:-$PRECISIONS}
+        layout=${GRAPH_SPEED_LAYOUT:-${SUPERNEURONS_LAYOUT:-nchw}}
         for round in $(seq "$ROUNDS"); do
             for replay in ${GRAPH_SETTINGS:-0 1}; do
                 tag="r${round}_graph$replay"
-                echo "== speed_zoo ours, SUPERNEURONS_CUDA_GRAPH=$replay, round $round"
-                SUPERNEURONS_CUDA_GRAPH=$replay timeout ${GRAPH_SPEED_TIMEOUT:-200} python -m tools.bench.speed_zoo \
-                    --nets "${NETS// /,}" --no-torch --precisions "${PRECISIONS// /,}" --iterations 20 --warmup 5 \
-                    --out "/tmp/speed_$tag" --time-limit ${GRAPH_SPEED_LIMIT:-180} > "$LOGS/speed_$tag.log" 2>&1
-                cp "/tmp/speed_$tag/speed_zoo.json" "$LOGS/speed_$tag.json" 2>/dev/null
-                grep -E "^[A-Z][A-Za-z0-9-]+ .*[0-9]|rror|graph_replay.py" "$LOGS/speed_$tag.log" | sort | uniq | tail -16
+                echo "== speed_zoo ours, SUPERNEURONS_CUDA_GRAPH=$replay, SUPERNEURONS_LAYOUT=$layout, round $round"
+                SUPERNEURONS_CUDA_GRAPH=$replay SUPERNEURONS_LAYOUT=$layout timeout $((limit + 45)) \
+                    python -m tools.bench.speed_zoo --nets "${speed_nets// /,}" --no-torch \
+                    --precisions "${speed_precisions// /,}" "${RUN[@]}" \
+                    --out "$LOGS/speed_$tag" --time-limit "$limit" > "$LOGS/speed_$tag.log" 2>&1
+                grep -E "^[A-Z][A-Za-z0-9-]+ .*[0-9]|^target|rror|graph_replay.py" "$LOGS/speed_$tag.log" \
+                    | sort | uniq | tail -16
             done
         done ;;
     torch)
-        configs=${GRAPH_TORCH_CONFIGS:-fp32,fp32-cl,bf16-cl}
-        echo "== PyTorch, same prototxt: $configs"
+        limit=${GRAPH_TORCH_LIMIT:-180}
         torch_nets=${GRAPH_TORCH_NETS:-$NETS}
-        timeout ${GRAPH_TORCH_TIMEOUT:-200} python -m tools.bench.speed_zoo --nets "${torch_nets// /,}" --no-ours \
-            --torch-configs "$configs" --no-torchvision --iterations 20 --warmup 5 --out "$LOGS" \
-            --time-limit ${GRAPH_TORCH_LIMIT:-180} > "$LOGS/torch.log" 2>&1
-        tail -15 "$LOGS/torch.log" ;;
+        echo "== PyTorch, same prototxt: $CONFIGS"
+        timeout $((limit + 45)) python -m tools.bench.speed_zoo --nets "${torch_nets// /,}" --no-ours \
+            --torch-configs "$CONFIGS" "${RUN[@]}" --out "$LOGS/torch" --time-limit "$limit" \
+            > "$LOGS/torch.log" 2>&1
+        grep -E "^[A-Z][A-Za-z0-9-]+ .*[0-9]|^target|rror" "$LOGS/torch.log" | tail -15 ;;
+    versus)
+        limit=${GRAPH_VERSUS_LIMIT:-240}
+        echo "== ours (SUPERNEURONS_LAYOUT=${GRAPH_LAYOUT:-auto}) beside PyTorch $CONFIGS, one run"
+        SUPERNEURONS_LAYOUT=${GRAPH_LAYOUT:-auto} timeout $((limit + 45)) python -m tools.bench.speed_zoo \
+            --nets "${NETS// /,}" --precisions "${PRECISIONS// /,}" --torch-configs "$CONFIGS" "${RUN[@]}" \
+            --out "$LOGS/versus" --time-limit "$limit" > "$LOGS/versus.log" 2>&1
+        grep -E "^[A-Z][A-Za-z0-9-]+ .*[0-9]|^target|rror" "$LOGS/versus.log" | tail -15 ;;
+    *)
+        echo "unknown part $part (tests, speed, torch, versus)"; exit 1 ;;
     esac
 done
