@@ -575,3 +575,29 @@ def test_fits_in_memory_says_whether_the_steps_ran_out_and_always_releases(monke
     with pytest.raises(ValueError):
         torch_nets.fits_in_memory(broken, lambda: released.append("error"))
     assert released == ["fit", "oom", "error"]
+
+
+def test_speed_zoo_keeps_the_nets_it_finished_when_killed(tmp_path, monkeypatch):
+    """After each net speed_zoo.json holds the figures so far (noted partial), so a run an outer time limit kills
+    keeps them; a finished run's file is whole and not partial."""
+    speed_zoo = importlib.import_module("tools.bench.speed_zoo")
+    started = []
+
+    def fake_worker(tasks, timeout, env=None, log=None):
+        started.append(tasks[0]["net"])
+        if tasks[0]["net"] == "mobilenet":
+            raise KeyboardInterrupt  # the kill arrives while the second net runs
+        return [{"ok": True, "img_per_s": 100.0 + len(started), "memory_mode": "baseline"} for _ in tasks]
+
+    monkeypatch.setattr(common, "run_worker", fake_worker)
+    with pytest.raises(KeyboardInterrupt):
+        speed_zoo.main(["--nets", "squeezenet,mobilenet", "--no-torchvision", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    assert doc["partial"] and list(doc["raw"]) == ["squeezenet"] and "partial" in doc["notes"][0]
+    [row] = doc["tables"][0]["rows"]
+    assert row[0] == "SqueezeNet" and row[3] == 101.0
+    monkeypatch.setattr(common, "run_worker", lambda tasks, *a, **k: [{"ok": True, "img_per_s": 50.0}] * len(tasks))
+    assert speed_zoo.main(["--nets", "squeezenet,mobilenet", "--no-torchvision", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "speed_zoo.json").read_text())
+    assert not doc["partial"] and len(doc["tables"][0]["rows"]) == 2 and doc["notes"] == []
+    assert sorted(p.name for p in tmp_path.glob("speed_zoo.json*")) == ["speed_zoo.json"]

@@ -875,8 +875,9 @@ def target(name: str, goal: str, measured: float | None, threshold: float, note:
 
 def finish(bench: str, title: str, args: argparse.Namespace, header: Sequence[str], rows: list[list[Any]],
            extra: dict | None = None, targets: list[dict] | None = None, notes: list[str] | None = None,
-           tables: list[dict] | None = None) -> Path:
-    """Write <out>/<bench>[_quick].json and print the table(s) last."""
+           tables: list[dict] | None = None, quiet: bool = False) -> Path:
+    """Write <out>/<bench>[_quick].json (whole or not at all: a run killed while writing keeps the last one) and
+    print the table(s) last; `quiet`: write only (a long run's figures so far, after each net)."""
     doc = {"benchmark": bench, "title": title, "quick": bool(getattr(args, "quick", False)),
            "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device_info(), "versions": versions(),
@@ -888,7 +889,11 @@ def finish(bench: str, title: str, args: argparse.Namespace, header: Sequence[st
     out.mkdir(parents=True, exist_ok=True)
     tag = getattr(args, "tag", "")
     path = out / f"{bench}{'_' + tag if tag else ''}{'_quick' if doc['quick'] else ''}.json"
-    path.write_text(json.dumps(doc, indent=1, default=float))
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(json.dumps(doc, indent=1, default=float))
+    partial.replace(path)
+    if quiet:
+        return path
     dev = doc["device"]
     for t in doc["tables"]:
         print(f"\n{t['title']} ({dev.get('name')})")

@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     def worker_timeout() -> int:  # a net started before the limit may run 30 s past it, no more
         return max(1, min(args.timeout, int(args.time_limit + 30 - (time.monotonic() - t_start))))
 
+    def write(done: bool) -> None:
+        _report(args, precisions, configs, rows, rows2, targets, skipped, raw, wide, tf32, benchmark, t_start, done)
+
     for net in nets:
         left = args.time_limit - (time.monotonic() - t_start)
         if left <= 0:
@@ -208,14 +211,21 @@ def main(argv: list[str] | None = None) -> int:
                                          ">= 1.0x PyTorch checkpoint on the same prototxt", r, 1.0,
                                          "" if capped else "ours ran without the budget: the planner says it "
                                                            "does not fit at this batch"))
+        write(done=False)  # the figures so far: a run killed by an outer time limit keeps the nets it finished
+    write(done=True)
+    return 0
+
+
+def _report(args, precisions, configs, rows, rows2, targets, skipped, raw, wide, tf32, benchmark, t_start,
+            done: bool) -> None:
+    """speed_zoo.json from the rows so far (`done`: the whole run, printed; else written only, noted partial)."""
     header = (["net", "batch", "ours mode"] + [f"ours {p} img/s" for p in precisions]
               + [f"PyTorch {torch_nets.TORCH_CONFIGS[c].label} img/s" for c in configs]
               + [f"PyTorch {c} compile s" for c in configs if torch_nets.TORCH_CONFIGS[c].compiled]
               + [f"ours {p} / PyTorch {c}" for p in precisions for c in configs if comparable(p, c)]
               + ["PyTorch torchvision fp32 img/s", "ratio vs torchvision", "note"])
-    for net in skipped:
-        rows.append([common.NETS[net].label] + [None] * (len(header) - 2)
-                    + [f"not run: --time-limit {args.time_limit:g} s reached"])
+    rows = rows + [[common.NETS[net].label] + [None] * (len(header) - 2)
+                   + [f"not run: --time-limit {args.time_limit:g} s reached"] for net in skipped]
     in_force = settings_in_force(raw, tf32, benchmark)
     title = f"Training speed where both fit (Fig. 14); {describe(in_force)}"
     tables = [] if not rows2 else [{
@@ -226,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                    "PyTorch save_on_cpu img/s", "ratio vs checkpoint (same prototxt)", "note"], "rows": rows2}]
     common.finish("speed_zoo", title, args, header, rows,
                   extra={"raw": raw, "ckpt_batches": wide, "settings": in_force, "skipped": skipped,
-                         "seconds": time.monotonic() - t_start},
-                  targets=targets, tables=tables)
-    return 0
+                         "seconds": time.monotonic() - t_start, "partial": not done},
+                  targets=targets, tables=tables, quiet=not done,
+                  notes=[] if done else [f"partial: written after {len(raw)} net(s); the run had not finished"])
 
 
 def settings_in_force(raw: dict[str, dict], tf32: bool, benchmark: bool) -> dict[str, dict]:
