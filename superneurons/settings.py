@@ -131,8 +131,9 @@ _DECLARED = (
             "where cuDNN's tensor-core convolutions run without transposes) for the blobs whose producer and "
             "readers all have a channels-last path, `auto`: nhwc for the nets measured faster so (graph/layout.py: "
             "every convolution's top channels last, none grouped, no Concat, float32 or bfloat16 storage, a "
-            "BatchNorm net in float32 only; on an H200 that is VGG16 and the ResNets in float32), and under "
-            "`--memory auto` only while every tensor stays resident. Users, pycaffe and caffemodels see N,C,H,W "
+            "BatchNorm net in bfloat16 only where its training passes replay as CUDA graphs; on an H200 that is "
+            "VGG16 and the ResNets), and under `--memory auto` only while every tensor stays resident (in "
+            "baseline, for a net that needs replay). Users, pycaffe and caffemodels see N,C,H,W "
             "whatever this says; the CPU keeps NCHW.",
             choices=("nchw", "nhwc", "auto")),
     Setting("SUPERNEURONS_CONV_BIAS_SUM", CHOICE, "auto",

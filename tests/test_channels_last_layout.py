@@ -65,8 +65,9 @@ VGG_GROUPED = VGG.replace("num_output: 5 kernel_size: 3", "num_output: 4 kernel_
 
 
 def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
-    """`auto`: a plain convolution net in both types, a BatchNorm net in float32 only; never a net with a Concat,
-    a grouped convolution or a layer without a channels-last path between its convolutions."""
+    """`auto`: a plain convolution net in both types, a BatchNorm net in float32, and in bfloat16 where its passes
+    replay as CUDA graphs; never a net with a Concat, a grouped convolution or a layer without a channels-last
+    path between its convolutions."""
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
     vgg = {"conv1", "pool1", "conv2"}
     assert _nhwc_blobs(_graph(VGG, "fp32")) == vgg == _nhwc_blobs(_graph(VGG, "bf16"))
@@ -75,7 +76,11 @@ def test_auto_keeps_channels_last_where_the_zoo_measured_it_faster(monkeypatch):
     resnet_graph = _graph(RESNET, "fp32")
     resnet = _nhwc_blobs(resnet_graph)
     assert resnet and all(len(resnet_graph.blob_shapes[b]) == 4 for b in resnet)
-    assert _nhwc_blobs(_graph(RESNET, "bf16")) == set()
+    assert _nhwc_blobs(_graph(RESNET, "bf16")) == set()  # eager: its channels-last step is bound by the host
+    replayed = layout.choose(_graph(RESNET, "bf16"), GPU_LAYOUTS, replayed=True)
+    assert set(replayed.blobs) == resnet and replayed.replay_only  # replayed as CUDA graphs: channels last
+    assert not layout.choose(resnet_graph, GPU_LAYOUTS).replay_only
+    assert not layout.choose(_graph(VGG, "bf16"), GPU_LAYOUTS, replayed=True).replay_only  # no BatchNorm
     assert _nhwc_blobs(_graph(VGG_GROUPED, "fp32")) == set()
     lrn = _graph(VGG_LRN, "fp32")
     assert layout.channels_last_blobs(lrn) and _nhwc_blobs(lrn) == set()
@@ -231,6 +236,38 @@ def test_auto_runs_nchw_where_the_memory_runtime_is_needed(monkeypatch):
     assert seen == {True, False}
 
 
+class _RecordingBackend(_TwoLayoutBackend):
+    """... with a graph recorder, as the GPU backend has (none is made here: no pass runs)."""
+
+    graph_recorder = object
+
+
+def test_auto_keeps_a_half_batchnorm_net_channels_last_only_where_its_passes_replay(monkeypatch, capsys):
+    """A bfloat16 BatchNorm net under `auto` is channels last where its training passes will replay as CUDA
+    graphs (a backend that records, baseline, SUPERNEURONS_CUDA_GRAPH on, no per-step hooks), and NCHW
+    otherwise; under --memory auto, channels last stays only where auto picks baseline."""
+    monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
+
+    def channels_last(backend=_RecordingBackend, memory="baseline", **kw) -> bool:
+        return Net(_graph(RESNET, "bf16"), backend(), train=True, seed=1, memory=memory, **kw).blob_layouts.any
+
+    assert channels_last()
+    assert not channels_last(_TwoLayoutBackend)  # no recorder: eager passes
+    assert not channels_last(memory="liveness")  # tensors share memory: liveness does not replay
+    assert not channels_last(hooked=True)  # a gradient reducer runs every step
+    monkeypatch.setenv("SUPERNEURONS_CUDA_GRAPH", "0")
+    assert not channels_last()
+    monkeypatch.delenv("SUPERNEURONS_CUDA_GRAPH")
+    seen = set()
+    for pool in (None, 200_000, 170_000, 100_000, 40_000):  # 170_000: liveness fits the channels-last net
+        net = Net(_graph(RESNET, "bf16"), _RecordingBackend(), train=True, seed=1, memory="auto", pool_bytes=pool)
+        baseline = type(net.memory).__name__ == "BaselineManager"
+        assert net.blob_layouts.any == baseline, (pool, type(net.memory).__name__)
+        seen.add(type(net.memory).__name__)
+    assert {"BaselineManager", "LivenessManager"} <= seen, seen  # liveness keeps every tensor resident, eagerly
+    assert "under baseline, where passes replay as CUDA graphs" in capsys.readouterr().err
+
+
 # ---- `superneurons memory --layout`: the plan of what a GPU Net stores ---------------------------------------
 SMALL = """name: "small"
 layer { name: "data" type: "DummyData" top: "data" top: "label"
@@ -244,13 +281,13 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 """
 
 
-def _memory_doc(capsys, tmp_path, *args: str) -> dict:
+def _memory_doc(capsys, tmp_path, *args: str, text: str = SMALL) -> dict:
     import json
 
     from superneurons.cli import main
 
     path = tmp_path / "small.prototxt"
-    path.write_text(SMALL)
+    path.write_text(text)
     assert main(["memory", "--model", str(path), "--json", *args]) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -282,3 +319,18 @@ def test_memory_auto_keeps_auto_s_channels_last_only_where_it_stays_resident(cap
     assert (tight["channels_last_blobs"], tight["channels_last_released"]) == (0, 3)
     # released whole: the plan is the NCHW one
     assert tight["modes"] == _memory_doc(capsys, tmp_path, "--layout", "nchw", "--gpu-memory", "1800K")["modes"]
+
+
+def test_memory_plans_a_bfloat16_batchnorm_net_channels_last_where_a_net_would_replay(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("SUPERNEURONS_CUDA_GRAPH", raising=False)
+
+    def blobs(*args: str) -> int:
+        doc = _memory_doc(capsys, tmp_path, "--layout", "auto", "--precision", "bf16", *args,
+                          text='name: "r"\n' + RESNET)
+        return doc["channels_last_blobs"]
+
+    assert blobs("--memory", "baseline") > 0
+    assert blobs("--memory", "liveness") == 0
+    assert blobs("--memory", "baseline", "--phase", "TEST") == 0
+    monkeypatch.setenv("SUPERNEURONS_CUDA_GRAPH", "0")
+    assert blobs("--memory", "baseline") == 0

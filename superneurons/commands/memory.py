@@ -11,11 +11,12 @@ from superneurons.graph.build import build_graph
 from superneurons.graph.layout import NCHW, NHWC, BlobLayouts, choose as choose_layouts, release as release_layouts
 from superneurons.graph.precision import override_defaults
 from superneurons.memory import BLOCK_CHECKPOINTS, auto_recurrent_inputs, checkpoint_sets, recurrent_input
-from superneurons.memory.cost import TIE, Choice, choose, keeps_everything_resident
+from superneurons.memory.cost import TIE, Choice, choose, keeps_auto_layout
 from superneurons.memory.offload import DEFAULT_CHECKPOINTS
 from superneurons.memory.plan import PLAN_MODES, MemoryPlan, live_at, make_plan, offloaded_bytes, to_json
 from superneurons.memory.pool import format_bytes, parse_size
 from superneurons.proto import superneurons_pb2 as pb
+from superneurons.runtime.graph_replay import expected as expected_replay
 from superneurons.solver import fused_update
 
 EXAMPLES = """examples:
@@ -73,9 +74,12 @@ def run(args) -> int:
     graph = build_graph(net, pb.Phase.Value(args.phase), source=args.model, recurrent_input=recurrent_input(shown_mode))
     # The layout a GPU Net of this graph stores (graph/layout.py): channels last declares buffers on the layers,
     # which every plan below then counts.
-    layouts = choose_layouts(graph, (NCHW, NHWC), args.layout)  # None: SUPERNEURONS_LAYOUT
+    # (auto weighs whether a Net's training passes would replay as CUDA graphs on the GPU, as the Net does)
+    replayed = expected_replay(graph, args.memory, train=args.phase == "TRAIN", recorder=True)
+    layouts = choose_layouts(graph, (NCHW, NHWC), args.layout, replayed=replayed)  # None: SUPERNEURONS_LAYOUT
     # As a Net under --memory auto (runtime/net.py): auto's channels last stays only where auto keeps every
-    # tensor resident in the budget, else the Net declares itself again in NCHW
+    # tensor resident in the budget (in baseline where it rests on replay), else the Net declares itself again
+    # in NCHW
     releasing = layouts.automatic and args.memory == "auto"
     try:
         plan, doc, choice = _plans(args, graph, budget)
@@ -83,7 +87,7 @@ def run(args) -> int:
         if not releasing:
             raise
         choice = None
-    if releasing and (choice is None or not keeps_everything_resident(choice)):
+    if releasing and (choice is None or not keeps_auto_layout(choice, layouts)):
         release_layouts(layouts)
         doc_released = len(layouts.blobs)
         layouts = BlobLayouts()

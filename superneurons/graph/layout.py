@@ -37,6 +37,9 @@ class BlobLayouts:
     blobs: dict[str, str] = field(default_factory=dict)
     layers: set[str] = field(default_factory=set)  # layers whose 4-D buffers are NHWC
     automatic: bool = False  # chosen by `auto`'s rule (not asked for with `nhwc`)
+    # `auto` chose channels last because the Net's passes replay as CUDA graphs (a half-precision BatchNorm net,
+    # faster so only when the host issues no kernels): a Net whose passes will run eagerly declares itself NCHW
+    replay_only: bool = False
     added: list = field(default_factory=list)  # (layer, buffer name) declared for it: what `release` removes
 
     def blob(self, name: str) -> str:
@@ -71,22 +74,32 @@ def wanted(graph, setting: str | None = None) -> bool:
 # docs/BENCHMARKS.md), the Concat nets still lost in NHWC: DenseNet-121 by 30% in float32 and 14% in bfloat16
 # (its step is bound by the host, and the channels-last BatchNorm launches more kernels), SqueezeNet by 2-6% in
 # both types in each of three runs; Inception-v4 gained 3% or less. So a net with a Concat stays NCHW.
+# Once passes replayed as CUDA graphs (runtime/graph_replay.py), the host no longer bounds the ResNets in
+# bfloat16: ResNet-50 b64 ran 3365.6 img/s channels last against 2989.1 NCHW, both replayed, and 1829.7
+# channels last eagerly (2026-12-02, one H200, one call, tools/gpu/graph_replay.sh `versus` and `speed`). So a
+# half-precision BatchNorm net goes channels last where its passes will replay, and only there (`replay_only`).
 MEASURED_TYPES = ("float32", "bfloat16")  # float16 nets were not timed channels last: auto keeps them NCHW
 
 
-def auto_channels_last(graph, blobs: dict[str, str]) -> bool:
-    """Whether `auto` keeps `graph` channels last, given the blobs NHWC would make channels last."""
+def auto_channels_last(graph, blobs: dict[str, str], replayed: bool = False) -> bool:
+    """Whether `auto` keeps `graph` channels last, given the blobs NHWC would make channels last and whether
+    the Net's passes will replay as CUDA graphs."""
     storage = graph.precision.name()
     if not blobs or storage not in MEASURED_TYPES:
         return False
-    half = storage != "float32"
     for node in graph.nodes:
         layer = node.layer
         if layer.type_name == "Convolution" and (layer.geom.group > 1 or any(blobs.get(t) != NHWC for t in node.tops)):
             return False
-        if layer.type_name == "Concat" or (half and layer.type_name == "BatchNorm"):
+        if layer.type_name == "Concat":
             return False
-    return True
+    return replayed or not _needs_replay(graph)
+
+
+def _needs_replay(graph) -> bool:
+    """Whether `auto`'s channels last pays for `graph` only when its passes replay: a half-precision net with
+    BatchNorm, whose eager channels-last step is bound by the host."""
+    return graph.precision.name() != "float32" and any(n.layer.type_name == "BatchNorm" for n in graph.nodes)
 
 
 def _declare_conversions(graph, node, out: BlobLayouts) -> None:
@@ -110,18 +123,20 @@ def _declare_conversions(graph, node, out: BlobLayouts) -> None:
     graph.step_layer(node).use_layout_copies(values, values + sum(room(b, precision.diff) for b in mixed))
 
 
-def choose(graph, layouts=(NCHW,), setting: str | None = None) -> BlobLayouts:
+def choose(graph, layouts=(NCHW,), setting: str | None = None, replayed: bool = False) -> BlobLayouts:
     """The layouts of `graph`'s blobs on a backend storing `layouts` (see the module docstring), under `setting`
-    (nchw, nhwc or auto; default SUPERNEURONS_LAYOUT)."""
+    (nchw, nhwc or auto; default SUPERNEURONS_LAYOUT); `replayed`: the Net's training passes will replay as CUDA
+    graphs (runtime/graph_replay.expected), which `auto`'s rule weighs."""
     setting = setting or settings.get("SUPERNEURONS_LAYOUT")
     out = BlobLayouts()
     if NHWC not in layouts or not wanted(graph, setting) or getattr(graph, "live", None) is not None:
         return out  # a Filter's live batches (runtime/live_batch.py) cut NCHW rows
     blobs = channels_last_blobs(graph)
-    if setting == "auto" and not auto_channels_last(graph, blobs):
+    if setting == "auto" and not auto_channels_last(graph, blobs, replayed):
         return out
     out.blobs = blobs
     out.automatic = setting == "auto"
+    out.replay_only = out.automatic and _needs_replay(graph)
     for node in graph.nodes:
         if any(out.blob(b) == NHWC for b in (*node.bottoms, *node.tops)):
             out.layers.add(node.name)

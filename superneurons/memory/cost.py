@@ -49,6 +49,13 @@ def keeps_everything_resident(choice) -> bool:
     return choice.mode in FITS_ANYWAY and not choice.streams_params
 
 
+def keeps_auto_layout(choice, layouts) -> bool:
+    """Whether a Net whose layout `auto` chose (graph/layout.py) keeps it under auto's `choice`: every tensor
+    resident, and baseline where the layout rests on passes replayed as CUDA graphs (`replay_only`), which
+    only baseline replays."""
+    return keeps_everything_resident(choice) and (not layouts.replay_only or choice.mode == "baseline")
+
+
 def forward_seconds(node: Node, graph: Graph) -> float:
     """One forward step: the longer of its arithmetic and its memory traffic, as its layer declares them
     (nothing for a view or a layer fused into another)."""

@@ -44,6 +44,8 @@ class RankSolver(Solver):
     `bucket_bytes` (None: SUPERNEURONS_DP_BUCKET_MB), in the net's half gradient type where `reduce` is
     "backward" ("fp32": in float32; None: SUPERNEURONS_DP_REDUCE)."""
 
+    steps_hooked = True  # the reducer runs after every backward step, so training passes run eagerly
+
     def __init__(self, param: pb.SolverParameter, solver_path: str, *, world: Any, collective: Any,
                  bucket_bytes: int | None = None, reduce: str | None = None, **kwargs: Any):
         self.world = world

@@ -48,6 +48,19 @@ def replay_for(net: Any) -> "GraphReplay | None":
     return GraphReplay(net, recorder())
 
 
+def expected(graph: Any, memory: str, *, train: bool, recorder: bool, hooked: bool = False) -> bool:
+    """Whether a Net of `graph` under the memory mode `memory` will replay its training passes, as far as its
+    setup can tell: what `replay_for` checks of the built Net (the setting, a backend that records, baseline, no
+    Filter, every layer replayable), with `auto` counted as baseline (a layout that rests on replay is kept only
+    where auto picks baseline: runtime/net.py) and `hooked`: the caller adds per-step hooks (a gradient reducer).
+    graph/layout.py's `auto` weighs it."""
+    if not (settings.get("SUPERNEURONS_CUDA_GRAPH") and train and recorder) or hooked:
+        return False
+    if memory not in ("baseline", "auto") or getattr(graph, "live", None) is not None:
+        return False
+    return all(graph.step_layer(node).replayable for node in graph.nodes)
+
+
 def _why_not(net: Any) -> str | None:
     if not net.memory.static_placement:
         return f"--memory {net.memory.name} moves tensors during a pass"

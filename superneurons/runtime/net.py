@@ -31,6 +31,7 @@ from superneurons.memory.pool import BLOCK, format_bytes, make_pool
 from superneurons.memory.steps import RunContext, Step, Tensor
 from superneurons.memory.tensors import declare_tensors
 from superneurons.runtime.graph_replay import GraphReplay, replay_for
+from superneurons.runtime.graph_replay import expected as expected_replay
 from superneurons.runtime.hook_dispatch import HookList, final_gradient_writers
 from superneurons.runtime.limits import check_fits
 from superneurons.runtime.live_batch import LiveRun
@@ -47,7 +48,8 @@ class Net:
                  pool_bytes: int | None = None, share_params_with: "Net | None" = None,
                  memory: str | type[MemoryManager] | None = "baseline",
                  checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0,
-                 data_workers: int | None = None, update_chunk: int = 0, reduce_type: Any = None):
+                 data_workers: int | None = None, update_chunk: int = 0, reduce_type: Any = None,
+                 hooked: bool = False):
         """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default),
         or a MemoryManager class to run instead of the modes' (memory/interface.py).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
@@ -59,7 +61,9 @@ class Net:
         (solver/fused_update.py), whose tables are then a pool tensor too (`update_table`); 0: it does not.
         `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
         `reduce_type`: the half type a data-parallel training net reduces its gradients in (parallel/reducer.py),
-        whose buffer the layout declares and the plan holds (None: none)."""
+        whose buffer the layout declares and the plan holds (None: none). `hooked`: the caller adds hooks that
+        run every step (a gradient reducer), so training passes run eagerly, which SUPERNEURONS_LAYOUT=auto
+        weighs (graph/layout.py)."""
         self.backend = HostAwareBackend(backend, self)
         self._device_backend = backend
         self.train = train
@@ -81,7 +85,10 @@ class Net:
         forms = (auto_recurrent_inputs() if mode == "auto" else (recurrent_input(mode),)) if custom is None else ()
         if forms:
             graph = graph.in_recurrent_input(forms[0])
-        declare = (share_params_with, solver_history, update_chunk, reduce_type)
+        # Whether training passes will replay as CUDA graphs: auto's layout rule weighs it (graph/layout.py)
+        replayed = expected_replay(graph, "custom" if custom else mode, train=train, hooked=hooked,
+                                   recorder=getattr(backend, "graph_recorder", None) is not None)
+        declare = (share_params_with, solver_history, update_chunk, reduce_type, replayed)
         self._declare_graph(graph, *declare)
         given_pool = pool_bytes
         pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
@@ -94,11 +101,13 @@ class Net:
             if choice is None:
                 # Channels last costs memory (KRSC filter copies, conversion rooms: 2.3 GiB for ResNet-50 at
                 # batch 1304): a net that needs the memory runtime's help, or that fits only so, runs NCHW.
+                replay_only = self.blob_layouts.replay_only
                 release_layouts(self.blob_layouts)
                 self._declare_graph(graph, *declare, layouts=(NCHW,))
                 pool_bytes = self._pool_bytes(given_pool, param_pool, share_params_with)
+                where = " under baseline, where passes replay as CUDA graphs," if replay_only else ""
                 log_line("I", "net.py", f"Net {self.name or 'net'}: NCHW (SUPERNEURONS_LAYOUT=auto): channels last "
-                         f"would not keep every tensor resident in {format_bytes(pool_bytes)}")
+                         f"would not keep every tensor resident{where} in {format_bytes(pool_bytes)}")
         if self.blob_layouts.automatic:
             log_line("I", "net.py", f"Net {self.name or 'net'}: channels last for {len(self.blob_layouts.blobs)} 4-D "
                      f"blobs (SUPERNEURONS_LAYOUT=auto; nchw keeps Caffe's layout)")
@@ -136,31 +145,31 @@ class Net:
 
     # -- construction -------------------------------------------------------------------------
     def _declare_graph(self, graph: Graph, share: "Net | None", solver_history: int, update_chunk: int,
-                       reduce_type: Any, layouts: tuple[str, ...] | None = None) -> None:
-        """Run `graph`: its blobs' layouts (`layouts`: those it may store, None: the backend's), the ops for its
-        storage types, its tensors."""
+                       reduce_type: Any, replayed: bool, layouts: tuple[str, ...] | None = None) -> None:
+        """Run `graph`: its blobs' layouts (`layouts`: those it may store, None: the backend's; `replayed`: its
+        training passes will replay as CUDA graphs), the ops for its storage types, its tensors."""
         self.graph = graph
         self.name = graph.name
         backend = self._device_backend
         # Which 4-D blobs this backend keeps channels last (graph/layout.py; before the tensors are declared:
         # a float32 convolution may get working copies for its KRSC filter)
-        self.blob_layouts = choose_layouts(graph, layouts or getattr(backend, "layouts", ("NCHW",)))
+        self.blob_layouts = choose_layouts(graph, layouts or getattr(backend, "layouts", ("NCHW",)), replayed=replayed)
         storage = stored_types(graph)
         # A net with NHWC tensors gets ops that convert where an op has no channels-last path for its arguments
         self.ops = backend.ops_for(storage, channels_last=True) if self.blob_layouts.any else backend.ops_for(storage)
         self._declare_tensors(share, solver_history, update_chunk, reduce_type)
 
     def _resident_choice(self, pool_bytes: int, types) -> Any:
-        """`auto`'s choice for this declaration in `pool_bytes` where it keeps every tensor resident (baseline or
-        liveness, the parameters not streamed), else None."""
+        """`auto`'s choice for this declaration in `pool_bytes` where it keeps auto's layout (every tensor resident,
+        in baseline where the layout rests on replayed passes: memory/cost.keeps_auto_layout), else None."""
         from superneurons.memory import pick_mode
-        from superneurons.memory.cost import keeps_everything_resident
+        from superneurons.memory.cost import keeps_auto_layout
 
         try:
             choice = pick_mode(self, types, capacity=pool_bytes // BLOCK * BLOCK)
         except UserError:
             return None
-        return choice if keeps_everything_resident(choice) else None
+        return choice if keeps_auto_layout(choice, self.blob_layouts) else None
 
     def _pool_bytes(self, given: int | None, param_pool: int | None, share: "Net | None") -> int:
         """The pool's size: `given`; else the solver's budget (`param_pool`) for a net of its own parameters; else

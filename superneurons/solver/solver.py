@@ -49,6 +49,8 @@ def clock_seed() -> int:
 
 
 class Solver:
+    steps_hooked = False  # the training net gets hooks that run every step (a subclass's gradient reducer)
+
     def __init__(self, param: pb.SolverParameter, solver_path: str = "", *, backend: Any = None,
                  memory: str | None = None, pool_bytes: int | None = None, log: TrainLog | None = None,
                  signals: SignalEffects | None = None, precision: str | None = None,
@@ -117,7 +119,8 @@ class Solver:
                    solver_history=self.rule.n_history if train else 0, data_workers=self.data_workers,
                    update_chunk=fused_update.CHUNK if train and graph.precision.master == FLOAT32
                    and fused_update.wanted(self.rule.name) else 0,
-                   reduce_type=self.gradient_reduce_type(graph) if train else None)
+                   reduce_type=self.gradient_reduce_type(graph) if train else None,
+                   hooked=train and self.steps_hooked)
 
     def gradient_reduce_type(self, graph: Any) -> Any:
         """The half type the training net's gradients are reduced in across ranks (None: no reduction, or in
