@@ -9,7 +9,9 @@
 #           picks the values), in the layout GRAPH_SPEED_LAYOUT (default: SUPERNEURONS_LAYOUT's);
 #   torch   PyTorch's GRAPH_TORCH_CONFIGS alone on GRAPH_TORCH_NETS (default: the same nets);
 #   versus  one speed_zoo run of both sides, ours (replay on, SUPERNEURONS_LAYOUT=$GRAPH_LAYOUT, default auto) in
-#           GRAPH_PRECISIONS beside PyTorch's GRAPH_TORCH_CONFIGS, with the ratios and targets in its JSON.
+#           GRAPH_PRECISIONS beside PyTorch's GRAPH_TORCH_CONFIGS, with the ratios and targets in its JSON;
+#           GRAPH_REPEATS alternating runs of each side per net, rows taking the medians (a host-bound eager
+#           PyTorch cell moved by half between two calls of one afternoon).
 # Each part's logs and JSON are packed into $OUT/<part>.tar.gz after each of its runs (the device returns at most
 # eight files), so a call cut short keeps what it finished.
 # Each speed_zoo run stops starting nets after its *_LIMIT seconds and is killed 45 s after that.
@@ -73,7 +75,7 @@ for part in $PARTS; do
         echo "== ours (SUPERNEURONS_LAYOUT=${GRAPH_LAYOUT:-auto}) beside PyTorch $CONFIGS, one run"
         SUPERNEURONS_LAYOUT=${GRAPH_LAYOUT:-auto} timeout $((limit + 45)) python -m tools.bench.speed_zoo \
             --nets "${NETS// /,}" --precisions "${PRECISIONS// /,}" --torch-configs "$CONFIGS" "${RUN[@]}" \
-            --out "$LOGS/versus" --time-limit "$limit" > "$LOGS/versus/versus.log" 2>&1
+            --repeats "${GRAPH_REPEATS:-1}" --out "$LOGS/versus" --time-limit "$limit" > "$LOGS/versus/versus.log" 2>&1
         pack versus
         grep -E "^[A-Z][A-Za-z0-9-]+ .*[0-9]|^target|rror" "$LOGS/versus/versus.log" | tail -15 ;;
     *)
