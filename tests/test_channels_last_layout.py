@@ -244,7 +244,7 @@ class _RecordingBackend(_TwoLayoutBackend):
 
 def test_auto_keeps_a_half_batchnorm_net_channels_last_only_where_its_passes_replay(monkeypatch, capsys):
     """A bfloat16 BatchNorm net under `auto` is channels last where its training passes will replay as CUDA
-    graphs (a backend that records, baseline, SUPERNEURONS_CUDA_GRAPH on, no per-step hooks), and NCHW
+    graphs (a backend that records, baseline, SUPERNEURONS_CUDA_GRAPH on, not run eagerly), and NCHW
     otherwise; under --memory auto, channels last stays only where auto picks baseline."""
     monkeypatch.setenv("SUPERNEURONS_LAYOUT", "auto")
 
@@ -254,7 +254,7 @@ def test_auto_keeps_a_half_batchnorm_net_channels_last_only_where_its_passes_rep
     assert channels_last()
     assert not channels_last(_TwoLayoutBackend)  # no recorder: eager passes
     assert not channels_last(memory="liveness")  # tensors share memory: liveness does not replay
-    assert not channels_last(hooked=True)  # a gradient reducer runs every step
+    assert not channels_last(eager=True)  # a gradient reducer runs every step, pycaffe calls forward and backward
     monkeypatch.setenv("SUPERNEURONS_CUDA_GRAPH", "0")
     assert not channels_last()
     monkeypatch.delenv("SUPERNEURONS_CUDA_GRAPH")

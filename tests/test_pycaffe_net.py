@@ -366,3 +366,25 @@ def test_gpu_blobs_are_host_copies_kept_in_step(mlp_file, tmp_path, rng):
         np.testing.assert_array_equal(cpu.params["ip1"][1].data, net.params["ip1"][1].data)
     finally:
         caffe.set_mode_cpu()
+
+
+def test_own_nets_run_eagerly_and_a_solvers_training_net_may_replay(mlp_file, tmp_path, monkeypatch):
+    """pycaffe's own Net calls forward and backward apart, so it tells the runtime Net its passes are eager
+    (SUPERNEURONS_LAYOUT=auto weighs whether passes replay as CUDA graphs); a solver's training net does not."""
+    from superneurons.runtime import net as runtime_net
+
+    told = []
+    init = runtime_net.Net.__init__
+
+    def spy(self, graph, backend, **kwargs):
+        told.append((graph.phase, kwargs.get("eager", False)))
+        init(self, graph, backend, **kwargs)
+
+    monkeypatch.setattr(runtime_net.Net, "__init__", spy)
+    caffe.Net(mlp_file, caffe.TRAIN)
+    assert told == [(caffe.TRAIN, True)]
+    told.clear()
+    solver_file = tmp_path / "solver.prototxt"
+    solver_file.write_text(f'net: "{mlp_file}"\nbase_lr: 0.1\nmax_iter: 1\n')
+    caffe.SGDSolver(str(solver_file))
+    assert told == [(caffe.TRAIN, False)]

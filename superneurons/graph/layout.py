@@ -75,7 +75,7 @@ def wanted(graph, setting: str | None = None) -> bool:
 # (its step is bound by the host, and the channels-last BatchNorm launches more kernels), SqueezeNet by 2-6% in
 # both types in each of three runs; Inception-v4 gained 3% or less. So a net with a Concat stays NCHW.
 # Once passes replayed as CUDA graphs (runtime/graph_replay.py), the host no longer bounds the ResNets in
-# bfloat16: ResNet-50 b64 ran 3365.6 img/s channels last against 2989.1 NCHW, both replayed, and 1829.7
+# bfloat16: ResNet-50 b64 ran 3365.6 img/s channels last replayed against 2989.1 NCHW (replay on), 1829.7
 # channels last eagerly (2026-12-02, one H200, one call, tools/gpu/graph_replay.sh `versus` and `speed`). So a
 # half-precision BatchNorm net goes channels last where its passes will replay, and only there (`replay_only`).
 MEASURED_TYPES = ("float32", "bfloat16")  # float16 nets were not timed channels last: auto keeps them NCHW

@@ -221,8 +221,9 @@ class Net:
         graph = build_graph(self._net_param, self._phase, self._level, self._stages, source=self._file)
         # A TEST net keeps gradients only under force_backward (saliency maps, deep dream), as in Caffe.
         keeps_gradients = self._phase == TRAIN or bool(self._net_param.force_backward)
+        # eager: forward and backward are called apart here, so passes never replay as CUDA graphs
         runtime = RuntimeNet(graph, self._backend, train=keeps_gradients, seed=mode.random_seed(),
-                             memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share)
+                             memory=self._memory, pool_bytes=self._pool_bytes, share_params_with=share, eager=True)
         _zero_blobs(runtime)
         return runtime
 

@@ -48,13 +48,13 @@ def replay_for(net: Any) -> "GraphReplay | None":
     return GraphReplay(net, recorder())
 
 
-def expected(graph: Any, memory: str, *, train: bool, recorder: bool, hooked: bool = False) -> bool:
+def expected(graph: Any, memory: str, *, train: bool, recorder: bool, eager: bool = False) -> bool:
     """Whether a Net of `graph` under the memory mode `memory` will replay its training passes, as far as its
     setup can tell: what `replay_for` checks of the built Net (the setting, a backend that records, baseline, no
     Filter, every layer replayable), with `auto` counted as baseline (a layout that rests on replay is kept only
-    where auto picks baseline: runtime/net.py) and `hooked`: the caller adds per-step hooks (a gradient reducer).
+    where auto picks baseline: runtime/net.py); `eager`: the caller runs the passes eagerly (Net's `eager`).
     graph/layout.py's `auto` weighs it."""
-    if not (settings.get("SUPERNEURONS_CUDA_GRAPH") and train and recorder) or hooked:
+    if not (settings.get("SUPERNEURONS_CUDA_GRAPH") and train and recorder) or eager:
         return False
     if memory not in ("baseline", "auto") or getattr(graph, "live", None) is not None:
         return False

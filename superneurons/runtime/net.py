@@ -49,7 +49,7 @@ class Net:
                  memory: str | type[MemoryManager] | None = "baseline",
                  checkpoint_types: Iterable[str] | None = None, memory_param: Any = None, solver_history: int = 0,
                  data_workers: int | None = None, update_chunk: int = 0, reduce_type: Any = None,
-                 hooked: bool = False):
+                 eager: bool = False):
         """`memory`: the mode (None: the solver's `memory_param.mode`, else auto, MemoryParameter's default),
         or a MemoryManager class to run instead of the modes' (memory/interface.py).
         `pool_bytes`: the pool's size (None: `memory_param.pool_bytes` when set and this is not a test net
@@ -61,8 +61,9 @@ class Net:
         (solver/fused_update.py), whose tables are then a pool tensor too (`update_table`); 0: it does not.
         `data_workers`: decode worker processes of every data layer (--data-workers; None: each layer's own).
         `reduce_type`: the half type a data-parallel training net reduces its gradients in (parallel/reducer.py),
-        whose buffer the layout declares and the plan holds (None: none). `hooked`: the caller adds hooks that
-        run every step (a gradient reducer), so training passes run eagerly, which SUPERNEURONS_LAYOUT=auto
+        whose buffer the layout declares and the plan holds (None: none). `eager`: the caller runs this Net's
+        passes eagerly, never replayed as CUDA graphs (it adds hooks that run every step, such as a gradient
+        reducer, or calls forward and backward apart, as pycaffe's Net does), which SUPERNEURONS_LAYOUT=auto
         weighs (graph/layout.py)."""
         self.backend = HostAwareBackend(backend, self)
         self._device_backend = backend
@@ -86,7 +87,7 @@ class Net:
         if forms:
             graph = graph.in_recurrent_input(forms[0])
         # Whether training passes will replay as CUDA graphs: auto's layout rule weighs it (graph/layout.py)
-        replayed = expected_replay(graph, "custom" if custom else mode, train=train, hooked=hooked,
+        replayed = expected_replay(graph, "custom" if custom else mode, train=train, eager=eager,
                                    recorder=getattr(backend, "graph_recorder", None) is not None)
         declare = (share_params_with, solver_history, update_chunk, reduce_type, replayed)
         self._declare_graph(graph, *declare)

@@ -120,7 +120,7 @@ class Solver:
                    update_chunk=fused_update.CHUNK if train and graph.precision.master == FLOAT32
                    and fused_update.wanted(self.rule.name) else 0,
                    reduce_type=self.gradient_reduce_type(graph) if train else None,
-                   hooked=train and self.steps_hooked)
+                   eager=train and self.steps_hooked)
 
     def gradient_reduce_type(self, graph: Any) -> Any:
         """The half type the training net's gradients are reduced in across ranks (None: no reduction, or in
